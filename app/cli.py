@@ -1,0 +1,121 @@
+"""`gemma-chat` command line.
+
+Parsing stays import-light: `gemma-chat --help` (and every sub-command's --help) must not import
+mlx or textual. Each sub-command's handler is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _block_size(value: str) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"block size must be an integer 1..16 or 'auto', got {value!r}")
+    if not 1 <= k <= 16:
+        raise argparse.ArgumentTypeError(f"block size must be between 1 and 16, got {k}")
+    return k
+
+
+def _add_pairing_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="PATH_OR_REPO", help="target checkpoint: a local directory or a Hugging Face repo id")
+    p.add_argument("--drafter", metavar="PATH_OR_REPO", help="assistant (MTP) drafter checkpoint: a local directory or a repo id")
+    p.add_argument("--offline", action="store_true", help="never touch the network; use only what is in the local cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gemma-chat",
+        description="Chat with Gemma 4 in the terminal, on MLX, sped up by Gemma 4's own MTP drafter.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    _add_pairing_args(parser)
+    parser.add_argument("--pairing", metavar="NAME", help="a catalogue pairing to open (see `gemma-chat models list`)")
+    parser.add_argument("--demo", action="store_true", help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate headlessly and print the answer (or JSON events)")
+    _add_pairing_args(g)
+    g.add_argument("--demo", action="store_true", help="use the offline demo pairing")
+    g.add_argument("--no-draft", action="store_true", help="plain decoding: no drafter")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", metavar="TEXT", help="the user message")
+    src.add_argument("--messages", metavar="FILE.json", help="a JSON list of chat messages ({role, content})")
+    g.add_argument("--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)")
+    g.add_argument("--system", metavar="TEXT", help="system prompt")
+    g.add_argument("--block-size", type=_block_size, default="auto", metavar="K|auto", help="tokens verified per round (drafts + 1), or auto (default)")
+    g.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 is greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 disables top-k")
+    g.add_argument("--seed", type=int, default=None, metavar="S")
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-turn tokens")
+    g.add_argument("--no-template", action="store_true", help="feed the prompt as-is (BOS + text), no chat template")
+    g.add_argument("--thinking", action="store_true", help="turn thinking on where the chat template supports it")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")
+    g.add_argument("--json", action="store_true", help="one JSON object per token, then a final {'stats': ...}")
+
+    b = sub.add_parser("bench", help="measure tok/s: mlx-lm baseline vs ours, drafter off and on, per block size")
+    _add_pairing_args(b)
+    b.add_argument("--demo", action="store_true", help="benchmark the offline demo pairing")
+    b.add_argument("--prompt", metavar="TEXT", default=None)
+    b.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    b.add_argument("--block-sizes", default="2,3,4,5,6,auto", metavar="LIST")
+    b.add_argument("--repeats", type=int, default=3, metavar="N", help="interleaved repetitions of every run")
+    b.add_argument("--simulate-acceptance", type=float, default=None, metavar="ALPHA",
+                   help="replace each draft by the target's greedy token with probability ALPHA (synthetic checkpoints)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    b.add_argument("--json", action="store_true")
+
+    m = sub.add_parser("models", help="list, download and remove pairings")
+    msub = m.add_subparsers(dest="models_command", metavar="ACTION")
+    ml = msub.add_parser("list", help="the pairing catalogue with local status")
+    ml.add_argument("--json", action="store_true")
+    ml.add_argument("--offline", action="store_true")
+    md = msub.add_parser("download", help="download a pairing into the Hugging Face cache")
+    md.add_argument("name", metavar="NAME")
+    md.add_argument("--offline", action="store_true")
+    mr = msub.add_parser("rm", help="remove a pairing's files from the Hugging Face cache")
+    mr.add_argument("name", metavar="NAME")
+    mr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    sub.add_parser("doctor", help="report the MLX backend, versions, cache paths, disk and terminal support")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from app import __version__
+
+        print(f"gemma-chat {__version__}")
+        return 0
+    if args.command is None:
+        from app.commands.tui import run
+    elif args.command == "generate":
+        from app.commands.generate import run
+    elif args.command == "bench":
+        from app.commands.bench import run
+    elif args.command == "models":
+        if args.models_command is None:
+            parser.parse_args(["models", "--help"])
+        from app.commands.models import run
+    elif args.command == "doctor":
+        from app.commands.doctor import run
+    else:  # pragma: no cover - argparse rejects unknown commands
+        parser.error(f"unknown command {args.command}")
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

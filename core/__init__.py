@@ -1,0 +1,1 @@
+"""gemma-chat's engine and everything without a UI. Never imports textual."""

@@ -1,0 +1,99 @@
+"""What the engine tells its listeners. Plain dataclasses: the UI never sees an mx.array.
+
+One chat turn yields, in order:
+  PrefillDone                      once, when the prompt is in the cache
+  (TokenEvent* RoundEvent)*        per round: the round's emitted tokens, then its summary
+  TurnDone                         once, with the turn's statistics (also after cancel or error)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str  # decoded text delta (UTF-8 safe: may be "" while a multi-byte char is incomplete)
+    from_draft: bool  # True: drafted and accepted by the target; False: the target's own token
+    round: int
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    round: int
+    drafted: int  # drafts proposed this round (block_size - 1, or 0 with the drafter off)
+    accepted: int  # drafts the target accepted
+    block_size: int  # K used this round (drafts + 1)
+    auto: bool  # whether auto mode chose K
+    emitted: int  # tokens emitted this round (accepted + 1, fewer at a stop)
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    prompt_tokens: int  # whole prompt length
+    prefill_tokens: int  # tokens actually run through the target (cache reuse skips the rest)
+    reused_tokens: int
+    prefill_s: float
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0  # request start -> first emitted token
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    peak_memory_bytes: int = 0
+    stop_reason: str = ""  # "eos" | "max_tokens" | "cancelled" | "error"
+    drafter_enabled: bool = True
+    block_size_counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.decode_tokens / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(
+            prefill_tps=self.prefill_tps,
+            decode_tps=self.decode_tps,
+            acceptance=self.acceptance,
+            tokens_per_round=self.tokens_per_round,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    stats: TurnStats
+    text: str  # the whole reply
+    token_ids: tuple[int, ...]
+    error: str | None = None  # a clear message when stop_reason == "error"
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    stage: str  # "target" | "drafter" | "vision" | "tokenizer" | "ready"
+    fraction: float  # 0..1
+    message: str = ""
+
+
+Event = TokenEvent | RoundEvent | PrefillDone | TurnDone | LoadProgress

@@ -1,0 +1,31 @@
+"""Per-turn generation settings, shared by the CLI, the TUI and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class GenerationSettings:
+    max_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    block_size: int | str = "auto"  # K = drafts + 1, or "auto"
+    drafter_enabled: bool = True
+    ignore_eos: bool = False
+    thinking: bool = False
+    system_prompt: str | None = None
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.block_size != "auto" and not (isinstance(self.block_size, int) and 1 <= self.block_size <= 16):
+            raise ValueError("block_size must be 1..16 or 'auto'")
