@@ -1,0 +1,155 @@
+"""Token selection for plain and speculative decoding.
+
+Every function here builds a lazy MLX graph and never syncs with the host: the round loop
+evaluates the results once per round. Shapes are written for batch 1 (the engine's case),
+but any leading dimensions are carried through, which the tests use to run many trials at once.
+
+Distributions travel as *log-probabilities* over the vocabulary ([..., V], float32), with
+-inf for tokens that cannot be drawn. `transform_logits` turns raw logits into them, and the
+same transform must be applied to the drafter's and the target's logits, or speculative
+sampling no longer reproduces the target's distribution.
+
+Randomness comes only from explicit keys (`mx.random.key(seed)`), so a seeded turn is
+reproducible; `KeyStream` hands out one fresh key per use.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import mlx.core as mx
+
+
+def transform_logits(
+    logits: mx.array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> mx.array:
+    """Raw logits [..., V] -> log-probabilities [..., V] of the sampling distribution.
+
+    Order: divide by `temperature`, keep the top-k, keep the top-p nucleus of what is left,
+    renormalise. Excluded tokens get -inf.
+
+    - temperature <= 0 means greedy; the logits are then not scaled (argmax is unchanged,
+      and greedy callers only take the argmax).
+    - top_k <= 0 or top_k >= V is a no-op. Ties at the k-th value are all kept, so the mask
+      does not depend on sort order (it may keep more than k tokens).
+    - top_p >= 1 is a no-op. Otherwise the nucleus is the smallest set of most likely tokens
+      whose probability reaches top_p; every token as likely as the least likely member is
+      kept too (ties again).
+    """
+    x = logits.astype(mx.float32)
+    if temperature > 0 and temperature != 1.0:
+        x = x / temperature
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        # k-th largest value, per row
+        kth = mx.sort(x, axis=-1)[..., vocab - top_k : vocab - top_k + 1]
+        x = mx.where(x >= kth, x, -mx.inf)
+    if top_p < 1.0:
+        probs = mx.softmax(x, axis=-1)
+        desc = mx.sort(probs, axis=-1)[..., ::-1]
+        mass_before = mx.cumsum(desc, axis=-1) - desc
+        # tokens kept in sorted order: those whose preceding mass is still below top_p
+        # (always at least the most likely one)
+        n_keep = mx.maximum((mass_before < top_p).sum(axis=-1, keepdims=True), 1)
+        threshold = mx.take_along_axis(desc, n_keep - 1, axis=-1)
+        x = mx.where(probs >= threshold, x, -mx.inf)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def greedy(logits: mx.array) -> mx.array:
+    """argmax over the last axis: [..., V] -> [...] (uint32)."""
+    return mx.argmax(logits, axis=-1)
+
+
+def sample(logprobs: mx.array, key: mx.array) -> mx.array:
+    """Draw one token per row from log-probabilities [..., V] -> [...] (uint32)."""
+    return mx.random.categorical(logprobs, axis=-1, key=key)
+
+
+def verify_greedy(draft_tokens: mx.array, target_logits: mx.array) -> tuple[mx.array, mx.array]:
+    """Greedy verification of one block.
+
+    draft_tokens [..., K-1] (the drafts d1..d_{K-1}); target_logits [..., K, V] (logits or
+    log-probabilities: only the argmax matters), where row i is the target's prediction for
+    the token after the block's i-th input (row 0 checks d1, row K-1 follows the last draft).
+
+    Returns (n_accepted [...], next_token [...]): drafts d1..dn equal the target's argmax, and
+    next_token is the target's argmax at row n (the first mismatch, or after the last draft).
+    """
+    target = mx.argmax(target_logits, axis=-1)  # [..., K]
+    n_accepted = _accepted_prefix(draft_tokens == target[..., :-1].astype(draft_tokens.dtype))
+    next_token = mx.take_along_axis(target, n_accepted[..., None], axis=-1)[..., 0]
+    return n_accepted, next_token
+
+
+def verify_speculative(
+    draft_tokens: mx.array,
+    draft_logprobs: mx.array,
+    target_logprobs: mx.array,
+    key: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """Speculative sampling (Leviathan et al. / Chen et al.) for one block.
+
+    draft_tokens [..., K-1]: d_i drawn from q_i.
+    draft_logprobs [..., K-1, V]: q_1..q_{K-1}, the drafter's distributions the drafts came
+        from (after `transform_logits`).
+    target_logprobs [..., K, V]: p_1..p_K, the target's distributions (same transform).
+    key: one PRNG key, consumed here.
+
+    d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)), stopping at the first
+    rejection. At a rejection in row n the next token is drawn from norm(max(p_n - q_n, 0));
+    if every draft passes it is drawn from p_K. The emitted tokens then follow the target's
+    distribution exactly, whatever q is.
+
+    Returns (n_accepted [...] int32, next_token [...] uint32).
+    """
+    k_accept, k_next = mx.random.split(key)
+    p = mx.exp(target_logprobs)  # [..., K, V]
+    q = mx.exp(draft_logprobs)  # [..., K-1, V]
+    idx = draft_tokens[..., None].astype(mx.int32)
+    p_d = mx.take_along_axis(p[..., :-1, :], idx, axis=-1)[..., 0]  # [..., K-1]
+    q_d = mx.take_along_axis(q, idx, axis=-1)[..., 0]
+    u = mx.random.uniform(shape=draft_tokens.shape, key=k_accept)  # [0, 1)
+    # u < p/q written without the division: q_d = 0 (impossible for a real draw) accepts,
+    # p_d = 0 always rejects.
+    n_accepted = _accepted_prefix(u * q_d < p_d)
+
+    # Residual for every row; the last row has no draft, so its "q" is zero and the
+    # residual is p_K itself.
+    q_ext = mx.concatenate([q, mx.zeros_like(p[..., -1:, :])], axis=-2)
+    residual = mx.maximum(p - q_ext, 0.0)
+    row = mx.take_along_axis(residual, n_accepted[..., None, None], axis=-2)[..., 0, :]
+    p_row = mx.take_along_axis(p, n_accepted[..., None, None], axis=-2)[..., 0, :]
+    # A rejection at a row with p == q has probability zero, but rounding can still leave an
+    # all-zero residual there; fall back to p rather than sample from nothing.
+    row = mx.where(row.sum(axis=-1, keepdims=True) > 0, row, p_row)
+    next_token = mx.random.categorical(mx.log(row), axis=-1, key=k_next)
+    return n_accepted, next_token
+
+
+def _accepted_prefix(accept: mx.array) -> mx.array:
+    """Length of the leading run of True along the last axis: [..., K-1] bool -> [...] int32."""
+    if accept.shape[-1] == 0:
+        return mx.zeros(accept.shape[:-1], dtype=mx.int32)
+    return mx.cumprod(accept.astype(mx.int32), axis=-1).sum(axis=-1).astype(mx.int32)
+
+
+class KeyStream:
+    """A seeded sequence of PRNG keys: `next()` returns a fresh key each call.
+
+    With seed None a random seed is drawn, so unseeded turns differ from each other.
+    Splitting is lazy (no host sync).
+    """
+
+    def __init__(self, seed: int | None = None):
+        self.seed = secrets.randbits(32) if seed is None else int(seed)
+        self._key = mx.random.key(self.seed)
+
+    def next(self) -> mx.array:
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+    def split(self, n: int) -> list[mx.array]:
+        """n fresh keys at once (e.g. one per draft step and one for verification)."""
+        self._key, *subs = mx.random.split(self._key, n + 1)
+        return list(subs)
