@@ -1,0 +1,373 @@
+"""From chat messages to the target's token ids, and what of the cache a new prompt can reuse.
+
+- Rendering always uses the checkpoint's own chat template (the tokenizer's, or
+  `chat_template.jinja` in the checkpoint when the tokenizer has none); the template writes
+  `<bos>` itself, so the text is tokenised without special tokens (never a second `<bos>`).
+- Every special id is read from `config.json`, `generation_config.json` or the tokenizer.
+- Images: the template writes one image-token placeholder per image; `expand_images` turns each
+  into `boi + image_token * n + eoi` and reports where each image's soft tokens sit.
+- Thinking: Gemma 4 writes its reasoning inside a channel (`<|channel>thought\\n...<channel|>`).
+  The markers are read from the tokenizer as strings; `split_thinking`/`strip_thinking` take the
+  reasoning out of a reply before it goes back into the history.
+- Cache reuse: `TokenLog` holds the ids committed to the target's cache for this conversation,
+  with the images they contain; `plan_reuse` says how much of it a new prompt can keep.
+
+Messages: `[{"role": "system" | "user" | "assistant", "content": str | [item, ...]}]` with items
+`{"type": "text", "text": str}` or `{"type": "image", ...}` (extra keys are ignored here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Iterable, Sequence
+
+Message = dict[str, Any]
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _hf(tokenizer):
+    """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper (or the tokenizer itself)."""
+    return getattr(tokenizer, "_tokenizer", tokenizer)
+
+
+def load_chat_template(model_dir: str | Path) -> str | None:
+    """The checkpoint's template: `chat_template.jinja`, else `tokenizer_config.json`'s."""
+    model_dir = Path(model_dir)
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cfg = _read_json(model_dir / "tokenizer_config.json")
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # the older named-template form
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def chat_template(tokenizer, model_dir: str | Path | None = None) -> str:
+    """The template rendering will use; raises if neither the tokenizer nor the dir has one."""
+    template = getattr(_hf(tokenizer), "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default") or next(iter(template.values()), None)
+    if not template and model_dir is not None:
+        template = load_chat_template(model_dir)
+    if not template:
+        raise ValueError("the checkpoint has no chat template (tokenizer_config.json or chat_template.jinja)")
+    return template
+
+
+def supports_thinking(tokenizer, model_dir: str | Path | None = None) -> bool:
+    """Whether the chat template reacts to `enable_thinking`."""
+    try:
+        return "enable_thinking" in chat_template(tokenizer, model_dir)
+    except ValueError:
+        return False
+
+
+def render_messages(
+    tokenizer,
+    messages: Sequence[Message],
+    *,
+    thinking: bool = False,
+    add_generation_prompt: bool = True,
+    template: str | None = None,
+) -> str:
+    """Render messages with the chat template (ends with the generation prompt by default).
+
+    `template` overrides the tokenizer's (pass `load_chat_template(dir)` for a checkpoint whose
+    tokenizer carries none). `enable_thinking` is always passed explicitly: mlx-lm's wrapper
+    would otherwise switch it on for any vocabulary with channel tokens.
+    """
+    kwargs: dict[str, Any] = dict(add_generation_prompt=add_generation_prompt, enable_thinking=thinking)
+    if template is not None:
+        kwargs["chat_template"] = template
+    text = _hf(tokenizer).apply_chat_template(list(messages), tokenize=False, **kwargs)
+    if not isinstance(text, str):
+        raise TypeError(f"chat template rendered {type(text).__name__}, expected str")
+    return text
+
+
+def encode_rendered(tokenizer, text: str) -> list[int]:
+    """Tokenise template output: no special tokens added (the template wrote `<bos>`)."""
+    return list(_hf(tokenizer).encode(text, add_special_tokens=False))
+
+
+def encode_messages(
+    tokenizer, messages: Sequence[Message], *, thinking: bool = False, template: str | None = None
+) -> list[int]:
+    """render_messages + encode_rendered: prompt ids with one placeholder per image."""
+    return encode_rendered(tokenizer, render_messages(tokenizer, messages, thinking=thinking, template=template))
+
+
+def count_images(messages: Sequence[Message]) -> int:
+    """Image items in the messages, i.e. the placeholders the template will write."""
+    return sum(
+        1
+        for m in messages
+        if not isinstance(m.get("content"), str)
+        for item in m.get("content") or ()
+        if isinstance(item, dict) and item.get("type") == "image"
+    )
+
+
+# --- images -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageTokenIds:
+    boi: int  # begin of image
+    image: int  # one soft token (also what the template writes as the placeholder)
+    eoi: int  # end of image
+
+
+def image_token_ids(model_dir: str | Path) -> ImageTokenIds:
+    """Read boi/image/eoi ids from config.json (top level, where Gemma 4 keeps them)."""
+    cfg = _read_json(Path(model_dir) / "config.json")
+    try:
+        return ImageTokenIds(int(cfg["boi_token_id"]), int(cfg["image_token_id"]), int(cfg["eoi_token_id"]))
+    except KeyError as e:
+        raise ValueError(f"config.json has no {e.args[0]}: the checkpoint does not take images") from None
+
+
+def expand_images(
+    ids: Sequence[int], soft_token_counts: Sequence[int], image_ids: ImageTokenIds
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Replace the i-th image placeholder by `boi + [image] * n_i + eoi`.
+
+    Returns the new ids and, per image, the span [start, end) of its soft tokens (boi and eoi
+    lie just outside it). The number of placeholders must equal the number of counts.
+    """
+    out: list[int] = []
+    spans: list[tuple[int, int]] = []
+    counts = list(soft_token_counts)
+    for tok in ids:
+        if tok != image_ids.image:
+            out.append(tok)
+            continue
+        if len(spans) == len(counts):
+            raise ValueError(f"the prompt has more image placeholders than the {len(counts)} images given")
+        n = counts[len(spans)]
+        if n < 1:
+            raise ValueError("an image needs at least one soft token")
+        out.append(image_ids.boi)
+        spans.append((len(out), len(out) + n))
+        out.extend([image_ids.image] * n)
+        out.append(image_ids.eoi)
+    if len(spans) != len(counts):
+        raise ValueError(f"the prompt has {len(spans)} image placeholders for {len(counts)} images")
+    return out, spans
+
+
+# --- stop ids -----------------------------------------------------------------------------
+
+
+def stop_ids(model_dir: str | Path, tokenizer) -> set[int]:
+    """Union of config.json / generation_config.json `eos_token_id` (int or list) and the
+    tokenizer's eos (and, when mlx-lm's wrapper is passed, its eos set)."""
+    model_dir = Path(model_dir)
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        cfg = _read_json(model_dir / name)
+        for section in (cfg, cfg.get("text_config") or {}):
+            ids.update(_as_ids(section.get("eos_token_id")))
+    ids.update(_as_ids(getattr(_hf(tokenizer), "eos_token_id", None)))
+    ids.update(_as_ids(getattr(tokenizer, "eos_token_ids", None)))
+    return ids
+
+
+def _as_ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+# --- thinking -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThinkingMarkers:
+    start: str  # opens the channel, e.g. "<|channel>"
+    end: str  # closes it, e.g. "<channel|>"
+
+
+def thinking_markers(tokenizer) -> ThinkingMarkers | None:
+    """The channel markers as strings, from the tokenizer's named special tokens
+    (`soc_token`/`eoc_token`, "start/end of channel"), else from its vocabulary; None if absent."""
+    hf = _hf(tokenizer)
+    start, end = getattr(hf, "soc_token", None), getattr(hf, "eoc_token", None)
+    if isinstance(start, str) and isinstance(end, str) and start and end:
+        return ThinkingMarkers(start, end)
+    vocab = hf.get_vocab()
+    if "<|channel>" in vocab and "<channel|>" in vocab:
+        return ThinkingMarkers("<|channel>", "<channel|>")
+    return None
+
+
+_CHANNEL_NAME = re.compile(r"[A-Za-z_]+\n")
+
+
+def split_thinking(text: str, markers: ThinkingMarkers | None) -> tuple[str, str]:
+    """(thinking, answer) from reply text that keeps the channel markers.
+
+    Works on partial text too: an open channel with no end yet is all thinking. The channel
+    name line ("thought\\n") is dropped from the thinking; several channels are joined.
+    """
+    if markers is None or markers.start not in text:
+        return "", text
+    thoughts: list[str] = []
+    answer: list[str] = []
+    rest = text
+    while True:
+        i = rest.find(markers.start)
+        if i < 0:
+            answer.append(rest)
+            break
+        answer.append(rest[:i])
+        rest = rest[i + len(markers.start) :]
+        j = rest.find(markers.end)
+        body, rest = (rest, "") if j < 0 else (rest[:j], rest[j + len(markers.end) :])
+        m = _CHANNEL_NAME.match(body)
+        thoughts.append(body[m.end() :] if m else body)
+        if j < 0:
+            break
+    return "\n".join(t.strip() for t in thoughts if t.strip()), "".join(answer).lstrip()
+
+
+def strip_thinking(text: str, markers: ThinkingMarkers | None) -> str:
+    """The reply without its thinking channel(s): what goes back into the history."""
+    return split_thinking(text, markers)[1]
+
+
+def strip_thinking_from_history(messages: Iterable[Message], markers: ThinkingMarkers | None) -> list[Message]:
+    """Copies of the messages with thinking removed from every assistant turn."""
+    out = []
+    for m in messages:
+        if m.get("role") != "assistant" or markers is None:
+            out.append(m)
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            content = strip_thinking(content, markers)
+        elif content is not None:
+            content = [
+                {**item, "text": strip_thinking(item["text"], markers)}
+                if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)
+                else item
+                for item in content
+            ]
+        out.append({**m, "content": content})
+    return out
+
+
+# --- committed tokens and cache reuse -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    start: int  # first soft token
+    end: int  # one past the last soft token
+    key: Hashable = None  # identity of the image (e.g. a hash of its pixels); equal ids are not enough
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    keep: int  # cached tokens to keep (trim the cache to this length)
+    suffix: list[int]  # new_prompt[keep:], to prefill; never empty
+
+
+def plan_reuse(
+    committed: Sequence[int],
+    new_prompt: Sequence[int],
+    committed_images: Sequence[ImageSpan] = (),
+    new_images: Sequence[ImageSpan] = (),
+) -> ReusePlan:
+    """How much of the cached conversation a new prompt can keep.
+
+    keep = the longest common prefix of the two id lists, then
+    - at most len(new_prompt) - 1: the last prompt token is always run again, so the
+      prefill yields logits;
+    - never inside an image: soft-token ids are the same for every image, so two images are
+      the same only if their spans and keys are equal; the prefix ends before the first image
+      that differs, and a prefix ending inside an image backs off to its boi token so that the
+      whole image is prefilled together.
+    """
+    if not new_prompt:
+        raise ValueError("empty prompt")
+    keep = 0
+    limit = min(len(committed), len(new_prompt) - 1)
+    while keep < limit and committed[keep] == new_prompt[keep]:
+        keep += 1
+    old = {(s.start, s.end): s.key for s in committed_images}
+    for span in sorted(new_images, key=lambda s: s.start):
+        if span.start - 1 >= keep:  # the image starts at/after the cut (boi at start-1)
+            break
+        same = old.get((span.start, span.end), _MISSING) == span.key
+        if not same or span.end > keep:
+            keep = max(span.start - 1, 0)  # re-run from the boi token
+            break
+    # a committed image that the new prompt does not have at the same place
+    for span in committed_images:
+        if span.start - 1 < keep and not any(
+            (s.start, s.end, s.key) == (span.start, span.end, span.key) for s in new_images
+        ):
+            keep = max(span.start - 1, 0)
+    return ReusePlan(keep=keep, suffix=list(new_prompt[keep:]))
+
+
+_MISSING = object()
+
+
+@dataclass
+class TokenLog:
+    """The ids in the target's cache for this conversation, in order, with their images.
+
+    The engine keeps it equal to the cache: `truncate` when the cache is trimmed, `extend`
+    when tokens are committed (prefill suffix, then each turn's reply).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    images: list[ImageSpan] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def plan(self, new_prompt: Sequence[int], new_images: Sequence[ImageSpan] = ()) -> ReusePlan:
+        return plan_reuse(self.ids, new_prompt, self.images, new_images)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n ids; images that would be cut are dropped (a plan never cuts one)."""
+        del self.ids[n:]
+        self.images = [s for s in self.images if s.end <= n]
+
+    def extend(self, ids: Iterable[int], images: Iterable[ImageSpan] = ()) -> None:
+        """Append ids; `images` spans are absolute positions (as in the full prompt)."""
+        self.ids.extend(int(i) for i in ids)
+        for s in images:
+            if s.end > len(self.ids):
+                raise ValueError("an image span lies past the committed ids")
+            if s not in self.images:
+                self.images.append(s)
+
+    def apply(self, plan: ReusePlan, new_images: Sequence[ImageSpan] = ()) -> None:
+        """After prefilling a plan: the log is the new prompt."""
+        self.truncate(plan.keep)
+        self.extend(plan.suffix, [s for s in new_images if s.start >= plan.keep])
+
+    def clear(self) -> None:
+        self.ids.clear()
+        self.images.clear()
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
