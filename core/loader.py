@@ -1,0 +1,97 @@
+"""Checkpoint directory -> target model, tokenizer and stop ids.
+
+The target is built by mlx-lm's Gemma 4 classes and loader (`mlx_lm.utils.load_model`), which
+already understands both weight layouts (HF `model.language_model.*` and mlx-community
+`language_model.model.*`), drops the vision and shared-layer K/V weights, and applies a
+`.scales`-driven quantization. Vision weights are the vision helper's business.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be used (missing files, wrong model type, bad pair)."""
+
+
+def resolve_checkpoint(path_or_repo: str) -> Path:
+    """A local directory as-is; a Hugging Face repo id only if it is already in the local cache."""
+    p = Path(path_or_repo).expanduser()
+    if p.is_dir():
+        return p.resolve()
+    if p.exists():
+        raise CheckpointError(f"{path_or_repo} is not a directory")
+    if path_or_repo.count("/") != 1 or path_or_repo.startswith((".", "/", "~")):
+        raise CheckpointError(f"no such checkpoint directory: {path_or_repo}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path_or_repo, local_files_only=True))
+    except Exception as e:  # LocalEntryNotFoundError, RepositoryNotFoundError, ...
+        raise CheckpointError(
+            f"{path_or_repo} is not downloaded (run `gemma-chat models download` first): {e}"
+        ) from e
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _ids(value) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def stop_ids(path: Path, tokenizer=None) -> frozenset[int]:
+    """Union of config.json (top level and text_config), generation_config.json and tokenizer eos."""
+    config = read_json(path / "config.json")
+    ids = _ids(config.get("eos_token_id")) | _ids(config.get("text_config", {}).get("eos_token_id"))
+    ids |= _ids(read_json(path / "generation_config.json").get("eos_token_id"))
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_tokenizer(path: Path):
+    """The checkpoint's Hugging Face tokenizer (chat template included)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass
+class LoadedTarget:
+    path: Path
+    config: dict
+    model: object  # mlx-lm gemma4.Model or gemma4_text.Model
+
+
+def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    config = read_json(path / "config.json")
+    if not config:
+        raise CheckpointError(f"{path} has no config.json")
+    model_type = config.get("model_type")
+    if model_type == "gemma4_assistant":
+        raise CheckpointError(f"{path} is a gemma4_assistant drafter, not a target model")
+    if model_type not in ("gemma4", "gemma4_text"):
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not Gemma 4 (gemma4 / gemma4_text)")
+    if not list(path.glob("model*.safetensors")):
+        raise CheckpointError(f"{path} has no model*.safetensors weights")
+    model, config = load_model(path, lazy=True)
+    if dtype is not None:
+        model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return LoadedTarget(path=path, config=config, model=model)

@@ -1,0 +1,219 @@
+"""The target model: our own forward loop over mlx-lm's Gemma 4 decoder layers.
+
+mlx-lm's model call returns only the normed hidden of all positions, hides per-layer K/V, and
+scales any input embeddings again. This loop walks the same `DecoderLayer`s so it reproduces
+mlx-lm's logits, but it also
+- computes logits only for the rows asked for (the verify block, or the last prompt position),
+- returns the post-final-norm hidden states the drafter needs,
+- keeps the K/V of the two producer layers reachable (`TargetCache.producer_kv`),
+- accepts image soft tokens as input embeddings (not scaled; PLE uses the pad id there), and
+- takes bidirectional spans for `use_bidirectional_attention: "vision"` (sliding layers only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from core.cache import FullKVCache, SlidingKVCache, attention_mask
+from core.loader import LoadedTarget, load_target_model
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+class TargetCache:
+    """Per-layer caches of the target (one per layer that computes its own K/V)."""
+
+    def __init__(self, layer_types: list[str], window: int, slack: int = 256):
+        self.layer_types = layer_types
+        self.layers = [SlidingKVCache(window, slack) if t == SLIDING else FullKVCache() for t in layer_types]
+
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset if self.layers else 0
+
+    def can_trim_to(self, length: int) -> bool:
+        return all(c.can_trim_to(length) for c in self.layers)
+
+    def trim_to(self, length: int) -> None:
+        for c in self.layers:
+            c.trim_to(length)
+
+    def trim(self, n: int) -> None:
+        self.trim_to(self.offset - n)
+
+    def reset(self) -> None:
+        for i, c in enumerate(self.layers):
+            self.layers[i] = SlidingKVCache(c.window, c.slack) if isinstance(c, SlidingKVCache) else FullKVCache()
+
+    def first_of(self, layer_type: str):
+        for t, c in zip(self.layer_types, self.layers):
+            if t == layer_type:
+                return c
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.layers)
+
+
+@dataclass
+class ProducerKV:
+    """K/V of the target's producer layers for positions [first, length) of each type.
+
+    keys/values [1, kv_heads, T, head_dim]; `first` is the absolute position of key 0.
+    """
+
+    keys: mx.array
+    values: mx.array
+    first: int
+
+
+class Target:
+    def __init__(self, loaded: LoadedTarget):
+        self.path: Path = loaded.path
+        self.config = loaded.config
+        self.model = loaded.model
+        # gemma4.Model wraps gemma4_text.Model as .language_model; gemma4_text.Model is bare
+        self.lm = getattr(self.model, "language_model", self.model)
+        self.inner = self.lm.model  # Gemma4TextModel
+        self.args = self.lm.args
+        a = self.args
+        self.hidden_size: int = a.hidden_size
+        self.vocab_size: int = a.vocab_size
+        self.window: int = a.sliding_window
+        self.context_length: int = a.max_position_embeddings
+        self.layer_types: list[str] = list(a.layer_types)
+        self.n_layers = len(self.layer_types)
+        self.first_shared = self.n_layers - a.num_kv_shared_layers
+        self.embed_scale = self.inner.embed_scale
+        self.pad_id = a.pad_token_id
+        self.softcap = a.final_logit_softcapping
+        # the last layer of each attention type that computes its own K/V feeds the drafter
+        self.producers: dict[str, int] = {}
+        for i in range(self.first_shared):
+            self.producers[self.layer_types[i]] = i
+        text_cfg = self.config.get("text_config", self.config)
+        self.bidirectional_vision = text_cfg.get("use_bidirectional_attention") == "vision"
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.inner.norm.weight.dtype
+
+    def kv_shape(self, layer_type: str) -> tuple[int, int]:
+        """(kv_heads, head_dim) of the producer layer of this type."""
+        attn = self.inner.layers[self.producers[layer_type]].self_attn
+        return attn.n_kv_heads, attn.head_dim
+
+    def make_cache(self, slack: int = 256) -> TargetCache:
+        return TargetCache(self.layer_types[: self.first_shared], self.window, slack)
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """Scaled token embeddings (in the weight dtype), as the first layer and the drafter see them."""
+        return self.inner.embed_tokens(ids) * self.embed_scale
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Post-norm hidden [..., H] -> soft-capped logits [..., V]."""
+        if self.lm.tie_word_embeddings:
+            out = self.inner.embed_tokens.as_linear(hidden)
+        else:
+            out = self.lm.lm_head(hidden)
+        if self.softcap is not None:
+            out = mx.tanh(out / self.softcap) * self.softcap
+        return out
+
+    def forward(
+        self,
+        tokens: mx.array | list[int],
+        cache: TargetCache,
+        *,
+        embeddings: mx.array | None = None,
+        embedding_mask: mx.array | None = None,
+        bidirectional: list[tuple[int, int]] | None = None,
+        logits: str | int | None = "last",
+    ) -> tuple[mx.array | None, mx.array]:
+        """Run L new tokens at positions [cache.offset, cache.offset + L) and append their K/V.
+
+        tokens [L] ids. embeddings [L, H] with embedding_mask [L] bool: where the mask is set the
+        row replaces the token embedding as-is (image soft tokens: no sqrt(H) scale), and the
+        per-layer input uses the pad id. bidirectional: absolute [start, end) spans whose
+        positions see each other both ways in sliding layers (full layers stay causal).
+        logits: "last" (row L-1), "all", an int n (the last n rows) or None.
+
+        Returns (logits [n, V] float or None, hidden [L, H] after the final norm).
+        """
+        ids = mx.array(tokens, dtype=mx.int32) if not isinstance(tokens, mx.array) else tokens.astype(mx.int32)
+        ids = ids.reshape(1, -1)
+        L = ids.shape[1]
+        inner = self.inner
+        h = self.embed(ids)
+        if embeddings is not None:
+            m = embedding_mask.reshape(1, L, 1)
+            h = mx.where(m, embeddings.reshape(1, L, -1).astype(h.dtype), h)
+
+        per_layer = [None] * self.n_layers
+        if inner.hidden_size_per_layer_input:
+            ple_ids = ids if embeddings is None else mx.where(embedding_mask.reshape(1, L), self.pad_id, ids)
+            pli = inner._get_per_layer_inputs(ple_ids)
+            pli = inner._project_per_layer_inputs(h, pli)
+            per_layer = [pli[:, :, i, :] for i in range(self.n_layers)]
+
+        P = cache.offset
+        masks = {}
+        full = cache.first_of(FULL)
+        if full is not None:
+            masks[FULL] = attention_mask(P, L, 0, P + L)
+        sliding = cache.first_of(SLIDING)
+        if sliding is not None:
+            start = _sliding_start_after(sliding, L)
+            spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
+            masks[SLIDING] = attention_mask(P, L, start, P + L - start, self.window, spans)
+
+        intermediates = [(None, None)] * self.n_layers
+        for i, layer in enumerate(inner.layers):
+            c = cache.layers[i] if i < self.first_shared else None
+            kvs, offset = intermediates[inner.previous_kvs[i]]
+            h, kvs, offset = layer(
+                h,
+                masks[layer.layer_type],
+                c,
+                per_layer_input=per_layer[i],
+                shared_kv=kvs,
+                offset=offset,
+            )
+            intermediates[i] = (kvs, offset)
+
+        hidden = inner.norm(h)[0]  # [L, H]
+        if logits is None:
+            return None, hidden
+        if logits == "last":
+            rows = hidden[-1:]
+        elif logits == "all":
+            rows = hidden
+        else:
+            rows = hidden[-int(logits) :]
+        return self.logits(rows), hidden
+
+    def producer_kv(self, cache: TargetCache, layer_type: str, first: int) -> ProducerKV:
+        """Producer-layer K/V of positions [max(first, 0), cache.offset)."""
+        c = cache.layers[self.producers[layer_type]]
+        first = max(first, c.key_start if isinstance(c, SlidingKVCache) else 0, 0)
+        k, v = c.fetch(first)
+        return ProducerKV(k, v, first)
+
+
+def _sliding_start_after(c: SlidingKVCache, L: int) -> int:
+    """The absolute position of the first key `c.update_and_fetch` will return for L new tokens."""
+    if c.keys is None:
+        return c.start
+    used = c.offset - c.start
+    if used + L > c.keys.shape[2]:
+        return c.start + max(0, used - c.keep)
+    return c.start
+
+
+def load_target(path: str | Path, dtype: str | None = None) -> Target:
+    return Target(load_target_model(Path(path), dtype))
