@@ -1,0 +1,118 @@
+"""The gemma4_assistant drafter against the pack's HF and mlx-vlm references (float32)."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from core.drafter import Drafter, check_pair, load_drafter
+from core.loader import CheckpointError
+from core.target import FULL, SLIDING, load_target
+
+PACK = "tests/data/pack/models"
+REFS = "tests/data/pack/references/drafter"
+FAMILIES = ["e-style", "moe-style", "dense-style"]
+# (reference implementation, position) -> our settings (query_position, sliding_keys)
+CONVENTIONS = {
+    ("mlx_vlm", "P-1"): ("P-1", "W"),
+    ("mlx_vlm", "P"): ("P", "W"),
+    ("hf", "P-1"): ("P-1", "W+1"),
+    ("hf", "P"): ("P", "W+1"),
+}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    fam = request.param
+    tg = load_target(f"{PACK}/{fam}-target")
+    dr = load_drafter(f"{PACK}/{fam}-assistant")
+    return fam, tg, dr, json.load(open(f"{REFS}/{fam}.json")), load_file(f"{REFS}/{fam}.safetensors")
+
+
+def _prefill(tg, ids):
+    cache = tg.make_cache(slack=5)
+    for s in range(0, len(ids), 20):
+        logits, hidden = tg.forward(ids[s : s + 20], cache)
+    return cache, logits[0], hidden[-1]
+
+
+@pytest.mark.parametrize("impl,position", list(CONVENTIONS))
+def test_draft_block_matches_reference(pair, impl, position):
+    fam, tg, dr, meta, refs = pair
+    dr.query_position, dr.sliding_keys = CONVENTIONS[(impl, position)]
+    for state in meta["states"]:
+        name, P = state["state"], state["P"]
+        ids = refs[f"{name}.input.prompt_ids"].tolist()
+        cache, logits, hidden = _prefill(tg, ids)
+        # our target produces the drafter's inputs the references were given
+        assert np.abs(np.array(hidden) - refs[f"{name}.input.hidden"]).max() <= 1e-4
+        bonus = int(mx.argmax(logits).item())
+        assert bonus == state["bonus_token"]
+        for t in (SLIDING, FULL):
+            p = tg.producer_kv(cache, t, 0 if P <= tg.window + 1 else P - tg.window - 1)
+            want = refs[f"{name}.input.{t}.keys"][:, p.first :]
+            assert np.abs(np.array(p.keys[0]) - want).max() <= 1e-4
+        pos, kv = dr.gather_kv(tg, cache, P)
+        assert pos == state["implementations"][f"{impl}.pos_{position}"]["position"]
+        seen = state["implementations"][f"{impl}.pos_{position}"]["sliding_keys_attended"]
+        assert kv[SLIDING][0].shape[2] == seen["n"]
+        tok, h = mx.array([bonus]), hidden.reshape(1, 1, -1)
+        want_logits = refs[f"{name}.{impl}.pos_{position}.logits"]
+        want_hidden = refs[f"{name}.{impl}.pos_{position}.next_hidden"]
+        drafted = []
+        for j in range(3):
+            y, h = dr.step(tg.embed(tok.reshape(1, 1)), h, kv, pos)
+            full = np.array(dr.logits(y, fill="min-1"))
+            assert np.abs(full - want_logits[j]).max() <= 1e-4, (name, j)
+            assert np.abs(np.array(h).reshape(-1) - want_hidden[j]).max() <= 1e-4, (name, j)
+            tok = dr.greedy_token(y)
+            assert int(tok.item()) == int(np.argmax(want_logits[j]))
+            drafted.append(int(tok.item()))
+        assert drafted == state["implementations"][f"{impl}.pos_{position}"]["draft_tokens"]
+        # the lazy block gives the same tokens
+        block, lp = dr.draft(tg, cache, mx.array([bonus]), hidden, 3)
+        assert lp is None and block.tolist() == drafted
+
+
+def test_sampling_logits_exclude_non_candidates():
+    tg = load_target(f"{PACK}/e-style-target")
+    dr = load_drafter(f"{PACK}/e-style-assistant")
+    cache, logits, hidden = _prefill(tg, [2, 21, 40, 41, 42, 43])
+    pos, kv = dr.gather_kv(tg, cache, cache.offset)
+    y, _ = dr.step(tg.embed(mx.array([[5]])), hidden.reshape(1, 1, -1), kv, pos)
+    full = np.array(dr.logits(y))
+    finite = np.isfinite(full)
+    assert finite.sum() == dr.cfg.centroid_top_k * dr.vocab_size // dr.cfg.num_centroids
+    assert full.argmax() == int(dr.greedy_token(y).item())
+    drafts, lp = dr.draft(tg, cache, mx.array([5]), hidden, 4, temperature=0.8, keys=list(mx.random.split(mx.random.key(3), 4)))
+    lp = np.array(lp)
+    assert lp.shape == (4, dr.vocab_size)
+    for j, d in enumerate(drafts.tolist()):
+        assert np.isfinite(lp[j, d])
+        assert np.isclose(np.exp(lp[j][np.isfinite(lp[j])]).sum(), 1.0, atol=1e-4)
+
+
+def test_mismatched_pair_and_non_drafter_are_refused():
+    tg = load_target(f"{PACK}/e-style-target")
+    with pytest.raises(CheckpointError, match="backbone_hidden_size 80 != target hidden_size 96"):
+        check_pair(tg, load_drafter(f"{PACK}/moe-style-assistant"))
+    with pytest.raises(CheckpointError, match="not a Gemma 4 assistant"):
+        load_drafter(f"{PACK}/e-style-target")
+    check_pair(tg, load_drafter(f"{PACK}/e-style-assistant"))
+    # K/V heads: the moe drafter reads 2 sliding K/V heads; dense-style target has the same shapes
+    check_pair(load_target(f"{PACK}/dense-style-target"), load_drafter(f"{PACK}/dense-style-assistant"))
+
+
+def test_kv_head_mismatch_is_refused(tmp_path):
+    import shutil
+
+    src = f"{PACK}/moe-style-assistant"
+    for name in ("model.safetensors", "generation_config.json"):
+        shutil.copy(f"{src}/{name}", tmp_path / name)
+    cfg = json.load(open(f"{src}/config.json"))
+    cfg["text_config"]["num_key_value_heads"] = 4
+    json.dump(cfg, open(tmp_path / "config.json", "w"))
+    with pytest.raises(CheckpointError, match="K/V heads"):
+        check_pair(load_target(f"{PACK}/moe-style-target"), load_drafter(tmp_path))
