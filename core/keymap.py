@@ -1,0 +1,145 @@
+"""Every key binding of the app, in one place. The UI binds from `resolve_keys(config.keys)`.
+
+Key strings use Textual's names ("ctrl+q", "f1", "plus", "escape"); a value may hold alternatives
+separated by commas ("shift+enter,ctrl+j"), as Textual's Binding does.
+
+Scope says where a binding should live:
+  "app"   works everywhere, even while the prompt box has focus (bind with priority)
+  "chat"  single keys that would otherwise type into the prompt: active only while the prompt box
+          does not have focus (e.g. the transcript is focused, or a reply is streaming)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from difflib import get_close_matches
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class KeyAction:
+    name: str
+    key: str
+    description: str
+    scope: str = "app"
+
+
+ACTIONS: tuple[KeyAction, ...] = (
+    KeyAction("send", "enter", "Send the message"),
+    # Legacy terminals cannot tell shift+enter from enter; ctrl+j (line feed) always works.
+    KeyAction("newline", "shift+enter,ctrl+j", "Insert a new line in the message"),
+    KeyAction("stop", "escape", "Stop the reply being generated"),
+    KeyAction("regenerate", "ctrl+r", "Generate the last reply again"),
+    KeyAction("new_chat", "ctrl+n", "Start a new chat"),
+    KeyAction("toggle_view", "ctrl+t", "Switch the reply view: rendered Markdown / tokens with accepted drafts marked"),
+    KeyAction("toggle_thinking", "f4", "Turn thinking on or off for the next turn"),
+    KeyAction("block_size_up", "plus", "Verify one more token per round (block size + 1)", "chat"),
+    KeyAction("block_size_down", "minus", "Verify one token fewer per round (block size - 1)", "chat"),
+    KeyAction("toggle_auto", "a", "Let the block size adapt automatically, or fix it", "chat"),
+    KeyAction("toggle_drafter", "d", "Turn the drafter (speculative decoding) on or off", "chat"),
+    KeyAction("copy_reply", "y", "Copy the last reply to the clipboard", "chat"),
+    KeyAction("copy_code", "c", "Copy the last code block of the last reply", "chat"),
+    KeyAction("attach_image", "ctrl+o", "Attach an image to the message"),
+    KeyAction("export", "ctrl+s", "Export the chat to Markdown"),
+    KeyAction("chats", "ctrl+l", "Open the chat list (history and search)"),
+    # ctrl+m is enter to a terminal, and ctrl+comma is not sent by most: function keys instead.
+    KeyAction("models", "f2", "Open the models screen (pairings, downloads)"),
+    KeyAction("settings", "f3", "Open the settings"),
+    KeyAction("help", "f1", "Show the keys and what they do"),
+    KeyAction("palette", "ctrl+p", "Open the command palette"),
+    KeyAction("quit", "ctrl+q", "Quit"),
+)
+
+ACTION_NAMES: tuple[str, ...] = tuple(a.name for a in ACTIONS)
+DEFAULT_KEYS: dict[str, str] = {a.name: a.key for a in ACTIONS}
+DESCRIPTIONS: dict[str, str] = {a.name: a.description for a in ACTIONS}
+SCOPES: dict[str, str] = {a.name: a.scope for a in ACTIONS}
+
+MODIFIERS = ("ctrl", "shift", "alt", "meta", "super", "hyper")
+# Characters people write in a config, as Textual names them (Textual derives these from Unicode names).
+CHAR_NAMES = {
+    "+": "plus", "-": "minus", ",": "comma", ".": "full_stop", "/": "slash", "\\": "backslash",
+    "=": "equals_sign", "?": "question_mark", ";": "semicolon", ":": "colon", "[": "left_square_bracket",
+    "]": "right_square_bracket", "'": "apostrophe", "`": "grave_accent", "@": "at", "_": "underscore",
+    "!": "exclamation_mark", "#": "number_sign", "*": "asterisk", " ": "space",
+}
+# Two names, one key: the terminal sends the same bytes (Textual's own aliases).
+ALIASES = {"ctrl+m": "enter", "ctrl+i": "tab", "ctrl+left_square_bracket": "escape", "ctrl+space": "ctrl+at",
+           "esc": "escape", "return": "enter"}
+_BASE_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class KeymapError(ValueError):
+    pass
+
+
+def normalize_key(key: str) -> str:
+    """One key ("Ctrl+Up", "+", "ctrl++") in Textual's spelling; raises KeymapError on nonsense."""
+    raw = key.strip()
+    if not raw:
+        raise KeymapError("empty key")
+    if raw in CHAR_NAMES:
+        return CHAR_NAMES[raw]
+    if raw.endswith("++"):  # "ctrl++": the key itself is "+"
+        parts = raw[:-2].split("+") + ["+"]
+    else:
+        parts = raw.split("+")
+    *mods, base = [p.strip() for p in parts]
+    mods = [m.lower() for m in mods]
+    for m in mods:
+        if m not in MODIFIERS:
+            raise KeymapError(f"{key!r}: unknown modifier {m!r} (use {', '.join(MODIFIERS)})")
+    if len(set(mods)) != len(mods):
+        raise KeymapError(f"{key!r}: repeated modifier")
+    base = CHAR_NAMES.get(base, base)
+    if len(base) > 1 or mods:  # Textual reports "ctrl+x" for ctrl+X; a bare "A" is shift+a
+        base = base.lower()
+    if not _BASE_KEY.match(base):
+        raise KeymapError(f"{key!r}: {base!r} is not a key name (e.g. a, f1, enter, up, plus)")
+    # Textual orders modifiers this way in the keys it reports
+    ordered = [m for m in MODIFIERS if m in mods]
+    name = "+".join([*ordered, base])
+    return ALIASES.get(name, name)
+
+
+def split_keys(value: str) -> list[str]:
+    """A binding value -> its normalized keys ("shift+enter,ctrl+j" -> two keys)."""
+    if value.strip() in {",", "+"}:
+        return [normalize_key(value.strip())]
+    return [normalize_key(k) for k in value.split(",") if k.strip()] or [normalize_key("")]
+
+
+def suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    match = get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def resolve_keys(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """DEFAULT_KEYS with `overrides` applied, every key normalized; a value is a comma-joined list.
+    Raises KeymapError naming the unknown action, the bad key, or the two actions that share a key."""
+    overrides = dict(overrides or {})
+    problems: list[str] = []
+    for action in overrides:
+        if action not in DEFAULT_KEYS:
+            problems.append(f"unknown action {action!r}{suggest(action, ACTION_NAMES)}")
+    resolved: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for action in ACTION_NAMES:
+        value = overrides.get(action, DEFAULT_KEYS[action])
+        if not isinstance(value, str):
+            problems.append(f"{action} must be a key string like \"ctrl+r\", got {value!r}")
+            continue
+        try:
+            keys = split_keys(value)
+        except KeymapError as e:
+            problems.append(f"{action}: {e}")
+            continue
+        for k in keys:
+            if k in owner and owner[k] != action:
+                problems.append(f"{k!r} is bound to both {owner[k]!r} and {action!r}")
+            owner.setdefault(k, action)
+        resolved[action] = ",".join(dict.fromkeys(keys))
+    if problems:
+        raise KeymapError("; ".join(problems))
+    return resolved
