@@ -1,0 +1,199 @@
+"""Automatic block size: pick K (tokens verified per round, K-1 of them drafted) that maximises
+expected tokens per second, from what recent rounds showed.
+
+Model
+- Each draft is accepted with probability alpha, independently, until the first rejection, so a
+  block of K emits on average E(K) = 1 + alpha + ... + alpha^(K-1) = (1 - alpha^K) / (1 - alpha)
+  tokens (the bonus token included).
+- A round costs T(K) = t_verify(K) + (K-1) * t_draft, with t_verify(K) = a + b*(K-1) (a K-token
+  target forward: on bandwidth-bound hardware b is small against a).
+- Choose argmax_K E(K) / T(K) over k_min..k_max (ties -> smaller K), changing K only when the
+  gain exceeds `hysteresis`, so noise does not make it flap.
+
+Estimates
+- alpha: accepted and rejected drafts counted with exponential forgetting (`alpha_decay` per
+  round), plus `alpha_prior_weight` pseudo-drafts at `alpha_prior`. A round with n of K-1 drafts
+  accepted is n successes and, if n < K-1, one failure.
+- times: per-K exponential moving averages of the measured round time (or of the verify time and
+  the per-step draft time when the caller measures them apart), then a line through the
+  per-K averages, pulled toward a prior slope when few block sizes have been tried (a ridge
+  fit), so it can extrapolate to sizes it has not tried.
+- K = 1 means no drafting. When K = 1 keeps winning, every `probe_every` rounds one round at
+  `probe_k` measures acceptance again, so the controller can come back when drafting pays.
+
+Pure Python, deterministic: the same observations give the same choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(k: int, alpha: float) -> float:
+    """Mean tokens emitted by a block of k (k-1 drafts + the target's own token)."""
+    if alpha >= 1.0:
+        return float(k)
+    return (1.0 - alpha**k) / (1.0 - alpha)
+
+
+@dataclass
+class AutoBlockConfig:
+    k_min: int = 1
+    k_max: int = 8
+    alpha_prior: float = 0.6
+    alpha_prior_weight: float = 2.0  # in drafts
+    alpha_decay: float = 0.9  # per observed round
+    time_ewma: float = 0.25  # weight of a new time measurement
+    draft_cost_prior: float = 0.15  # one draft step / one target step, before any measurement
+    verify_slope_prior: float = 0.03  # extra verify cost per extra token / one target step
+    probe_every: int = 16  # K = 1 rounds between probes
+    probe_k: int = 2
+    hysteresis: float = 0.03  # relative gain needed to move away from the current K
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError("need 1 <= k_min <= k_max")
+        if not 0.0 <= self.alpha_prior <= 1.0 or not 0.0 < self.alpha_decay <= 1.0:
+            raise ValueError("alpha_prior must be in [0, 1] and alpha_decay in (0, 1]")
+
+
+@dataclass
+class _Ewma:
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float, weight: float) -> None:
+        self.value = x if self.count == 0 else (1.0 - weight) * self.value + weight * x
+        self.count += 1
+
+
+@dataclass
+class AutoBlock:
+    """Block-size controller for one target/drafter pair.
+
+    Per round: `k = ctl.choose()`, run the round, then
+    `ctl.observe(k, accepted, round_s=...)` (or with `draft_s` and `verify_s` measured apart).
+    Rounds of a fixed, user-chosen K may be observed too; they keep the estimates fresh.
+    """
+
+    config: AutoBlockConfig = field(default_factory=AutoBlockConfig)
+    _accepted: float = 0.0
+    _rejected: float = 0.0
+    _round_time: dict[int, _Ewma] = field(default_factory=dict)
+    _verify_time: dict[int, _Ewma] = field(default_factory=dict)
+    _draft_step: _Ewma = field(default_factory=_Ewma)
+    _current: int | None = None
+    _k1_streak: int = 0
+    rounds: int = 0
+
+    # -- estimates ----------------------------------------------------------------------
+
+    @property
+    def alpha(self) -> float:
+        c = self.config
+        return (self._accepted + c.alpha_prior * c.alpha_prior_weight) / (
+            self._accepted + self._rejected + c.alpha_prior_weight
+        )
+
+    def round_time(self, k: int) -> float:
+        """Predicted seconds for a round of block size k (relative units before any timing)."""
+        c = self.config
+        if self._verify_time:
+            a, b = _line(self._verify_time, c.verify_slope_prior, c.time_ewma)
+            step = self._draft_step.value if self._draft_step.count else c.draft_cost_prior * a
+            return a + (b + step) * (k - 1)
+        if self._round_time:
+            a, b = _line(self._round_time, c.draft_cost_prior + c.verify_slope_prior, c.time_ewma)
+            return a + b * (k - 1)
+        return 1.0 + (c.draft_cost_prior + c.verify_slope_prior) * (k - 1)
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second (per unit time) at block size k."""
+        return expected_tokens(k, self.alpha) / self.round_time(k)
+
+    def best(self) -> int:
+        """argmax of `rate` over the allowed sizes, with hysteresis around the current K."""
+        c = self.config
+        ks = range(c.k_min, c.k_max + 1)
+        rates = {k: self.rate(k) for k in ks}
+        best = max(ks, key=lambda k: (rates[k], -k))
+        cur = self._current
+        if cur is not None and cur in rates and rates[best] <= rates[cur] * (1.0 + c.hysteresis):
+            return cur
+        return best
+
+    # -- per round ----------------------------------------------------------------------
+
+    def choose(self) -> int:
+        """Block size for the next round."""
+        c = self.config
+        k = self.best()
+        self._current = k
+        if k == 1 and c.k_max >= 2:
+            self._k1_streak += 1
+            if self._k1_streak > c.probe_every:
+                self._k1_streak = 0
+                return max(2, min(c.probe_k, c.k_max))
+        else:
+            self._k1_streak = 0
+        return k
+
+    def observe(
+        self,
+        k: int,
+        accepted: int,
+        *,
+        round_s: float | None = None,
+        draft_s: float | None = None,
+        verify_s: float | None = None,
+    ) -> None:
+        """Record a finished round: block size k, drafts accepted (0..k-1), and its timing.
+
+        round_s: whole round; draft_s / verify_s: its two parts when measured apart (then
+        round_s is not needed). Missing times only update the acceptance estimate.
+        """
+        c = self.config
+        if k < 1 or not 0 <= accepted <= k - 1:
+            raise ValueError(f"bad observation: k={k}, accepted={accepted}")
+        self.rounds += 1
+        if k > 1:
+            self._accepted = self._accepted * c.alpha_decay + accepted
+            self._rejected = self._rejected * c.alpha_decay + (1 if accepted < k - 1 else 0)
+        if verify_s is not None:
+            self._verify_time.setdefault(k, _Ewma()).add(verify_s, c.time_ewma)
+            if k > 1 and draft_s is not None:
+                self._draft_step.add(draft_s / (k - 1), c.time_ewma)
+        total = round_s if round_s is not None else (
+            verify_s + (draft_s or 0.0) if verify_s is not None else None
+        )
+        if total is not None:
+            self._round_time.setdefault(k, _Ewma()).add(total, c.time_ewma)
+
+
+def _line(points: dict[int, _Ewma], prior_ratio: float, ewma: float) -> tuple[float, float]:
+    """Intercept a = time at K=1 and slope b per extra token, from per-K averages.
+
+    Weighted least squares (weight = rounds averaged, capped at the EWMA's effective sample
+    size) with
+    a ridge pull toward the prior slope prior_ratio * a, worth one round one block size away.
+    """
+    cap = (2.0 - ewma) / ewma
+    ks = sorted(points)
+    w = [min(points[k].count, cap) for k in ks]
+    t = [points[k].value for k in ks]
+    x = [k - 1 for k in ks]
+    sw = sum(w)
+    mx = sum(wi * xi for wi, xi in zip(w, x)) / sw
+    mt = sum(wi * ti for wi, ti in zip(w, t)) / sw
+    sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
+    sxt = sum(wi * (xi - mx) * (ti - mt) for wi, xi, ti in zip(w, x, t))
+    # the prior slope, with `a` guessed from the smallest block seen under the prior ratio
+    a_guess = t[0] / (1.0 + prior_ratio * x[0])
+    prior_slope = prior_ratio * a_guess
+    slope = (sxt + prior_slope) / (sxx + 1.0)
+    intercept = mt - slope * mx
+    if intercept <= 0:  # noise on tiny timings: fall back to the prior shape
+        intercept, slope = a_guess, prior_slope
+    # a verify or draft step is never free; keep the slope from going to zero or below
+    slope = max(slope, 0.01 * intercept)
+    return intercept, slope
