@@ -1,0 +1,256 @@
+"""The speculative decoding loop: prefill, then rounds of draft -> verify -> accept -> trim.
+
+One round with block size K (K counts the bonus token; the drafter proposes K - 1):
+
+    cache holds positions [0, P); b is the last emitted token (not in the cache); h is the
+    target's post-norm hidden at P - 1
+    drafts = drafter.draft(b, h, producer K/V of [0, P), K - 1)      lazy
+    logits, H = target.forward([b, d1 .. d_{K-1}])                   lazy, appends K positions
+    n, t = verify(drafts, logits)                                    the round's one host sync
+    emit d1 .. dn (from the drafter), then t (the target's own token)
+    trim the cache to P + n + 1; h = H[n]; b = t
+
+K = 1 (or the drafter off) is plain decoding through the same path. The cache always ends a
+round holding exactly the committed tokens except the last emitted one, which is the next
+round's b; stops, cancel and max tokens keep that invariant.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+from core import sampling
+from core.autoblock import AutoBlock
+from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
+from core.settings import GenerationSettings
+
+PREFILL_CHUNK = 512
+AUTO_START = 3  # K for a fixed-size request that asks for auto without a controller
+
+
+class TurnError(Exception):
+    """A turn that cannot run (empty prompt, past the context length); the message is for the user."""
+
+
+@dataclass
+class Controls:
+    """What may change while a turn runs; read at the start of every round."""
+
+    block_size: int | str = "auto"
+    drafter_enabled: bool = True
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+
+@dataclass
+class Prompt:
+    """The part of the prompt to prefill, with image inputs (absolute positions)."""
+
+    ids: list[int]
+    start: int = 0  # the cache length it continues (reused prefix)
+    embeddings: mx.array | None = None  # [len(ids), H] soft tokens, rows used where mask is set
+    embedding_mask: mx.array | None = None  # [len(ids)] bool
+    bidirectional: list[tuple[int, int]] = field(default_factory=list)  # absolute [a, b) spans
+
+
+@dataclass
+class TurnResult:
+    stats: TurnStats
+    token_ids: list[int]  # every emitted token (a stop token included)
+    committed: list[int]  # the new tokens whose K/V are now in the cache, in order
+    text: str
+
+
+def prefill_chunks(n: int, spans: list[tuple[int, int]], size: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """Split [0, n) into chunks of about `size` that never cut an image span (relative positions)."""
+    out, a = [], 0
+    while a < n:
+        b = min(n, a + size)
+        for s, e in spans:
+            if s < b < e:  # would cut this image: end before it, or take it whole
+                b = s if s > a else e
+        out.append((a, b))
+        a = b
+    return out
+
+
+class Decoder:
+    """Runs chat turns for one target (+ optional drafter) on the calling thread."""
+
+    def __init__(self, target, drafter=None, detokenizer=None, stop_ids=frozenset(), auto: AutoBlock | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.detok = detokenizer
+        self.stop_ids = frozenset(stop_ids)
+        self.auto = auto if auto is not None else AutoBlock()
+
+    def run(
+        self,
+        cache,
+        prompt: Prompt,
+        settings: GenerationSettings,
+        emit: Callable[[object], None],
+        controls: Controls | None = None,
+        *,
+        prompt_tokens: int | None = None,
+        t_start: float | None = None,
+    ) -> TurnResult:
+        controls = controls or Controls(settings.block_size, settings.drafter_enabled)
+        t_start = time.perf_counter() if t_start is None else t_start
+        tg = self.target
+        stats = TurnStats(
+            prompt_tokens=prompt_tokens if prompt_tokens is not None else prompt.start + len(prompt.ids),
+            reused_tokens=prompt.start,
+            drafter_enabled=self.drafter is not None and controls.drafter_enabled,
+        )
+        if not prompt.ids:
+            raise TurnError("empty prompt: nothing to generate from")
+        if cache.offset != prompt.start:
+            raise TurnError(f"internal: cache holds {cache.offset} tokens, prompt continues at {prompt.start}")
+        total = prompt.start + len(prompt.ids)
+        if total >= tg.context_length:
+            raise TurnError(
+                f"the prompt is {total} tokens, the model's context is {tg.context_length}: shorten the conversation"
+            )
+        temp, top_k, top_p = settings.temperature, settings.top_k, settings.top_p
+        keys = sampling.KeyStream(settings.seed) if temp > 0 else None
+        if self.detok is not None:
+            self.detok.reset()
+        mx.reset_peak_memory()
+
+        # --- prefill ------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        rel_spans = [(a - prompt.start, b - prompt.start) for a, b in prompt.bidirectional]
+        committed: list[int] = []
+        logits = hidden = None
+        for a, b in prefill_chunks(len(prompt.ids), rel_spans):
+            if controls.cancelled:
+                return self._finish(stats, [], committed, "cancelled", t0, None)
+            last = b == len(prompt.ids)
+            emb = mask = None
+            if prompt.embeddings is not None:
+                emb, mask = prompt.embeddings[a:b], prompt.embedding_mask[a:b]
+            spans = [(s + prompt.start, e + prompt.start) for s, e in rel_spans if s < b and e > a]
+            logits, hidden = tg.forward(
+                prompt.ids[a:b], cache, embeddings=emb, embedding_mask=mask,
+                bidirectional=spans or None, logits="last" if last else None,
+            )
+            if not last:
+                mx.eval(hidden)  # bound the graph (and memory) per chunk
+            committed.extend(prompt.ids[a:b])
+        h = hidden[-1]
+        if temp > 0:
+            first = sampling.sample(sampling.transform_logits(logits[0], temp, top_k, top_p), keys.next())
+        else:
+            first = mx.argmax(logits[0])
+        mx.eval(first, h)
+        b_tok = int(first.item())
+        stats.prefill_tokens = len(prompt.ids)
+        stats.prefill_s = time.perf_counter() - t0
+        emit(PrefillDone(stats.prompt_tokens, stats.prefill_tokens, stats.reused_tokens, stats.prefill_s))
+
+        emitted: list[int] = []
+        t_first = time.perf_counter()
+        stats.ttft_s = t_first - t_start
+        reason = self._emit_token(b_tok, False, 0, emitted, emit, settings)
+        round_no = 0
+        while reason is None:
+            if controls.cancelled:
+                reason = "cancelled"
+                break
+            P = cache.offset
+            room = min(settings.max_tokens - len(emitted), tg.context_length - P)
+            if room < 1:
+                reason = "max_tokens"
+                break
+            use_drafter = self.drafter is not None and controls.drafter_enabled
+            auto = use_drafter and controls.block_size == "auto"
+            if not use_drafter:
+                K = 1
+            elif auto:
+                K = self.auto.choose()
+            else:
+                K = int(controls.block_size)
+            K = max(1, min(K, room))
+            round_no += 1
+            t_round = time.perf_counter()
+
+            b = mx.array([b_tok], dtype=mx.uint32)
+            if K > 1:
+                draft_keys = keys.split(K - 1) if temp > 0 else None
+                drafts, q_lp = self.drafter.draft(
+                    tg, cache, b, h, K - 1, temperature=temp, top_k=top_k, top_p=top_p, keys=draft_keys
+                )
+                inp = mx.concatenate([b, drafts])
+            else:
+                drafts, q_lp, inp = mx.zeros((0,), mx.uint32), None, b
+            logits, H = tg.forward(inp, cache, logits="all")
+            if temp > 0:
+                p_lp = sampling.transform_logits(logits, temp, top_k, top_p)
+                if K > 1:
+                    n, t = sampling.verify_speculative(drafts, q_lp, p_lp, keys.next())
+                else:
+                    n, t = mx.array(0, mx.int32), sampling.sample(p_lp[0], keys.next())
+            else:
+                n, t = sampling.verify_greedy(drafts, logits)
+            packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t.reshape(1).astype(mx.uint32), drafts])
+            values = packed.tolist()  # the round's one host sync
+            n_acc, t_tok, draft_list = values[0], values[1], values[2:]
+            round_tokens = draft_list[:n_acc] + [t_tok]
+
+            out = 0
+            for j, tok in enumerate(round_tokens):
+                out += 1
+                reason = self._emit_token(tok, j < n_acc, round_no, emitted, emit, settings)
+                if reason is not None:
+                    break
+            # keep b and the accepted drafts before the last emitted token; that one is next round's b
+            cache.trim_to(P + out)
+            h = H[out - 1]
+            committed.append(b_tok)
+            committed.extend(round_tokens[: out - 1])
+            b_tok = round_tokens[out - 1]
+
+            accepted = min(n_acc, out)
+            stats.rounds += 1
+            stats.drafted += K - 1
+            stats.accepted += accepted
+            stats.block_size_counts[K] = stats.block_size_counts.get(K, 0) + 1
+            stats.decode_tokens += out
+            round_s = time.perf_counter() - t_round
+            if K > 1 or auto:
+                self.auto.observe(K, n_acc, round_s=round_s)
+            emit(RoundEvent(round_no, K - 1, accepted, K, auto, out))
+        return self._finish(stats, emitted, committed, reason, t0, t_first)
+
+    def _emit_token(self, tok: int, from_draft: bool, round_no: int, emitted: list[int], emit, settings) -> str | None:
+        emitted.append(tok)
+        text = self.detok.add(tok) if self.detok is not None else ""
+        emit(TokenEvent(tok, text, from_draft, round_no))
+        if tok in self.stop_ids and not settings.ignore_eos:
+            return "eos"
+        if len(emitted) >= settings.max_tokens:
+            return "max_tokens"
+        return None
+
+    def _finish(self, stats, emitted, committed, reason, t0, t_first) -> TurnResult:
+        now = time.perf_counter()
+        if t_first is None:
+            stats.prefill_s = now - t0
+        else:
+            stats.decode_s = now - t_first
+        stats.stop_reason = reason
+        stats.peak_memory_bytes = int(mx.get_peak_memory())
+        text = ""
+        if self.detok is not None:
+            self.detok.flush()
+            text = self.detok.text
+        return TurnResult(stats, list(emitted), committed, text)
