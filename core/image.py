@@ -264,26 +264,6 @@ def preprocess_image(
     )
 
 
-def image_token_spans(ids, image_token_id: int) -> list[tuple[int, int]]:
-    """[start, end) of every maximal run of `image_token_id` in `ids`: one run per image.
-
-    This is the span the soft tokens of one image replace, and the unit of the
-    bidirectional vision mask (`use_bidirectional_attention: "vision"`).
-    """
-    spans: list[tuple[int, int]] = []
-    start = None
-    for i, tok in enumerate(ids):
-        if int(tok) == image_token_id:
-            if start is None:
-                start = i
-        elif start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(ids)))
-    return spans
-
-
 def _read_json(path: Path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:

@@ -17,7 +17,6 @@ from safetensors.numpy import load_file
 from core.image import (
     ImageError,
     ImageProcessorConfig,
-    image_token_spans,
     load_image,
     preprocess_image,
     soft_token_count,
@@ -203,9 +202,3 @@ def test_sample_assets_preprocess():
         im = preprocess_image(f, max_soft_tokens=70)
         assert 0 < im.num_soft_tokens <= 70
 
-
-def test_image_token_spans():
-    assert image_token_spans([], 6) == []
-    assert image_token_spans([2, 4, 6, 6, 6, 5, 9, 4, 6, 5, 6], 6) == [(2, 5), (8, 9), (10, 11)]
-    ids = load_file(str(IMAGES / "e-style.safetensors"))["prompt_ids"]
-    assert image_token_spans(ids, 6) == [(6, 136)]
