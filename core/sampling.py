@@ -40,19 +40,22 @@ def transform_logits(
     if temperature > 0 and temperature != 1.0:
         x = x / temperature
     vocab = x.shape[-1]
+    # candidates for the nucleus, most likely first: only the top k when top-k is on, which
+    # spares a full-vocabulary sort in the common top_k=64, top_p=0.95 setting
+    candidates = None
     if 0 < top_k < vocab:
-        # k-th largest value, per row
-        kth = mx.sort(x, axis=-1)[..., vocab - top_k : vocab - top_k + 1]
-        x = mx.where(x >= kth, x, -mx.inf)
+        candidates = mx.sort(mx.topk(x, top_k, axis=-1), axis=-1)[..., ::-1]
+        x = mx.where(x >= candidates[..., -1:], x, -mx.inf)
     if top_p < 1.0:
-        probs = mx.softmax(x, axis=-1)
-        desc = mx.sort(probs, axis=-1)[..., ::-1]
-        mass_before = mx.cumsum(desc, axis=-1) - desc
-        # tokens kept in sorted order: those whose preceding mass is still below top_p
-        # (always at least the most likely one)
+        if candidates is None:
+            candidates = mx.sort(x, axis=-1)[..., ::-1]
+        probs = mx.exp(candidates - mx.logsumexp(x, axis=-1, keepdims=True))
+        mass_before = mx.cumsum(probs, axis=-1) - probs
+        # kept in sorted order: those whose preceding mass is still below top_p (at least one);
+        # comparing logits with the boundary logit keeps every tie of the boundary token
         n_keep = mx.maximum((mass_before < top_p).sum(axis=-1, keepdims=True), 1)
-        threshold = mx.take_along_axis(desc, n_keep - 1, axis=-1)
-        x = mx.where(probs >= threshold, x, -mx.inf)
+        threshold = mx.take_along_axis(candidates, n_keep - 1, axis=-1)
+        x = mx.where(x >= threshold, x, -mx.inf)
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 

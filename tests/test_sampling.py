@@ -128,6 +128,36 @@ def test_transform_order_and_rows():
     np.testing.assert_allclose(got[1], got[0][::-1], rtol=1e-6)
 
 
+def _reference_transform(x: np.ndarray, t: float, k: int, p: float) -> np.ndarray:
+    """The documented rule, written plainly in float64 for one row."""
+    x = x.astype(np.float64) / (t if t > 0 else 1.0)
+    if 0 < k < x.size:
+        x = np.where(x >= np.sort(x)[::-1][k - 1], x, -np.inf)
+    if p < 1:
+        probs = np.exp(x - x.max())
+        probs /= probs.sum()
+        desc = np.sort(probs)[::-1]
+        before = np.cumsum(desc) - desc
+        n_keep = max(int((before < p).sum()), 1)
+        x = np.where(probs >= desc[n_keep - 1], x, -np.inf)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_transform_matches_reference_on_random_rows_with_ties():
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        vocab = int(rng.integers(5, 300))
+        row = np.round(rng.normal(0, 2, vocab), 1).astype(np.float32)  # rounding makes ties
+        t = float(rng.choice([0.0, 0.5, 1.0, 1.7]))
+        k = int(rng.choice([0, 1, 3, 10, 64, vocab]))
+        p = float(rng.choice([1.0, 0.9, 0.5, 0.97, 0.2]))
+        got = _probs(transform_logits(mx.array(row), t, k, p))
+        want = _reference_transform(row, t, k, p)
+        assert ((got > 0) == (want > 0)).all(), (trial, t, k, p)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
 def test_transform_accepts_minus_inf_inputs():
     # the centroid drafter head gives -inf to every token outside its candidates
     x = mx.array([-mx.inf, 1.0, -mx.inf, 0.5, 0.2, -mx.inf])
