@@ -36,6 +36,7 @@ import numpy as np
 _PREFIXES = ("model.", "")
 _PARTS = ("vision_tower.", "embed_vision.")
 _CLIP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+_SCORE_BUDGET = 64 * 1024 * 1024  # attention scores held at once (elements)
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,14 @@ class VisionAttention(nn.Module):
         k = _apply_axial_rope(k, cos, sin)
         # [1, heads, n, head_dim]; bidirectional, no mask (padding was dropped); q/k are normed: scale 1
         q, k, v = (t.transpose(1, 0, 2)[None] for t in (q, k, v))
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0)
+        # Big images in query blocks: the unfused paths (CPU, head_dim 72) materialise
+        # heads x queries x n scores, 6.5 GB at 1120 soft tokens if done at once.
+        block = max(256, _SCORE_BUDGET // (self.n_heads * n))
+        if block >= n:
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0)
+        else:
+            parts = [mx.fast.scaled_dot_product_attention(q[:, :, i : i + block], k, v, scale=1.0) for i in range(0, n, block)]
+            out = mx.concatenate(parts, axis=2)
         return self.o_proj(out[0].transpose(1, 0, 2).reshape(n, -1))
 
 
@@ -306,6 +314,11 @@ class VisionEncoder(nn.Module):
         if real.size == 0:
             raise ValueError("the image has no real patches")
         pos = pos[real]
+        if pos.min() < 0 or pos.max() >= self.config.position_embedding_size:
+            raise ValueError(
+                f"patch positions must lie in [0, {self.config.position_embedding_size}) for this vision tower "
+                f"(got up to {int(pos.max())}); use a smaller image token budget"
+            )
         order = pooling_order(pos, self.config.pooling_kernel_size)
         if isinstance(pixels, np.ndarray):
             pixels = pixels[real]

@@ -88,6 +88,22 @@ def test_padding_and_patch_order_do_not_matter(encoders, small_image):
     assert _max_diff(shuffled, base) < 1e-5
 
 
+def test_attention_in_query_blocks_is_exact(encoders, small_image, monkeypatch):
+    import core.vision
+
+    enc = encoders["dense-style"]
+    base = np.array(enc.encode_image(small_image))
+    monkeypatch.setattr(core.vision, "_SCORE_BUDGET", 2 * 256 * small_image.num_patches)  # 3 blocks
+    assert np.array_equal(np.array(enc.encode_image(small_image)), base)
+
+
+def test_positions_beyond_the_table_are_rejected(encoders):
+    enc = encoders["e-style"]  # the pack's table has 1024 positions (real checkpoints: 10240)
+    pos = np.array([(x, y) for y in range(3) for x in range(1023, 1026)])
+    with pytest.raises(ValueError, match="smaller image token budget"):
+        enc.encode(np.zeros((9, 768), np.float32), pos)
+
+
 def test_pooling_order_is_row_major_by_cell():
     # a 6 x 3 patch grid (2 cells wide, 1 high): cell 0 holds x 0..2, cell 1 holds x 3..5
     pos = np.array([(x, y) for y in range(3) for x in range(6)])
