@@ -319,15 +319,19 @@ class Store:
             return self._con.execute("PRAGMA integrity_check").fetchone()[0]
 
     def _migrate(self) -> None:
-        version = self.schema_version()
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: history schema v{version} is newer than this gemma-chat understands "
-                f"(v{SCHEMA_VERSION}); upgrade gemma-chat"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        # The version is read inside each write transaction, so two processes opening an old file
+        # at once cannot both apply the same step.
+        while True:
             with self._tx() as con:
-                for stmt in MIGRATIONS[target]:
+                version = con.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path}: history schema v{version} is newer than this gemma-chat understands "
+                        f"(v{SCHEMA_VERSION}); upgrade gemma-chat"
+                    )
+                if version == SCHEMA_VERSION:
+                    break
+                for stmt in MIGRATIONS[version + 1]:
                     con.execute(stmt)
         self._ensure_fts()
 
@@ -336,15 +340,13 @@ class Store:
         # index the first time it is opened by a build that has it.
         if not self.has_fts:
             return
-        with self._lock:
-            exists = self._con.execute(
+        with self._tx() as con:
+            exists = con.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_fts'"
             ).fetchone()
-        if exists:
-            return
-        with self._tx() as con:
-            for stmt in FTS_DDL:
-                con.execute(stmt)
+            if not exists:
+                for stmt in FTS_DDL:
+                    con.execute(stmt)
 
     # chats
     def create_chat(

@@ -280,3 +280,16 @@ def test_textual_delivers_every_default_binding():
     asyncio.run(main())
     expected = [action for action, k in keys.items() for _ in k.split(",")]
     assert fired == expected
+
+
+def test_data_layer_imports_stay_light():
+    """The UI imports these at start-up; none may pull in textual, mlx or tomlkit (only saving needs it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, core.paths, core.store, core.config, core.keymap, core.export, core.clipboard; "
+        "print(sorted(m for m in ('textual', 'mlx', 'tomlkit', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
