@@ -281,11 +281,15 @@ class Store:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly one `_tx`.
         self._con = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=10.0)
         self._con.row_factory = sqlite3.Row
-        self._con.execute("PRAGMA journal_mode = WAL")
-        self._con.execute("PRAGMA synchronous = FULL")
-        self._con.execute("PRAGMA foreign_keys = ON")
         self.has_fts = fts5_available()
-        self._migrate()
+        try:
+            self._con.execute("PRAGMA journal_mode = WAL")
+            self._con.execute("PRAGMA synchronous = FULL")
+            self._con.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            self._con.close()
+            raise StoreError(f"{self.path}: cannot open the chat history: {e}") from e
 
     # lifecycle
     def close(self) -> None:

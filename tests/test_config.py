@@ -293,3 +293,9 @@ def test_data_layer_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_default_theme_is_a_textual_theme():
+    from textual.theme import BUILTIN_THEMES
+
+    assert Config().theme in BUILTIN_THEMES

@@ -237,7 +237,7 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     _make_v1(db)
     monkeypatch.setitem(__import__("core.store").store.MIGRATIONS, 2, (
         "ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0", "THIS IS NOT SQL"))
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(StoreError, match="syntax error"):
         Store(db)
     con = sqlite3.connect(db)
     assert con.execute("PRAGMA user_version").fetchone()[0] == 1
@@ -368,3 +368,10 @@ def test_sigkill_while_appending_turns(tmp_path):
         else:
             assert m.content == f"a{i} " + "a" * 20000
             assert m.stats == {"i": i} and m.thinking == "t" * 3000
+
+
+def test_not_a_database(tmp_path):
+    bad = tmp_path / "h.db"
+    bad.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError, match="cannot open the chat history"):
+        Store(bad)
