@@ -460,7 +460,8 @@ class Store:
             return []
         hits: dict[int, SearchHit] = {}
         with self._lock:
-            if self.has_fts and _fts_query(query):
+            # FTS5 indexes words only: punctuation-only queries ("%", "->") go to the LIKE scan
+            if self.has_fts and any(ch.isalnum() for ch in query):
                 rows = self._con.execute(
                     "SELECT m.chat_id, m.seq,"
                     " snippet(messages_fts, 0, '[', ']', '…', 10) AS snip"

@@ -164,6 +164,8 @@ def test_search(tmp_path):
         assert store.search_chats('"unbalanced AND (') == []  # never FTS syntax, never an error
         assert store.search_chats("   ") == []
         assert [h.chat.id for h in store.search_chats("100%")] == [zebra]
+        assert [h.chat.id for h in store.search_chats("[::")] == [code]  # punctuation only: substring scan
+        assert store.search_chats("*") == []
         store.delete_chat(zebra)
         assert store.search_chats("stripes") == []
         if store.has_fts:  # the external-content index followed the cascade delete
