@@ -16,6 +16,7 @@ request is recorded in `hub.requests` as (method, path, range header).
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import threading
 import time
@@ -211,3 +212,30 @@ class _Handler(BaseHTTPRequestHandler):
 def tiny_disk(path: str) -> int:
     """A free-space function for tests: a disk with 1 kB free (picklable, so it reaches a child)."""
     return 1000
+
+
+def put_in_cache(cache_dir, repo_id: str, files: dict[str, bytes], commit: str = "a" * 40, complete: bool = True):
+    """Lay out `repo_id` in an HF cache folder the way huggingface_hub does (blobs, snapshot links, refs).
+
+    complete=False leaves the largest file as an unfinished `<etag>.incomplete` blob instead.
+    Returns the snapshot directory.
+    """
+    from pathlib import Path
+
+    root = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    blobs, snap = root / "blobs", root / "snapshots" / commit
+    blobs.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    largest = max(files, key=lambda k: len(files[k]))
+    for name, data in files.items():
+        blob = blobs / etag_of(data)
+        if not complete and name == largest:
+            blob.with_name(blob.name + ".incomplete").write_bytes(data[: len(data) // 2])
+            continue
+        blob.write_bytes(data)
+        link = snap / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snap
