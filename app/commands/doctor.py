@@ -1,0 +1,129 @@
+"""`gemma-chat doctor`: what this machine offers gemma-chat, in one screen.
+
+MLX backend and default device, package versions, the Hugging Face cache and its free disk,
+gemma-chat's own config/data/cache paths, memory budget, local pairings, and what the terminal
+can show for images. Reads only; never touches the network; never loads textual.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+PACKAGES = ("mlx", "mlx-lm", "textual", "textual-image", "huggingface_hub", "transformers", "platformdirs", "pillow")
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def mlx_info() -> dict[str, str]:
+    try:
+        import mlx.core as mx
+    except Exception as e:  # noqa: BLE001 - a broken install is exactly what doctor reports
+        return {"backend": f"unavailable ({type(e).__name__}: {e})"}
+    info = {}
+    try:
+        metal = bool(mx.metal.is_available())
+    except Exception:  # noqa: BLE001
+        metal = False
+    info["backend"] = "Metal (GPU)" if metal else "CPU"
+    try:
+        info["default device"] = str(mx.default_device())
+    except Exception as e:  # noqa: BLE001
+        info["default device"] = f"unknown ({e})"
+    if metal:
+        try:
+            dev = mx.metal.device_info()
+            info["gpu"] = str(dev.get("architecture", "?"))
+            if dev.get("max_recommended_working_set_size"):
+                info["gpu working set"] = f"{dev['max_recommended_working_set_size'] / 1e9:.1f} GB"
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def terminal_images(env: dict | None = None) -> str:
+    """Best guess from the environment (textual-image decides for real when the chat screen starts)."""
+    env = os.environ if env is None else env
+    term = env.get("TERM", "")
+    program = env.get("TERM_PROGRAM", "")
+    if env.get("KITTY_WINDOW_ID") or "kitty" in term:
+        return "kitty graphics protocol (full-resolution images)"
+    if program in ("WezTerm", "ghostty") or "ghostty" in term:
+        return f"kitty graphics protocol likely ({program or term})"
+    if program == "iTerm.app":
+        return "iTerm2 inline images likely (sixel on iTerm2 >= 3.5)"
+    if env.get("WT_SESSION") or "foot" in term or "mlterm" in term or "sixel" in term:
+        return "sixel likely"
+    if program == "Apple_Terminal":
+        return "no image protocol: images show as unicode half-blocks"
+    if not term or term == "dumb":
+        return "not a terminal (TERM unset): no images"
+    return "unknown terminal: images fall back to unicode half-blocks unless it speaks sixel or kitty"
+
+
+def gather() -> list[tuple[str, list[tuple[str, str]]]]:
+    from app import __version__
+    from core import catalog, fit, paths
+    from core.download import default_cache_dir, format_bytes, free_disk_bytes
+
+    sections = []
+    sections.append(("gemma-chat", [
+        ("version", __version__),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
+    ]))
+    sections.append(("MLX", list(mlx_info().items())))
+    sections.append(("packages", [(name, _version(name)) for name in PACKAGES]))
+
+    cache = default_cache_dir()
+    try:
+        free = format_bytes(free_disk_bytes(cache))
+    except OSError as e:
+        free = f"unknown ({e})"
+    hf = [("cache", cache), ("free disk", free)]
+    for var in ("HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+        if os.environ.get(var):
+            hf.append((var, os.environ[var]))
+    sections.append(("Hugging Face", hf))
+
+    sections.append(("gemma-chat paths", [(k.replace("_", " "), v) for k, v in paths.describe().items()]))
+
+    machine = fit.machine_memory()
+    mem = [("RAM", format_bytes(machine.total_bytes) if machine.total_bytes else "unknown"),
+           ("usable for models", (format_bytes(machine.budget_bytes) if machine.budget_bytes else "unknown") + f" ({machine.note})")]
+    if machine.wired_limit_mb is not None:
+        mem.append(("iogpu.wired_limit_mb", str(machine.wired_limit_mb) + (" (default)" if machine.wired_limit_mb == 0 else "")))
+    sections.append(("memory", mem))
+
+    try:
+        entries = catalog.list_entries(machine=machine)
+        ready = [e.pairing.name for e in entries if e.status == "ready"]
+        partial = [e.pairing.name for e in entries if e.status == "partial"]
+        pairs = [("ready", ", ".join(ready) or "none (gemma-chat models download NAME)")]
+        if partial:
+            pairs.append(("partial", ", ".join(partial)))
+    except Exception as e:  # noqa: BLE001
+        pairs = [("error", f"{type(e).__name__}: {e}")]
+    sections.append(("pairings", pairs))
+
+    term = [(var, os.environ[var]) for var in ("TERM", "TERM_PROGRAM", "COLORTERM", "KITTY_WINDOW_ID") if os.environ.get(var)]
+    term.append(("images", terminal_images()))
+    sections.append(("terminal", term))
+    return sections
+
+
+def run(args) -> int:
+    for title, rows in gather():
+        print(title)
+        width = max((len(k) for k, _ in rows), default=0)
+        for key, value in rows:
+            print(f"  {key.ljust(width)}  {value}")
+    return 0

@@ -1,0 +1,220 @@
+"""`gemma-chat models list|download|rm`: the pairing catalogue, downloads with a progress bar, removal.
+
+Everything goes through core.catalog / core.download / core.hfcache; nothing here imports mlx or
+textual. Exit codes: 0 done, 1 failed or refused, 2 unknown pairing name, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def run(args) -> int:
+    action = args.models_command
+    if action == "list":
+        return list_pairings(as_json=args.json)
+    if action == "download":
+        return download_pairing(args.name, offline=args.offline)
+    if action == "rm":
+        return remove_pairing(args.name, yes=args.yes)
+    print(f"unknown action {action!r}", file=sys.stderr)
+    return 2
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _endpoint() -> str | None:
+    # huggingface_hub reads HF_ENDPOINT itself; passing it through keeps error messages exact.
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+# -- list -------------------------------------------------------------------------------------------
+
+
+def list_pairings(as_json: bool = False) -> int:
+    from core import catalog, fit
+    from core.download import default_cache_dir
+
+    machine = fit.machine_memory()
+    entries = catalog.list_entries(machine=machine)
+    cat = catalog.load_catalog()
+    if as_json:
+        payload = {
+            "cache_dir": default_cache_dir(),
+            "default": cat.default,
+            "machine": {
+                "total_bytes": machine.total_bytes,
+                "budget_bytes": machine.budget_bytes,
+                "note": machine.note,
+                "wired_limit_mb": machine.wired_limit_mb,
+            },
+            "pairings": [e.as_dict() for e in entries],
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "K", "TARGET")]
+    for e in entries:
+        p = e.pairing
+        status = e.status if e.status != "partial" else f"partial ({_gb(e.local_bytes)})"
+        name = p.name + (" *" if p.name == cat.default else "") + ("" if p.confirmed else " ?")
+        rows.append(
+            (name, status, _gb(p.download_bytes), _gb(e.memory.total_bytes), e.fit.level.replace("_", " "),
+             "yes" if p.vision else "no", str(p.block_size), p.target_repo)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
+    print(
+        f"\n* default pairing   ? repository name not independently confirmed\n"
+        f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
+        f"usable here: {budget} ({machine.note})\n"
+        f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "
+        f"Cache: {default_cache_dir()}"
+    )
+    return 0
+
+
+# -- download ---------------------------------------------------------------------------------------
+
+
+class _Bar:
+    """One self-rewriting line on stderr (a TTY), or a line every few seconds (a log)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def show(self, ev) -> None:
+        now = time.monotonic()
+        if not self.tty and now - self._last < 5 and ev.done_bytes < ev.total_bytes:
+            return
+        self._last = now
+        frac = ev.done_bytes / ev.total_bytes if ev.total_bytes else 1.0
+        width = 24
+        filled = int(frac * width)
+        rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
+        eta = _clock(ev.eta_s) if ev.eta_s is not None else "--:--"
+        name = ev.filename if len(ev.filename) <= 32 else "…" + ev.filename[-31:]
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:5.1f}%  "
+            f"{_gb(ev.done_bytes)} / {_gb(ev.total_bytes)}  {rate}  ETA {eta}  "
+            f"file {ev.files_done}/{ev.files_total} {name}"
+        )
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def download_pairing(name: str, offline: bool = False) -> int:
+    from core import catalog, fit
+    from core.download import DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress
+
+    try:
+        p = catalog.get_pairing(name)
+    except KeyError as e:
+        print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+        return 2
+    mem = p.memory()
+    report = fit.check_fit(mem.total_bytes)
+    if report.warn:
+        print(f"warning: {p.name}: {report.message}", file=sys.stderr)
+    handle = catalog.start_pairing_download(p.name, offline=offline, endpoint=_endpoint())
+    bar = _Bar()
+    shown = False
+    try:
+        for ev in handle.events():
+            if isinstance(ev, DownloadPlanned):
+                print(
+                    f"{p.name}: {', '.join(r.repo_id for r in ev.repos)}\n"
+                    f"  {_gb(ev.to_download_bytes)} to download ({_gb(ev.total_bytes)} in all, "
+                    f"{_gb(ev.free_bytes)} free on disk)",
+                    file=sys.stderr,
+                )
+            elif isinstance(ev, DownloadProgress):
+                bar.show(ev)
+                shown = True
+    except KeyboardInterrupt:
+        handle.cancel()
+        handle.wait(timeout=10)
+        if shown:
+            bar.end()
+        print("download cancelled; run the same command again to resume", file=sys.stderr)
+        return 130
+    if shown:
+        bar.end()
+    final = handle.result
+    if isinstance(final, DownloadFinished):
+        if final.from_cache:
+            print(f"{p.name} is already downloaded (nothing fetched).", file=sys.stderr)
+        else:
+            print(f"{p.name} downloaded.", file=sys.stderr)
+        for repo, path in final.paths.items():
+            print(f"{repo}\t{path}")
+        return 0
+    if isinstance(final, DownloadFailed):
+        print(f"gemma-chat: {final.message}", file=sys.stderr)
+        return 1
+    if isinstance(final, DownloadCancelled):
+        print("download cancelled; run the same command again to resume", file=sys.stderr)
+        return 130
+    print("gemma-chat: the download ended without a result", file=sys.stderr)
+    return 1
+
+
+# -- rm ---------------------------------------------------------------------------------------------
+
+
+def remove_pairing(name: str, yes: bool = False) -> int:
+    from core import catalog, hfcache
+
+    try:
+        p = catalog.get_pairing(name)
+    except KeyError as e:
+        print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+        return 2
+    entries = catalog.list_entries()
+    # The drafter is shared by every pairing of its family: keep it while another one is on disk.
+    sharing = [
+        e.pairing.name
+        for e in entries
+        if e.pairing.name != p.name and e.pairing.drafter_repo == p.drafter_repo and e.target.state != "missing"
+    ]
+    local = hfcache.statuses(list(p.repos))
+    doomed = [r for r in p.repos if local[r].state != "missing" and not (r == p.drafter_repo and sharing)]
+    if sharing and local[p.drafter_repo].state != "missing":
+        print(f"keeping {p.drafter_repo}: also used by {', '.join(sharing)}", file=sys.stderr)
+    if not doomed:
+        print(f"{p.name}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
+        return 0
+    size = sum(local[r].size_on_disk for r in doomed)
+    print(f"will remove {', '.join(doomed)} ({_gb(size)}) from the Hugging Face cache", file=sys.stderr)
+    if not yes:
+        if not sys.stdin.isatty():
+            print("gemma-chat: not a terminal: pass --yes to confirm", file=sys.stderr)
+            return 1
+        answer = input("remove? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("kept.", file=sys.stderr)
+            return 1
+    freed = hfcache.delete_repos([local[r].cached_id or r for r in doomed])
+    print(f"removed {p.name}: {_gb(freed)} freed.", file=sys.stderr)
+    return 0

@@ -1,0 +1,55 @@
+"""`gemma-chat doctor`: a real run in a fresh process, and the terminal-image guess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from app.commands.doctor import terminal_images
+
+
+def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "GEMMA_CHAT_CONFIG": str(tmp_path / "cfg" / "config.toml"),
+        "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
+        "GEMMA_CHAT_CACHE_DIR": str(tmp_path / "cache"),
+        "TERM": "xterm-kitty",
+        "KITTY_WINDOW_ID": "1",
+    }
+    env.pop("HF_HUB_CACHE", None)
+    out = subprocess.run([sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for section in ("MLX", "packages", "Hugging Face", "gemma-chat paths", "memory", "pairings", "terminal"):
+        assert f"\n{section}\n" in f"\n{text}"
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if line.startswith("  ") and len(line.split()) > 1}
+    assert lines["mlx"] == metadata.version("mlx")
+    assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
+    assert lines["textual"] == metadata.version("textual")
+    if sys.platform.startswith("linux"):
+        assert "backend         CPU" in text and "Device(cpu" in text
+    assert f"cache      {tmp_path / 'hf' / 'hub'}" in text
+    assert str(tmp_path / "cfg" / "config.toml") in text and str(tmp_path / "data") in text
+    assert "kitty graphics protocol" in text
+    assert "ready  none" in text
+    assert not (tmp_path / "hf").exists(), "doctor must not create the cache"
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"TERM": "xterm-256color", "TERM_PROGRAM": "iTerm.app"}, "iTerm2"),
+        ({"TERM": "xterm-256color", "TERM_PROGRAM": "WezTerm"}, "kitty graphics protocol likely"),
+        ({"TERM": "foot"}, "sixel"),
+        ({"TERM": "xterm-256color", "TERM_PROGRAM": "Apple_Terminal"}, "half-blocks"),
+        ({}, "not a terminal"),
+    ],
+)
+def test_terminal_image_guess(env, words):
+    assert words in terminal_images(env)

@@ -1,0 +1,125 @@
+"""`gemma-chat models list|download|rm` end to end against a temporary HF cache and the fake hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from core import catalog
+from fakehub import FakeHub, FakeRepo, put_in_cache
+
+PACK = Path(__file__).parent / "data" / "pack" / "models"
+FILES = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w" * 5000}
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty HF cache for this test, for both in-process calls and child processes."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return cache
+
+
+def _pairing_repos(name: str) -> dict[str, FakeRepo]:
+    p = catalog.get_pairing(name)
+    return {
+        p.target_repo: FakeRepo({
+            "config.json": (PACK / "e-style-target" / "config.json").read_bytes(),
+            "model.safetensors": os.urandom(300_000),
+            "tokenizer.json": (PACK / "e-style-target" / "tokenizer.json").read_bytes(),
+            "README.md": b"card",
+        }),
+        p.drafter_repo: FakeRepo({
+            "config.json": (PACK / "e-style-assistant" / "config.json").read_bytes(),
+            "model.safetensors": os.urandom(50_000),
+        }),
+    }
+
+
+def test_list_json_in_a_fresh_process_shows_local_status(hf_cache):
+    p = catalog.get_pairing("e4b-4bit")
+    put_in_cache(hf_cache, p.target_repo, FILES)
+    put_in_cache(hf_cache, p.drafter_repo, FILES)
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "models", "list", "--json"], capture_output=True, text=True, timeout=60, env=os.environ
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["cache_dir"] == str(hf_cache)
+    rows = {r["name"]: r for r in data["pairings"]}
+    assert set(rows) == set(catalog.load_catalog().names())
+    assert rows["e4b-4bit"]["status"] == "ready" and rows["e4b-4bit"]["target_path"]
+    assert rows["e4b"]["status"] == "partial"  # shares the drafter, target missing
+    assert rows["31b"]["status"] == "missing"
+    for r in rows.values():
+        assert r["vision"] is True and r["memory_bytes"] > r["download_bytes"] > 0
+        assert r["fit"] in ("ok", "tight", "wont_fit", "unknown")
+
+
+def test_list_table(hf_cache, capsys):
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:5] == ["NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT"]
+    assert "mlx-community/gemma-4-31b-it-bf16" in out and "K/V cache at 8192 tokens" in out
+
+
+def test_download_offline_refuses_without_touching_the_network(hf_cache, capsys, monkeypatch):
+    with FakeHub(repos=_pairing_repos("e2b-4bit")) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        assert main(["models", "download", "e2b-4bit", "--offline"]) == 1
+        assert hub.requests == []
+    err = capsys.readouterr().err
+    assert "offline mode" in err and "mlx-community/gemma-4-e2b-it-4bit" in err
+
+
+def test_download_then_offline_then_rm(hf_cache, capsys, monkeypatch):
+    p = catalog.get_pairing("e2b-4bit")
+    with FakeHub(repos=_pairing_repos("e2b-4bit")) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        assert main(["models", "download", "e2b-4bit"]) == 0
+        cap = capsys.readouterr()
+        assert "e2b-4bit downloaded." in cap.err and "to download" in cap.err
+        assert "[########################] 100.0%" in cap.err  # the progress bar reached the end
+        paths = dict(line.split("\t") for line in cap.out.splitlines())
+        assert set(paths) == set(p.repos) and all(Path(v).is_dir() for v in paths.values())
+        n = len(hub.requests)
+        assert main(["models", "download", "e2b-4bit", "--offline"]) == 0
+        assert len(hub.requests) == n
+    assert "already downloaded" in capsys.readouterr().err
+    resolved = catalog.resolve_pairing("e2b-4bit")
+    assert (resolved.target_path / "tokenizer.json").is_file() and not (resolved.target_path / "README.md").exists()
+
+    assert main(["models", "rm", "e2b-4bit"]) == 1  # not a terminal, no --yes
+    assert "pass --yes" in capsys.readouterr().err
+    assert main(["models", "rm", "e2b-4bit", "--yes"]) == 0
+    assert "removed e2b-4bit" in capsys.readouterr().err
+    assert not any(hf_cache.glob("models--*"))
+
+
+def test_rm_keeps_a_drafter_another_pairing_still_uses(hf_cache, capsys):
+    a, b = catalog.get_pairing("e2b-4bit"), catalog.get_pairing("e2b-8bit")
+    for repo in (a.target_repo, b.target_repo, a.drafter_repo):
+        put_in_cache(hf_cache, repo, FILES)
+    assert main(["models", "rm", "e2b-4bit", "--yes"]) == 0
+    assert f"keeping {a.drafter_repo}: also used by e2b-8bit" in capsys.readouterr().err
+    assert catalog.resolve_pairing("e2b-8bit").drafter_path.is_dir()
+    with pytest.raises(catalog.PairingNotLocal):
+        catalog.resolve_pairing("e2b-4bit")
+
+
+def test_unknown_pairing_name(hf_cache, capsys):
+    assert main(["models", "download", "e4"]) == 2
+    assert "did you mean e4b" in capsys.readouterr().err
