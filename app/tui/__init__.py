@@ -1,0 +1,1 @@
+"""The Textual chat UI. Imported only when the TUI runs (keeps `gemma-chat --help` light)."""

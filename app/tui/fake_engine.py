@@ -1,0 +1,313 @@
+"""A scripted stand-in for `core.engine.Engine`, with exactly its public API.
+
+It owns one thread like the real engine, emits predetermined tokens with `from_draft` flags in rounds
+shaped by the block size and the drafter switch, and records every control call together with the
+round it arrived in, so tests can check that `set_block_size` mid-turn changes the NEXT round.
+
+Rounds: with block size K and the drafter on, a round proposes K-1 drafts and accepts
+min(K-1, accept_pattern[round % len]) of them, then emits those drafted tokens followed by one token
+of the target's own. With the drafter off every round emits one target token. Timing is virtual
+(`round_s` per round) so the statistics in TurnDone are deterministic; `delay_s` is real sleep per
+round, for watching it stream. `step=True` holds every round until `allow(n)` releases it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.settings import GenerationSettings
+
+try:  # the real contract types, once core.engine exists
+    from core.engine import PairingInfo, PairingSpec  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - only while core.engine is being written
+
+    @dataclass(frozen=True)
+    class PairingSpec:  # type: ignore[no-redef]
+        name: str
+        target: str
+        drafter: str | None
+        demo: bool = False
+
+    @dataclass(frozen=True)
+    class PairingInfo:  # type: ignore[no-redef]
+        name: str
+        target_path: str
+        drafter_path: str | None
+        has_vision: bool
+        demo: bool
+        context_length: int
+        vocab_size: int
+        sliding_window: int
+        dtype: str
+        supports_thinking: bool
+
+
+DEFAULT_REPLY = (
+    "Speculative decoding lets a small **drafter** propose tokens that the target model checks "
+    "in a single forward pass.\n\n"
+    "```python\n"
+    "def add(a, b):\n"
+    "    return a + b\n"
+    "```\n\n"
+    "Every accepted draft is a token the target did not have to generate alone."
+)
+
+AUTO_START_K = 4
+PEAK_MEMORY_BYTES = 123 * 1024 * 1024
+
+
+def split_tokens(text: str) -> list[str]:
+    """Word-ish tokens that keep their leading whitespace, so "".join(tokens) == text."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+@dataclass
+class Call:
+    name: str
+    arg: object
+    rounds_done: int | None  # rounds completed in the running turn when it arrived; None when idle
+
+
+@dataclass
+class _Control:
+    block_size: int | str = "auto"
+    drafter_enabled: bool = True
+    cancel: bool = False
+
+
+@dataclass
+class FakeEngine:
+    replies: list[str] = field(default_factory=lambda: [DEFAULT_REPLY])
+    accept_pattern: tuple[int, ...] = (3, 1, 2, 0, 3, 2)
+    round_s: float = 0.02  # virtual seconds per round (statistics only)
+    delay_s: float = 0.0  # real seconds slept per round
+    step: bool = False
+    load_delay_s: float = 0.0
+    hold_load: bool = False  # load waits for release_load()
+    load_error: str | None = None
+    chat_error: str | None = None  # the next chat fails with this message (TurnDone error), once
+    name: str = "fake (scripted)"
+    demo: bool = False
+
+    def __post_init__(self) -> None:
+        self.calls: list[Call] = []
+        self.chats: list[tuple[list[dict], GenerationSettings]] = []
+        # everything emitted, for tests to compare the screen against
+        self.tokens: list[TokenEvent] = []
+        self.rounds: list[RoundEvent] = []
+        self.turns: list[TurnDone] = []
+        self._info: PairingInfo | None = None
+        self._control = _Control()
+        self._lock = threading.Lock()
+        self._rounds_done: int | None = None
+        self._gate = threading.Semaphore(0)
+        self._jobs: queue.Queue = queue.Queue()
+        self._closed = False
+        self._reply_index = 0
+        self._load_gate = threading.Event()
+        if not self.hold_load:
+            self._load_gate.set()
+        self._thread = threading.Thread(target=self._serve, name="fake-engine", daemon=True)
+        self._thread.start()
+
+    # -- the Engine API -------------------------------------------------------------------------
+    def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put(("load", spec, on_event, fut))
+        return fut
+
+    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.chats.append(([dict(m) for m in messages], settings))
+        with self._lock:
+            self._gate = threading.Semaphore(0)  # drop permits left by a cancel while idle
+            self._control.cancel = False
+            self._control.block_size = settings.block_size
+            self._control.drafter_enabled = settings.drafter_enabled
+        self._jobs.put(("chat", (messages, settings), on_event, fut))
+        return fut
+
+    def cancel(self) -> None:
+        self._record("cancel", None)
+        with self._lock:
+            self._control.cancel = True
+        self._gate.release()  # a held round must see the cancel
+
+    def set_block_size(self, k: int | str) -> None:
+        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
+            raise ValueError(f"block size must be 1..16 or 'auto', got {k!r}")
+        self._record("set_block_size", k)
+        with self._lock:
+            self._control.block_size = k
+
+    def set_drafter_enabled(self, on: bool) -> None:
+        self._record("set_drafter_enabled", bool(on))
+        with self._lock:
+            self._control.drafter_enabled = bool(on)
+
+    def close(self) -> None:
+        self._record("close", None)
+        self._closed = True
+        with self._lock:
+            self._control.cancel = True
+        self._gate.release()
+        self._load_gate.set()
+        self._jobs.put(None)
+        self._thread.join(timeout=2.0)
+
+    @property
+    def info(self) -> PairingInfo | None:
+        return self._info
+
+    # -- test helpers ---------------------------------------------------------------------------
+    def release_load(self) -> None:
+        self._load_gate.set()
+
+    def allow(self, rounds: int = 1) -> None:
+        """In step mode, let `rounds` more rounds run."""
+        for _ in range(rounds):
+            self._gate.release()
+
+    @property
+    def rounds_done(self) -> int | None:
+        return self._rounds_done
+
+    def calls_named(self, name: str) -> list[Call]:
+        return [c for c in self.calls if c.name == name]
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def _record(self, name: str, arg: object) -> None:
+        self.calls.append(Call(name, arg, self._rounds_done))
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            kind, arg, on_event, fut = job
+            try:
+                result = self._load(arg, on_event) if kind == "load" else self._chat(*arg, on_event)
+            except Exception as e:  # a fake must never hang its caller
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+
+    def _load(self, spec: PairingSpec, on_event: Callable) -> PairingInfo:
+        for i, stage in enumerate(("tokenizer", "target", "drafter")):
+            on_event(LoadProgress(stage, i / 3, f"loading {stage}"))
+            if self.load_delay_s:
+                time.sleep(self.load_delay_s / 3)
+        self._load_gate.wait()
+        if self.load_error:
+            raise RuntimeError(self.load_error)
+        self._info = PairingInfo(
+            name=spec.name, target_path=spec.target, drafter_path=spec.drafter, has_vision=False,
+            demo=spec.demo, context_length=4096, vocab_size=262144, sliding_window=512,
+            dtype="bfloat16", supports_thinking=False,
+        )
+        on_event(LoadProgress("ready", 1.0, "ready"))
+        return self._info
+
+    def _auto_k(self, current: int, last_accepted: int | None, last_drafted: int) -> int:
+        if last_accepted is None or last_drafted == 0:
+            return current
+        if last_accepted == last_drafted:
+            return min(current + 1, 8)
+        if last_accepted * 2 < last_drafted:
+            return max(current - 1, 2)
+        return current
+
+    def _chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> TurnDone:
+        stats = TurnStats()
+        if self._info is None:
+            return self._fail(stats, "no model is loaded", on_event)
+        if self.chat_error:
+            err, self.chat_error = self.chat_error, None
+            return self._fail(stats, err, on_event)
+        reply = self.replies[self._reply_index % len(self.replies)]
+        self._reply_index += 1
+        tokens = split_tokens(reply)
+        prompt_tokens = sum(len(split_tokens(_text_of(m))) + 4 for m in messages)
+        stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
+        stats.prefill_s = prompt_tokens * 0.001
+        on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))
+        stats.ttft_s = stats.prefill_s + self.round_s
+        self._rounds_done = 0
+        emitted_ids: list[int] = []
+        auto_k = AUTO_START_K
+        last: tuple[int | None, int] = (None, 0)
+        pos = 0
+        stop = "eos"
+        try:
+            while True:
+                if self.step:
+                    self._gate.acquire()  # the same object chat() installed: no chat runs meanwhile
+                elif self.delay_s:
+                    time.sleep(self.delay_s)
+                with self._lock:
+                    ctl = _Control(self._control.block_size, self._control.drafter_enabled, self._control.cancel)
+                if ctl.cancel:
+                    stop = "cancelled"
+                    break
+                auto = ctl.block_size == "auto"
+                if auto:
+                    auto_k = self._auto_k(auto_k, *last)
+                k = auto_k if auto else int(ctl.block_size)
+                drafted = k - 1 if ctl.drafter_enabled else 0
+                r = self._rounds_done
+                accepted = min(drafted, self.accept_pattern[r % len(self.accept_pattern)])
+                room = settings.max_tokens - len(emitted_ids)
+                chunk = tokens[pos : pos + min(accepted + 1, room)]
+                for i, text in enumerate(chunk):
+                    tid = 1000 + pos + i
+                    emitted_ids.append(tid)
+                    tok = TokenEvent(tid, text, from_draft=i < accepted, round=r)
+                    self.tokens.append(tok)
+                    on_event(tok)
+                pos += len(chunk)
+                round_event = RoundEvent(r, drafted, accepted, k, auto, len(chunk))
+                self.rounds.append(round_event)
+                on_event(round_event)
+                stats.rounds += 1
+                stats.drafted += drafted
+                stats.accepted += accepted
+                stats.block_size_counts[k] = stats.block_size_counts.get(k, 0) + 1
+                self._rounds_done = r + 1
+                last = (accepted, drafted)
+                if pos >= len(tokens):
+                    break
+                if len(emitted_ids) >= settings.max_tokens:
+                    stop = "max_tokens"
+                    break
+        finally:
+            self._rounds_done = None
+        stats.decode_tokens = len(emitted_ids)
+        stats.decode_s = stats.rounds * self.round_s
+        stats.peak_memory_bytes = PEAK_MEMORY_BYTES
+        stats.stop_reason = stop
+        stats.drafter_enabled = ctl.drafter_enabled if stats.rounds else settings.drafter_enabled
+        done = TurnDone(stats, "".join(tokens[:pos]), tuple(emitted_ids))
+        self.turns.append(done)
+        on_event(done)
+        return done
+
+    def _fail(self, stats: TurnStats, message: str, on_event: Callable) -> TurnDone:
+        stats.stop_reason = "error"
+        done = TurnDone(stats, "", (), error=message)
+        self.turns.append(done)
+        on_event(done)
+        return done
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content", "")
+    if isinstance(content, str):
+        return content
+    return " ".join(part.get("text", "") for part in content if isinstance(part, dict))

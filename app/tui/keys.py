@@ -1,0 +1,89 @@
+"""The chat screen's key bindings, taken from `core.keymap` (defaults + config overrides).
+
+Two kinds of key:
+  scope "app"   (ctrl+r, ctrl+t, escape, f1...) always work, even while the prompt has focus and holds
+                text: they are bound with priority, so the prompt's own bindings never shadow them.
+  scope "chat"  plain keys (`+ - a d`, plus `?` for help) that act when the conversation has focus,
+                and in the prompt while it is empty: symbols (`+ - ?`) always, letters (`a d`) only while
+                a reply is streaming (many messages start with a or d). Once anything is typed they
+                are just characters in the message.
+Every chat-scope tuning action also gets an always-working F-key (f5..f8) that the keymap leaves free,
+so tuning works mid-typing too; an extra is dropped if the user's keymap binds that key elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from core.keymap import DESCRIPTIONS, SCOPES, resolve_keys
+
+# The actions this screen implements, with short footer labels.
+CHAT_ACTIONS: dict[str, str] = {
+    "stop": "Stop",
+    "regenerate": "Regen",
+    "toggle_view": "View",
+    "block_size_down": "K-",
+    "block_size_up": "K+",
+    "toggle_auto": "Auto K",
+    "toggle_drafter": "Drafter",
+    "help": "Help",
+}
+EXTRA_ALWAYS = {"block_size_down": "f5", "block_size_up": "f6", "toggle_auto": "f7", "toggle_drafter": "f8"}
+EXTRA_QUICK = {"help": "question_mark"}
+
+# The prompt's own keys (handled inside the TextArea), for the help screen.
+PROMPT_ACTIONS = ("send", "newline", "palette", "quit")
+
+
+@dataclass(frozen=True)
+class ScreenKey:
+    action: str
+    label: str  # footer label
+    description: str  # help / palette text
+    always: str  # comma-separated keys bound with priority ("" if none)
+    quick: str  # comma-separated plain keys: conversation focus or empty prompt ("" if none)
+
+
+def screen_keys(overrides: Mapping[str, str] | None = None) -> tuple[ScreenKey, ...]:
+    resolved = resolve_keys(overrides)
+    taken = {k for v in resolved.values() for k in v.split(",")}
+    out = []
+    for action, label in CHAT_ACTIONS.items():
+        keys = resolved[action].split(",")
+        if SCOPES[action] == "app":
+            always, quick = keys, []
+        else:
+            always, quick = [], keys
+        if action in EXTRA_ALWAYS and EXTRA_ALWAYS[action] not in taken:
+            always.append(EXTRA_ALWAYS[action])
+        if action in EXTRA_QUICK and EXTRA_QUICK[action] not in taken:
+            quick.append(EXTRA_QUICK[action])
+        out.append(ScreenKey(action, label, DESCRIPTIONS[action], ",".join(always), ",".join(quick)))
+    return tuple(out)
+
+
+def quick_actions(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Textual key name -> action, for the prompt to hand over while it is empty."""
+    return {k: sk.action for sk in screen_keys(overrides) for k in sk.quick.split(",") if k}
+
+
+def prompt_keys(overrides: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    resolved = resolve_keys(overrides)
+    return [(resolved[a], DESCRIPTIONS[a]) for a in PROMPT_ACTIONS]
+
+
+_NAMES = {"escape": "Esc", "question_mark": "?", "plus": "+", "minus": "-", "enter": "Enter"}
+
+
+def display_key(keys: str) -> str:
+    def one(k: str) -> str:
+        if k in _NAMES:
+            return _NAMES[k]
+        if k.startswith("ctrl+"):
+            return "^" + k[5:].upper()
+        if k.startswith("f") and k[1:].isdigit():
+            return k.upper()
+        return k
+
+    return " ".join(one(k) for k in keys.split(",") if k)

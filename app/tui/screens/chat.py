@@ -1,0 +1,354 @@
+"""The chat screen: conversation, prompt, live panels, keyboard tuning."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import partial
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.settings import GenerationSettings
+
+from app.resources import style_path
+from app.tui import keys
+from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
+from app.tui.live_stats import LiveStats
+from app.tui.messages import PromptSubmitted, QuickKey
+from app.tui.widgets.conversation import ReplyView, UserMessage, legend
+from app.tui.widgets.panel import StatsPanel
+from app.tui.widgets.prompt import PromptArea
+
+MAX_BLOCK = 16
+
+
+def _bindings() -> list[Binding]:
+    out = []
+    for sk in keys.screen_keys():
+        if sk.always:
+            # Esc stays non-priority so modal screens and the palette keep their own Esc.
+            out.append(Binding(sk.always, sk.action, sk.label, priority=sk.action != "stop"))
+        if sk.quick:  # when the conversation (not the prompt) has focus
+            out.append(Binding(sk.quick, sk.action, sk.label, show=not sk.always))
+    return out
+
+
+class ChatCommands(Provider):
+    """Command palette entries for the chat screen's actions."""
+
+    def _commands(self) -> list[tuple[str, str, str]]:
+        return [
+            ("Regenerate the last reply", "regenerate", "drop the last reply and generate it again"),
+            ("Stop generation", "stop", "keep the partial reply"),
+            ("Toggle token / rendered view", "toggle_view", "colour-by-origin tokens or Markdown"),
+            ("Block size +1", "block_size_up", "verify one more token per round (from the next round)"),
+            ("Block size -1", "block_size_down", "verify one token fewer per round (from the next round)"),
+            ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
+            ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
+            ("Help: keys", "help", "show every key"),
+        ]
+
+    def _run(self, action: str) -> None:
+        screen = self.screen
+        if isinstance(screen, ChatScreen):
+            screen.run_named_action(action)
+
+    async def discover(self) -> Hits:
+        for name, action, help_text in self._commands():
+            yield DiscoveryHit(name, partial(self._run, action), help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, action, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text)
+
+
+class ChatScreen(Screen):
+    CSS_PATH = str(style_path("chat.tcss"))
+    BINDINGS = _bindings()
+    COMMANDS = Screen.COMMANDS | {ChatCommands}
+
+    def __init__(self, engine, spec, settings: GenerationSettings | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.spec = spec
+        self.settings = settings or GenerationSettings()
+        self.bridge = EventBridge()
+        self.stats = LiveStats(block_setting=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled)
+        self.history: list[dict] = []
+        self.view_mode = "tokens"
+        self.turn = 0
+        self.reply: ReplyView | None = None  # the reply being streamed
+        self.last_reply: ReplyView | None = None
+        self.load_error: str | None = None
+        self.loaded = False
+        self._load_future = None
+        self._turn_future = None
+        self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
+        self._last_markdown = 0.0
+        self.prompt = PromptArea(id="prompt")
+        self.conversation = VerticalScroll(id="conversation")
+        self.panel = StatsPanel(id="panel")
+        self.legend = Static(legend(), id="legend")
+
+    # -- layout ---------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            with Vertical(id="main"):
+                yield self.legend
+                yield self.conversation
+                yield self.prompt
+            yield self.panel
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.conversation.anchor()
+        self.panel.show_pairing(self.spec.name, bool(getattr(self.spec, "demo", False)))
+        self.panel.show_status("loading…")
+        self.panel.show(self.stats)
+        self._load_future = self.engine.load(self.spec, self.bridge.listener(0))
+        self.set_interval(1 / DRAIN_HZ, self._drain, name="drain")
+        self.set_interval(1 / PANEL_HZ, self._refresh_panels, name="panels")
+        self.prompt.focus()
+
+    # -- sending ----------------------------------------------------------------------------------
+    @property
+    def generating(self) -> bool:
+        return self.reply is not None
+
+    def on_prompt_submitted(self, message: PromptSubmitted) -> None:
+        message.stop()
+        if self.send(message.text):
+            self.prompt.accept()
+
+    def _can_start(self) -> str | None:
+        """Why a turn cannot start now, or None."""
+        if self.generating:
+            return "a reply is still streaming (Esc stops it)"
+        if self.load_error is not None:
+            return f"the model failed to load: {self.load_error}"
+        if not self.loaded or self.engine.info is None:
+            return "the model is still loading"
+        return None
+
+    def send(self, text: str) -> bool:
+        """Start a turn with `text`; False (and a notification) if it cannot start."""
+        reason = self._can_start()
+        if reason:
+            self.notify(f"Not sent: {reason}", severity="error")
+            return False
+        self.history.append({"role": "user", "content": text})
+        user = UserMessage(text)
+        self.conversation.mount(user)
+        self._turn_user = (text, user)
+        self._start_turn()
+        return True
+
+    def _start_turn(self) -> None:
+        self.turn += 1
+        reply = ReplyView()
+        self.reply = reply
+        self.prompt.live = True
+        self.conversation.mount(reply)
+        self.conversation.anchor()
+        self.stats.start_turn(time.monotonic())
+        settings = dataclasses.replace(
+            self.settings, block_size=self.stats.block_setting, drafter_enabled=self.stats.drafter_enabled
+        )
+        try:
+            self._turn_future = self.engine.chat(list(self.history), settings, self.bridge.listener(self.turn))
+        except Exception as e:  # the contract says it does not raise; a broken engine must not kill the UI
+            stats = TurnStats(stop_reason="error")
+            self._finish(TurnDone(stats, "", (), error=f"{type(e).__name__}: {e}"))
+
+    # -- events from the engine -------------------------------------------------------------------
+    def _drain(self) -> None:
+        items = self.bridge.drain()
+        tokens: list[TokenEvent] = []
+        first_t = last_t = 0.0
+        for item in items:
+            ev = item.event
+            if isinstance(ev, LoadProgress):
+                if not self.loaded and self.load_error is None:
+                    self.panel.show_status(f"loading {ev.stage} {ev.fraction:.0%}")
+                continue
+            if item.turn != self.turn or self.reply is None:
+                continue  # a late event of a finished turn
+            if isinstance(ev, TokenEvent):
+                if not tokens:
+                    first_t = item.t
+                tokens.append(ev)
+                last_t = item.t
+                continue
+            if tokens:
+                self._append(tokens, first_t, last_t)
+                tokens = []
+            if isinstance(ev, RoundEvent):
+                self.stats.on_round(ev)
+            elif isinstance(ev, PrefillDone):
+                self.stats.on_prefill(ev)
+            elif isinstance(ev, TurnDone):
+                self._finish(ev)
+        if tokens:
+            self._append(tokens, first_t, last_t)
+        # after the events: the load's last progress event must not overwrite its outcome
+        if self._load_future is not None and self._load_future.done():
+            self._on_loaded(self._load_future)
+            self._load_future = None
+        # A TurnDone that never came as an event still ends the turn, through the future.
+        fut = self._turn_future
+        if self.reply is not None and fut is not None and fut.done() and self.bridge.pending() == 0:
+            try:
+                done = fut.result()
+            except Exception as e:
+                done = TurnDone(TurnStats(stop_reason="error"), self.reply.plain, (), error=f"{type(e).__name__}: {e}")
+            self._finish(done)
+
+    def _append(self, tokens: list[TokenEvent], first_t: float, last_t: float) -> None:
+        assert self.reply is not None
+        self.reply.append_tokens(tokens)
+        self.stats.on_tokens(len(tokens), first_t, last_t)
+
+    def _on_loaded(self, fut) -> None:
+        try:
+            info = fut.result()
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}" if not str(e) else str(e)
+            self.panel.show_status(f"load failed: {self.load_error}")
+            self.notify(f"Could not load the model: {self.load_error}", severity="error", timeout=10)
+            return
+        self.loaded = True
+        self.panel.show_pairing(info.name, bool(info.demo))
+        self.panel.show_status("ready" + ("" if info.drafter_path else " (no drafter)"))
+
+    def _finish(self, done: TurnDone) -> None:
+        reply = self.reply
+        if reply is None:
+            return
+        self.reply = None
+        self.prompt.live = False
+        self._turn_future = None
+        reply.finish(done)
+        self.stats.on_done(done.stats)
+        user = self._turn_user
+        self._turn_user = None
+        if done.stats.stop_reason == "error":
+            # The turn never happened: take the user's message back out of the history and, if
+            # the prompt is still empty, give the text back to the prompt.
+            if self.history and self.history[-1]["role"] == "user":
+                self.history.pop()
+            if user is not None:
+                user[1].remove()
+                if not self.prompt.text:
+                    self.prompt.text = user[0]
+                    self.prompt.move_cursor(self.prompt.document.end)
+            self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
+            return
+        self.history.append({"role": "assistant", "content": reply.plain})
+        self.last_reply = reply
+        if self.view_mode == "rendered":
+            reply.flush_markdown()
+
+    # -- periodic panel / markdown refresh --------------------------------------------------------
+    def _refresh_panels(self) -> None:
+        if self.stats.dirty:
+            self.stats.dirty = False
+            self.panel.show(self.stats)
+            if self.reply is not None:
+                self.reply.update_live_summary()
+        if self.view_mode == "rendered" and self.reply is not None:
+            now = time.monotonic()
+            if now - self._last_markdown >= 1 / MARKDOWN_HZ:
+                self._last_markdown = now
+                self.reply.flush_markdown()
+
+    # -- actions ----------------------------------------------------------------------------------
+    def run_named_action(self, action: str) -> None:
+        getattr(self, f"action_{action}")()
+
+    def on_quick_key(self, message: QuickKey) -> None:
+        message.stop()
+        self.run_named_action(message.action)
+
+    def action_stop(self) -> None:
+        if self.reply is not None:
+            self.engine.cancel()
+
+    def action_regenerate(self) -> None:
+        if self.generating:
+            self.notify("Stop the current reply first (Esc)", severity="warning")
+            return
+        reason = self._can_start()
+        if reason:
+            self.notify(f"Cannot regenerate: {reason}", severity="error")
+            return
+        if self.last_reply is None or not self.history or self.history[-1]["role"] != "assistant":
+            self.notify("Nothing to regenerate yet", severity="warning")
+            return
+        self.history.pop()
+        self.last_reply.remove()
+        self.last_reply = None
+        self._turn_user = None
+        self._start_turn()
+
+    def action_toggle_view(self) -> None:
+        self.view_mode = "rendered" if self.view_mode == "tokens" else "tokens"
+        rendered = self.view_mode == "rendered"
+        self.conversation.set_class(rendered, "-rendered")
+        self.legend.display = not rendered
+        if rendered:
+            for reply in self.conversation.query(ReplyView):
+                reply.flush_markdown()
+
+    def _set_block(self, k: int | str) -> None:
+        self.stats.block_setting = k
+        self.stats.dirty = True
+        self.engine.set_block_size(k)
+
+    def _current_k(self) -> int:
+        if isinstance(self.stats.block_setting, int):
+            return self.stats.block_setting
+        return self.stats.last_block_size or 4
+
+    def action_block_size_up(self) -> None:
+        self._set_block(min(self._current_k() + 1, MAX_BLOCK))
+
+    def action_block_size_down(self) -> None:
+        self._set_block(max(self._current_k() - 1, 1))
+
+    def action_toggle_auto(self) -> None:
+        self._set_block(self._current_k() if self.stats.block_setting == "auto" else "auto")
+
+    def action_toggle_drafter(self) -> None:
+        on = not self.stats.drafter_enabled
+        self.stats.drafter_enabled = on
+        self.stats.dirty = True
+        self.engine.set_drafter_enabled(on)
+        self.notify(f"Drafter {'on' if on else 'off'} (from the next round)", timeout=2)
+
+    def action_help(self) -> None:
+        from app.tui.screens.help import HelpScreen
+
+        if not isinstance(self.app.screen, HelpScreen):
+            self.app.push_screen(HelpScreen())
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = 1.5) -> None:
+        """Stop the engine without letting a stuck engine hold the UI: close on a helper thread."""
+        import threading
+
+        try:
+            self.engine.cancel()
+        except Exception:
+            pass
+        closer = threading.Thread(target=self.engine.close, name="engine-close", daemon=True)
+        closer.start()
+        closer.join(timeout_s)

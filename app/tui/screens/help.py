@@ -1,0 +1,54 @@
+"""F1 / ?: every key of the chat screen."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from app.resources import style_path
+from app.tui import keys
+from app.tui.widgets.conversation import legend
+
+
+def help_table() -> Table:
+    table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, expand=True)
+    table.add_column("Key", no_wrap=True)
+    table.add_column("Empty prompt", no_wrap=True)
+    table.add_column("Action")
+    for sk in keys.screen_keys():
+        table.add_row(keys.display_key(sk.always), keys.display_key(sk.quick), sk.description)
+    for key, what in keys.prompt_keys():
+        table.add_row(keys.display_key(key), "", what)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    CSS_PATH = str(style_path("help.tcss"))
+    BINDINGS = [
+        Binding("escape,f1,q,question_mark", "close", "Close", priority=True),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box"):
+            yield Static(Text("gemma-chat — keys", style="bold"), id="help-title")
+            yield Static(help_table(), id="help-keys")
+            yield Static(
+                Text.assemble(
+                    "Plain keys (second column) act when the conversation has focus (Tab), or in an "
+                    "empty prompt: + - ? always, a d only while a reply streams. Once you type, they "
+                    "are ordinary text. The F-keys and ctrl keys always work.\n"
+                    "Block size K = drafts + 1 tokens verified per round; changes apply from the next round, "
+                    "also in the middle of a reply.\n\n",
+                    legend(),
+                ),
+                id="help-notes",
+            )
+            yield Static("Esc / F1 / q: close", id="help-footer")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

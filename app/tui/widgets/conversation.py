@@ -1,0 +1,131 @@
+"""Messages in the conversation: the user's, and the model's reply in two views.
+
+Token view: every token keeps its own span, coloured by origin. Draft tokens (drafted and accepted
+by the target) are sky blue AND underlined; the target's own tokens are orange, not underlined, so
+the distinction survives colour blindness and monochrome terminals (Okabe-Ito palette).
+Rendered view: the same text as Markdown, refreshed at a lower rate while streaming.
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
+
+from core.events import TokenEvent, TurnDone
+
+from app.tui.live_stats import summary_line
+
+DRAFT_COLOR = "#56B4E9"
+TARGET_COLOR = "#E69F00"
+DRAFT_STYLE = Style(color=DRAFT_COLOR, underline=True)
+TARGET_STYLE = Style(color=TARGET_COLOR)
+
+
+def legend() -> Text:
+    t = Text("Token view: ")
+    t.append("drafted + accepted", DRAFT_STYLE)
+    t.append(" (underlined)   ")
+    t.append("target's own token", TARGET_STYLE)
+    return t
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        body = Text.assemble(("You", "bold"), "\n", text)
+        super().__init__(body, markup=False)
+        self.message_text = text
+
+
+class TokenText(Widget):
+    """A reply's tokens as one rich Text that only ever grows by appended spans."""
+
+    DEFAULT_CSS = "TokenText { height: auto; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.text = Text()
+
+    def append_tokens(self, tokens: list[TokenEvent]) -> None:
+        for tok in tokens:
+            self.text.append(tok.text, DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        return self.text
+
+
+class ReplyView(Vertical):
+    """One model reply: header, token view, rendered view, summary line."""
+
+    def __init__(self) -> None:
+        super().__init__(classes="reply")
+        self.tokens = TokenText(classes="reply-tokens")
+        self.markdown = Markdown("", classes="reply-markdown")
+        self.header = Static("gemma", classes="reply-header", markup=False)
+        self.summary = Static("…", classes="reply-summary", markup=False)
+        self.chunks: list[str] = []
+        self.token_count = 0
+        self.draft_count = 0
+        self.done: TurnDone | None = None
+        self.stopped = False
+        self.error: str | None = None
+        self._markdown_dirty = False
+        self._markdown_pending = None
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        yield self.tokens
+        yield self.markdown
+        yield self.summary
+
+    @property
+    def plain(self) -> str:
+        return "".join(self.chunks)
+
+    @property
+    def streaming(self) -> bool:
+        return self.done is None
+
+    def append_tokens(self, tokens: list[TokenEvent]) -> None:
+        if not tokens:
+            return
+        self.tokens.append_tokens(tokens)
+        self.chunks.extend(t.text for t in tokens)
+        self.token_count += len(tokens)
+        self.draft_count += sum(1 for t in tokens if t.from_draft)
+        self._markdown_dirty = True
+
+    def update_live_summary(self) -> None:
+        if self.done is None:
+            self.summary.update(f"streaming… {self.token_count} tokens, {self.draft_count} from drafts")
+
+    def finish(self, done: TurnDone) -> None:
+        self.done = done
+        stats = done.stats
+        if stats.stop_reason == "error":
+            self.error = done.error or "generation failed"
+            self.add_class("-error")
+            self.header.update(f"gemma  ✗ error: {self.error}")
+            self.summary.update("the message was not sent; it is back in the prompt")
+            return
+        self.stopped = stats.stop_reason == "cancelled"
+        label = "gemma  ⏹ stopped" if self.stopped else "gemma"
+        if stats.stop_reason == "max_tokens":
+            label += "  (max tokens)"
+        self.header.update(label)
+        self.set_class(self.stopped, "-stopped")
+        self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
+        self._markdown_dirty = True
+
+    def flush_markdown(self) -> None:
+        """Re-render the Markdown if the text changed and the previous render has finished."""
+        if not self._markdown_dirty:
+            return
+        if self._markdown_pending is not None and not self._markdown_pending.is_done:
+            return
+        self._markdown_dirty = False
+        self._markdown_pending = self.markdown.update(self.plain)

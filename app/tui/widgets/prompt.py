@@ -1,0 +1,47 @@
+"""The multi-line prompt: Enter sends, Shift+Enter / Ctrl+J add a newline."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.widgets import TextArea
+
+from app.tui.keys import quick_actions
+from app.tui.messages import PromptSubmitted, QuickKey
+
+NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
+
+
+class PromptArea(TextArea):
+    def __init__(self, quick: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self._quick = quick if quick is not None else quick_actions()
+        self.live = False  # a reply is streaming (set by the screen)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            if self.text.strip():
+                self.post_message(PromptSubmitted(self.text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        # Plain tuning keys act only while nothing is typed; otherwise they are text. Letters (a, d)
+        # start many messages, so on an empty prompt they act only while a reply is streaming.
+        if (
+            not self.text
+            and event.key in self._quick
+            and (self.live or not (event.character or "").isalpha())
+        ):
+            event.stop()
+            event.prevent_default()
+            self.post_message(QuickKey(self._quick[event.key]))
+            return
+        await super()._on_key(event)
+
+    def accept(self) -> None:
+        """The screen took the message: clear the prompt."""
+        self.clear()

@@ -1,0 +1,430 @@
+"""Chat screen behaviour with the scripted fake engine (Textual pilot, headless)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from core.events import LoadProgress, RoundEvent, TokenEvent
+
+from textual.command import CommandPalette
+from textual.widgets import Input
+
+from app.tui.app import GemmaChatApp
+from app.tui.bridge import EventBridge
+from app.tui.fake_engine import FakeEngine, PairingSpec, split_tokens
+from app.tui.screens.help import HelpScreen
+from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage
+
+SIZE = (110, 34)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def make_app(engine: FakeEngine | None = None, *, demo: bool = False) -> tuple[GemmaChatApp, FakeEngine]:
+    engine = engine or FakeEngine()
+    spec = PairingSpec("demo (random weights)" if demo else "fake", "target-dir", "drafter-dir", demo=demo)
+    return GemmaChatApp(engine, spec), engine
+
+
+async def until(pilot, predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the screen")
+        await pilot.pause(0.02)
+
+
+async def ready(pilot, app: GemmaChatApp) -> None:
+    await until(pilot, lambda: app.chat.loaded)
+
+
+async def send(pilot, app: GemmaChatApp, text: str) -> None:
+    """Put `text` in the prompt and press Enter (typing key by key is covered once, and slow)."""
+    app.chat.prompt.focus()
+    app.chat.prompt.text = text
+    await pilot.press("enter")
+
+
+def text_of(widget) -> str:
+    content = widget.content
+    return content if isinstance(content, str) else content.plain
+
+
+# -- bridge ---------------------------------------------------------------------------------------
+
+def test_bridge_keeps_every_token_in_order_across_threads():
+    bridge = EventBridge()
+    on_event = bridge.listener(1)
+    n = 20000
+
+    def produce():
+        for i in range(n):
+            on_event(TokenEvent(i, "x", i % 2 == 0, i))
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got = []
+    while thread.is_alive() or bridge.pending():
+        got.extend(bridge.drain())
+    thread.join()
+    got.extend(bridge.drain())
+    assert [s.event.id for s in got] == list(range(n))
+    assert all(s.turn == 1 for s in got)
+    assert all(a.t <= b.t for a, b in zip(got, got[1:]))
+
+
+def test_bridge_coalesces_load_progress_but_not_tokens():
+    bridge = EventBridge()
+    load, turn = bridge.listener(0), bridge.listener(3)
+    load(LoadProgress("target", 0.1))
+    load(LoadProgress("target", 0.5))
+    load(LoadProgress("drafter", 0.9))
+    turn(TokenEvent(1, "a", True, 0))
+    turn(TokenEvent(2, "b", False, 0))
+    turn(RoundEvent(0, 3, 1, 4, True, 2))
+    load(LoadProgress("ready", 1.0))
+    events = [s.event for s in bridge.drain()]
+    assert events == [
+        LoadProgress("drafter", 0.9),
+        TokenEvent(1, "a", True, 0),
+        TokenEvent(2, "b", False, 0),
+        RoundEvent(0, 3, 1, 4, True, 2),
+        LoadProgress("ready", 1.0),
+    ]
+    assert bridge.drain() == []
+
+
+# -- sending and streaming ------------------------------------------------------------------------
+
+async def test_reply_streams_with_spans_matching_from_draft():
+    app, engine = make_app(FakeEngine(step=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello there")
+        chat = app.chat
+        assert chat.prompt.text == ""  # accepted: the prompt clears
+        await until(pilot, lambda: chat.reply is not None)
+        reply = chat.reply
+        engine.allow(1)
+        await until(pilot, lambda: reply.token_count == len(engine.tokens) and engine.rounds)
+        # mid-stream: the first round is on screen, the turn is not over
+        assert reply.streaming and 0 < reply.token_count < len(split_tokens(engine.replies[0]))
+        engine.allow(100)
+        await until(pilot, lambda: chat.reply is None)
+        done = engine.turns[-1]
+        assert reply.plain == done.text == engine.replies[0]
+        # one span per token, styled by origin, nothing else
+        spans = reply.tokens.text.spans
+        nonempty = [t for t in engine.tokens if t.text]
+        assert len(spans) == len(nonempty)
+        offset = 0
+        for span, tok in zip(spans, nonempty):
+            assert (span.start, span.end) == (offset, offset + len(tok.text))
+            assert span.style == (DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+            offset = span.end
+        assert {t.from_draft for t in nonempty} == {True, False}
+        assert DRAFT_STYLE.underline and not TARGET_STYLE.underline  # the cue besides colour
+        assert chat.history == [
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": done.text},
+        ]
+        assert engine.chats[0][0] == [{"role": "user", "content": "hello there"}]
+        summary = text_of(reply.summary)
+        assert f"{done.stats.decode_tokens} tokens" in summary
+        assert f"acceptance {done.stats.acceptance:.0%}" in summary
+        assert f"{done.stats.tokens_per_round:.2f} tok/round" in summary
+
+
+async def test_shift_enter_and_ctrl_j_add_newlines_enter_sends():
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.prompt.focus()
+        await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
+        assert app.chat.prompt.text == "a\nb\nc"
+        assert engine.chats == []
+        await pilot.press("enter")
+        await until(pilot, lambda: engine.chats)
+        assert engine.chats[0][0][-1]["content"] == "a\nb\nc"
+
+
+async def test_view_toggle_shows_markdown_with_code_block():
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "show me code")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        reply = app.chat.last_reply
+        assert reply.tokens.display and not reply.markdown.display
+        await pilot.press("ctrl+t")
+        await pilot.pause(0.2)
+        assert app.chat.view_mode == "rendered"
+        assert reply.markdown.display and not reply.tokens.display
+        assert not app.chat.legend.display
+        assert reply.markdown.source == reply.plain
+        fences = reply.markdown.query("MarkdownFence")
+        assert len(fences) == 1 and "return a + b" in fences.first().code
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert reply.tokens.display and not reply.markdown.display and app.chat.legend.display
+
+
+async def test_follows_the_stream_only_at_the_bottom():
+    long_reply = "\n".join(f"line {i} of a long reply" for i in range(120))
+    app, engine = make_app(FakeEngine(replies=[long_reply], step=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "long")
+        conv = app.chat.conversation
+        engine.allow(100)
+        await until(pilot, lambda: len(engine.rounds) == 100 and app.chat.reply.token_count == len(engine.tokens))
+        await pilot.pause(0.1)
+        assert conv.max_scroll_y > 0 and conv.scroll_y == conv.max_scroll_y  # following
+        conv.scroll_home(animate=False, immediate=True)
+        await pilot.pause(0.1)
+        assert conv.scroll_y == 0
+        engine.allow(20)
+        await until(pilot, lambda: len(engine.rounds) == 120 and app.chat.reply.token_count == len(engine.tokens))
+        await pilot.pause(0.1)
+        assert conv.scroll_y == 0  # the user scrolled up: not yanked back
+        conv.scroll_end(animate=False, immediate=True)
+        await pilot.pause(0.1)
+        engine.allow(1000)
+        await until(pilot, lambda: app.chat.reply is None)
+        await pilot.pause(0.1)
+        assert conv.scroll_y == conv.max_scroll_y  # back at the bottom: following again
+
+
+# -- control --------------------------------------------------------------------------------------
+
+async def test_escape_stops_and_keeps_partial_reply():
+    app, engine = make_app(FakeEngine(step=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "go")
+        engine.allow(2)
+        await until(pilot, lambda: app.chat.reply is not None and app.chat.reply.token_count == len(engine.tokens) > 0
+                    and len(engine.rounds) == 2)
+        reply = app.chat.reply
+        await pilot.press("escape")
+        await until(pilot, lambda: app.chat.reply is None)
+        assert [c.name for c in engine.calls] == ["cancel"]
+        done = engine.turns[-1]
+        assert done.stats.stop_reason == "cancelled"
+        assert reply.stopped and reply.has_class("-stopped")
+        assert "stopped" in text_of(reply.header)
+        partial = "".join(t.text for t in engine.tokens)
+        assert reply.plain == partial == done.text
+        assert 0 < len(partial) < len(engine.replies[0])
+        assert app.chat.history[-1] == {"role": "assistant", "content": partial}
+
+
+async def test_regenerate_replaces_the_last_reply():
+    app, engine = make_app(FakeEngine(replies=["first answer", "second answer"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "question")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: len(engine.chats) == 2 and app.chat.reply is None)
+        await pilot.pause()
+        assert engine.chats[1][0] == [{"role": "user", "content": "question"}]
+        replies = list(app.chat.conversation.query(ReplyView))
+        assert len(replies) == 1 and replies[0].plain == "second answer"
+        assert len(app.chat.conversation.query(UserMessage)) == 1
+        assert app.chat.history == [
+            {"role": "user", "content": "question"},
+            {"role": "assistant", "content": "second answer"},
+        ]
+
+
+async def test_failed_send_keeps_the_prompt_text():
+    # engine failed to load: nothing is sent, the text stays
+    app, engine = make_app(FakeEngine(load_error="no weights here"))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.chat.load_error is not None)
+        await send(pilot, app, "keep me")
+        await pilot.pause(0.1)
+        assert app.chat.prompt.text == "keep me"
+        assert engine.chats == []
+        assert "no weights here" in text_of(app.chat.panel.status)
+    # the engine reports an error for the turn: the text comes back, the history forgets it
+    app, engine = make_app(FakeEngine(chat_error="out of memory"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "try this")
+        await until(pilot, lambda: engine.turns and app.chat.reply is None)
+        await pilot.pause()
+        assert app.chat.prompt.text == "try this"
+        assert app.chat.history == []
+        assert len(app.chat.conversation.query(UserMessage)) == 0
+        assert "out of memory" in text_of(app.chat.conversation.query_one(ReplyView).header)
+
+
+async def test_send_while_loading_keeps_the_prompt_text():
+    app, engine = make_app(FakeEngine(hold_load=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "early")
+        await pilot.pause(0.05)
+        assert not app.chat.loaded and app.chat.prompt.text == "early" and engine.chats == []
+        assert "loading" in text_of(app.chat.panel.status)
+        engine.release_load()
+        await ready(pilot, app)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        assert engine.chats[0][0] == [{"role": "user", "content": "early"}]
+
+
+# -- tuning keys ----------------------------------------------------------------------------------
+
+async def test_tuning_keys_reach_the_engine_mid_generation():
+    app, engine = make_app(FakeEngine(step=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "tune")
+        chat = app.chat
+
+        async def rounds(n):
+            engine.allow(n)
+            target = len(engine.rounds) + n
+            await until(pilot, lambda: len(engine.rounds) == target and chat.stats.rounds == target)
+
+        await rounds(2)
+        assert engine.rounds[1].auto
+        auto_k = engine.rounds[1].block_size
+        assert chat.prompt.has_focus and chat.prompt.text == ""
+        await pilot.press("plus")  # empty prompt: a tuning key
+        call = engine.calls[-1]
+        assert (call.name, call.arg, call.rounds_done) == ("set_block_size", auto_k + 1, 2)
+        await rounds(1)
+        assert (engine.rounds[2].block_size, engine.rounds[2].auto) == (auto_k + 1, False)
+        await pilot.press("minus", "minus")
+        assert [(c.arg, c.rounds_done) for c in engine.calls[-2:]] == [(auto_k, 3), (auto_k - 1, 3)]
+        await rounds(1)
+        assert engine.rounds[3].block_size == auto_k - 1
+        await pilot.press("d")
+        assert (engine.calls[-1].name, engine.calls[-1].arg, engine.calls[-1].rounds_done) == ("set_drafter_enabled", False, 4)
+        await rounds(1)
+        assert engine.rounds[4].drafted == 0 and engine.rounds[4].emitted == 1
+        await pilot.press("a")
+        assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_block_size", "auto")
+        await pilot.press("d")
+        await rounds(1)
+        assert engine.rounds[5].auto and engine.rounds[5].drafted > 0
+        # while typing, the same keys are text; the F-keys still act
+        await pilot.press("x", "plus", "minus", "a", "d")
+        assert chat.prompt.text == "x+-ad"
+        n_calls = len(engine.calls)
+        await pilot.press("f6")
+        assert len(engine.calls) == n_calls + 1 and engine.calls[-1].name == "set_block_size"
+        await pilot.press("f8")
+        assert engine.calls[-1] .name == "set_drafter_enabled" and engine.calls[-1].arg is False
+        assert chat.prompt.text == "x+-ad"
+        engine.allow(1000)
+        await until(pilot, lambda: chat.reply is None)
+        await pilot.pause(0.15)
+        tuning = text_of(chat.panel.tuning)
+        assert "Drafter     off" in tuning and f"{engine.calls[-2].arg} (manual)" in tuning
+
+
+async def test_panels_show_the_engine_numbers_and_demo_label():
+    app, engine = make_app(demo=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        assert "DEMO — random weights" in text_of(app.chat.panel.pairing)
+        await send(pilot, app, "numbers")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.pause(0.15)  # the panels refresh at 10 Hz
+        stats = engine.turns[-1].stats
+        figures = text_of(app.chat.panel.figures)
+        assert f"Acceptance  {stats.acceptance * 100:.0f} %" in figures
+        assert f"Tok/round   {stats.tokens_per_round:.2f}" in figures
+        assert f"Decode      {stats.decode_tps:.1f} tok/s" in figures
+        assert f"Prefill     {stats.prefill_tps:.0f} tok/s" in figures
+        assert f"TTFT        {stats.ttft_s * 1000:.0f} ms" in figures
+        assert "Peak mem    123.0 MiB" in figures
+        assert app.chat.panel.spark.data == [float(r.emitted) for r in engine.rounds]
+        assert f"auto → {engine.rounds[-1].block_size}" in text_of(app.chat.panel.tuning)
+
+
+# -- help, palette, quit --------------------------------------------------------------------------
+
+async def test_help_screen_from_f1_and_question_mark():
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert app.screen is app.chat
+        app.chat.prompt.focus()
+        await pilot.press("question_mark")  # empty prompt
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+        assert app.screen is app.chat
+        await pilot.press("w", "h", "y", "question_mark")  # typing: just a character
+        assert app.chat.prompt.text == "why?" and app.screen is app.chat
+
+
+async def test_palette_commands():
+    app, engine = make_app(FakeEngine(replies=["one", "two"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+
+        async def palette(query: str) -> None:
+            await pilot.press("ctrl+p")
+            assert isinstance(app.screen, CommandPalette)
+            app.screen.query_one(Input).value = query  # typing key by key is slow under pilot
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await pilot.pause(0.05)
+
+        await palette("drafter")
+        assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_drafter_enabled", False)
+        await palette("size +")
+        assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_block_size", 5)
+        await send(pilot, app, "q")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await palette("regen")
+        await until(pilot, lambda: len(engine.chats) == 2 and app.chat.last_reply is not None)
+        assert app.chat.last_reply.plain == "two"
+
+
+async def test_quit_mid_generation_is_prompt():
+    app, engine = make_app(FakeEngine(step=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "long")
+        engine.allow(1)
+        await until(pilot, lambda: app.chat.reply is not None and app.chat.reply.token_count > 0)
+        start = time.monotonic()
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.05)
+        assert time.monotonic() - start < 1.0
+    assert [c.name for c in engine.calls][:2] == ["cancel", "cancel"] or "close" in [c.name for c in engine.calls]
+    assert "close" in [c.name for c in engine.calls]
+    assert not engine._thread.is_alive()
+
+
+async def test_letters_type_into_an_idle_empty_prompt_symbols_tune():
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.prompt.focus()
+        await pilot.press("plus")  # a symbol on an empty prompt: tunes
+        assert [(c.name, c.arg) for c in engine.calls] == [("set_block_size", 5)]
+        await pilot.press("d", "a", "plus")  # a letter starts a message; then + is text
+        assert app.chat.prompt.text == "da+"
+        assert len(engine.calls) == 1
+        # with the conversation focused the letters act
+        app.chat.conversation.focus()
+        await pilot.press("d")
+        assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_drafter_enabled", False)
