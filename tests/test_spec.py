@@ -1,0 +1,250 @@
+"""The round loop: drafted greedy output is the target's own greedy output, whatever the block size."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from core.drafter import load_drafter
+from core.events import PrefillDone, RoundEvent, TokenEvent
+from core.settings import GenerationSettings
+from core.spec import Controls, Decoder, Prompt, TurnError, prefill_chunks
+from core.target import load_target
+
+PACK = "tests/data/pack/models"
+FAMILIES = ["e-style", "moe-style", "dense-style"]
+STOP = {1, 22, 12}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def fam(request):
+    name = request.param
+    tg = load_target(f"{PACK}/{name}-target")
+    dr = load_drafter(f"{PACK}/{name}-assistant")
+    ref = json.load(open(f"tests/data/pack/references/text/{name}.json"))["prompts"]
+    return name, tg, dr, ref
+
+
+def _run(tg, dr, ids, events=None, controls=None, cache=None, **kw):
+    settings = GenerationSettings(**{"max_tokens": 40, **kw})
+    events = [] if events is None else events
+    cache = tg.make_cache(slack=3) if cache is None else cache
+    result = Decoder(tg, dr, None, STOP).run(cache, Prompt(ids), settings, events.append, controls)
+    return result, events, cache
+
+
+def _fresh_next_logits(tg, committed, pending):
+    """Logits after `pending` computed from scratch over the committed tokens."""
+    logits, _ = tg.forward(committed + [pending], tg.make_cache())
+    return np.array(logits[0])
+
+
+@pytest.mark.parametrize("block", [2, 3, 4, 5, 6, 7, 8, "auto"])
+def test_drafted_greedy_equals_target_greedy_long_prompt(fam, block):
+    # the long prompt is 17 windows; 26 new tokens cross the window twice more
+    _, tg, dr, ref = fam
+    p = ref["long"]
+    r, events, cache = _run(tg, dr, p["prompt_ids"], block_size=block, ignore_eos=True, max_tokens=26)
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:26]
+    assert cache.offset == len(p["prompt_ids"]) + 25  # everything but the pending last token
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    assert sum(e.emitted for e in rounds) == 25 and r.stats.rounds == len(rounds)
+    if block != "auto":
+        assert max(e.block_size for e in rounds) == block
+        assert all(e.auto is False for e in rounds)
+    else:
+        assert all(e.auto for e in rounds)
+
+
+@pytest.mark.parametrize("prompt", ["short", "multiturn"])
+def test_greedy_with_eos_stop_matches_reference(fam, prompt):
+    _, tg, dr, ref = fam
+    p = ref[prompt]
+    for block in (1, 4):
+        r, events, cache = _run(tg, dr, p["prompt_ids"], block_size=block)
+        want = p["greedy_eos_stop"]["ids"] if "greedy_eos_stop" in p else None
+        if p["greedy_eos_stop"].get("first_eos_index") is None:
+            assert r.token_ids == p["greedy_no_eos_stop"]["ids"] and r.stats.stop_reason == "max_tokens"
+        else:
+            assert r.token_ids == want and r.stats.stop_reason == "eos"
+        assert cache.offset == len(p["prompt_ids"]) + len(r.token_ids) - 1
+        assert r.committed == p["prompt_ids"] + r.token_ids[:-1]
+
+
+def test_event_order_and_stats(fam):
+    _, tg, dr, ref = fam
+    r, events, _ = _run(tg, dr, ref["short"]["prompt_ids"], block_size=3, ignore_eos=True, max_tokens=20)
+    assert isinstance(events[0], PrefillDone) and events[0].prefill_tokens == 25
+    assert isinstance(events[1], TokenEvent) and events[1].round == 0 and not events[1].from_draft
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert [e.id for e in tokens] == r.token_ids and len(r.token_ids) == 20
+    # within each round: accepted drafts first, then exactly one target token, then the summary
+    current = []
+    for e in events[2:]:
+        if isinstance(e, TokenEvent):
+            current.append(e)
+        else:
+            assert [t.from_draft for t in current] == [True] * e.accepted + [False]
+            assert all(t.round == e.round for t in current) and e.emitted == len(current)
+            current = []
+    s = r.stats
+    assert s.decode_tokens == 19 and s.drafted == sum((k - 1) * n for k, n in s.block_size_counts.items())
+    assert s.accepted == sum(e.from_draft for e in tokens)
+    assert 0 < s.acceptance <= 1 and s.ttft_s > 0 and s.decode_s > 0 and s.peak_memory_bytes > 0
+    assert s.block_size_counts[3] >= s.rounds - 2  # the last rounds may shrink to fit max_tokens
+
+
+def test_drafter_off_and_block_changes_mid_turn(fam):
+    _, tg, dr, ref = fam
+    p = ref["long"]
+    controls = Controls(block_size=2, drafter_enabled=True)
+    seen = []
+
+    def on_event(e):
+        seen.append(e)
+        if isinstance(e, RoundEvent):
+            if e.round == 2:
+                controls.block_size = 6
+            elif e.round == 4:
+                controls.drafter_enabled = False
+            elif e.round == 7:
+                controls.drafter_enabled, controls.block_size = True, "auto"
+
+    r = Decoder(tg, dr, None, STOP).run(
+        tg.make_cache(), Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=40, ignore_eos=True), on_event, controls
+    )
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"]
+    rounds = [e for e in seen if isinstance(e, RoundEvent)]
+    assert [e.block_size for e in rounds[:2]] == [2, 2]
+    assert rounds[2].block_size == 6 and rounds[4].block_size == 1 and rounds[4].drafted == 0
+    assert all(e.auto for e in rounds[7:])
+
+
+class OracleDrafter:
+    """Proposes the known continuation (every draft accepted) - puts stop tokens inside a run."""
+
+    def __init__(self, sequence):
+        self.sequence = sequence
+
+    def draft(self, target, cache, bonus, hidden, n, **kw):
+        P = cache.offset
+        assert self.sequence[P] == int(bonus.item())
+        return mx.array(self.sequence[P + 1 : P + 1 + n], dtype=mx.uint32), None
+
+
+def test_eos_inside_an_accepted_run_stops_there_and_trims(fam):
+    _, tg, _, ref = fam
+    p = ref["multiturn"]
+    eos_at = p["greedy_eos_stop"]["first_eos_index"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    oracle = OracleDrafter(full)
+    r, events, cache = _run(tg, oracle, p["prompt_ids"], block_size=8)
+    assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
+    last_round = [e for e in events if isinstance(e, RoundEvent)][-1]
+    stop_event = [e for e in events if isinstance(e, TokenEvent)][-1]
+    if eos_at > 0:
+        assert stop_event.from_draft  # the eos was an accepted draft, not the round's last token
+    assert last_round.emitted <= last_round.accepted + 1
+    P = cache.offset
+    assert P == len(p["prompt_ids"]) + eos_at
+    # the cache equals a fresh prefill of the committed tokens (nothing past the eos leaked in)
+    nxt, _ = tg.forward([r.token_ids[-1]], cache)
+    np.testing.assert_allclose(np.array(nxt[0]), _fresh_next_logits(tg, r.committed, r.token_ids[-1]), atol=2e-5)
+
+
+def test_max_tokens_inside_a_round(fam):
+    _, tg, _, ref = fam
+    p = ref["long"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    for max_tokens in (1, 2, 7, 13):
+        r, events, cache = _run(tg, OracleDrafter(full), p["prompt_ids"], block_size=5, max_tokens=max_tokens, ignore_eos=True)
+        assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:max_tokens] and r.stats.stop_reason == "max_tokens"
+        assert cache.offset == len(p["prompt_ids"]) + max_tokens - 1
+
+
+def test_cancel_takes_effect_within_a_round_and_leaves_cache_consistent(fam):
+    _, tg, dr, ref = fam
+    p = ref["long"]
+    controls = Controls(block_size=4)
+    seen = []
+
+    def on_event(e):
+        seen.append(e)
+        if isinstance(e, TokenEvent) and e.round == 3:
+            controls.cancel_event.set()  # mid-round (from the UI thread in real use)
+
+    cache = tg.make_cache(slack=2)
+    r = Decoder(tg, dr, None, STOP).run(
+        cache, Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=40, ignore_eos=True), on_event, controls
+    )
+    assert r.stats.stop_reason == "cancelled" and r.stats.rounds == 3
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"][: len(r.token_ids)]
+    assert cache.offset == len(r.committed) == len(p["prompt_ids"]) + len(r.token_ids) - 1
+    nxt, _ = tg.forward([r.token_ids[-1]], cache)
+    np.testing.assert_allclose(np.array(nxt[0]), _fresh_next_logits(tg, r.committed, r.token_ids[-1]), atol=2e-5)
+
+
+def test_sampling_top_k_1_is_greedy_and_seeds_reproduce():
+    tg = load_target(f"{PACK}/e-style-target")
+    dr = load_drafter(f"{PACK}/e-style-assistant")
+    p = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]["short"]
+    want = p["greedy_no_eos_stop"]["ids"][:24]
+    for block in (1, 4):
+        r, _, _ = _run(tg, dr, p["prompt_ids"], block_size=block, temperature=0.7, top_k=1, seed=5, max_tokens=24, ignore_eos=True)
+        assert r.token_ids == want
+    runs = [
+        _run(tg, dr, p["prompt_ids"], block_size=3, temperature=1.0, top_p=0.95, seed=s, max_tokens=24, ignore_eos=True)[0]
+        for s in (11, 11, 12)
+    ]
+    assert runs[0].token_ids == runs[1].token_ids != runs[2].token_ids
+    assert runs[0].stats.drafted > 0
+
+
+def test_empty_prompt_and_context_limit():
+    tg = load_target(f"{PACK}/dense-style-target")
+    with pytest.raises(TurnError, match="empty"):
+        _run(tg, None, [])
+    tg.context_length = 30
+    try:
+        with pytest.raises(TurnError, match="context"):
+            _run(tg, None, list(range(40, 75)))
+        # generation stops at the context length rather than running past it
+        r, _, cache = _run(tg, None, list(range(40, 65)), ignore_eos=True)
+        assert r.stats.stop_reason == "max_tokens" and cache.offset == 30 and len(r.token_ids) == 6
+    finally:
+        del tg.context_length
+
+
+def test_prefill_chunks_never_cut_an_image():
+    assert prefill_chunks(10, [], size=4) == [(0, 4), (4, 8), (8, 10)]
+    chunks = prefill_chunks(300, [(6, 136), (140, 150)], size=64)
+    for s, e in [(6, 136), (140, 150)]:
+        assert any(a <= s and e <= b for a, b in chunks)
+    assert chunks[0][0] == 0 and chunks[-1][1] == 300
+    assert all(b > a for a, b in chunks)
+
+
+def test_image_prompt_prefill_matches_hf_bidirectional_reference():
+    import core.spec as spec
+
+    tg = load_target(f"{PACK}/moe-style-target")
+    meta = json.load(open("tests/data/pack/references/images/moe-style.json"))
+    r = load_file("tests/data/pack/references/images/moe-style.safetensors")
+    ids = r["prompt_ids"].tolist()
+    a, b = meta["image_token_span"]
+    emb = np.zeros((len(ids), tg.hidden_size), np.float32)
+    emb[a:b] = r["soft_tokens"]
+    mask = np.zeros(len(ids), bool)
+    mask[a:b] = True
+    prompt = Prompt(ids, embeddings=mx.array(emb), embedding_mask=mx.array(mask), bidirectional=[(a, b)])
+    old = spec.PREFILL_CHUNK
+    spec.PREFILL_CHUNK = 40  # forces chunk edges around the image
+    try:
+        res = Decoder(tg, None, None, STOP).run(
+            tg.make_cache(), prompt, GenerationSettings(max_tokens=30, ignore_eos=True), lambda e: None
+        )
+    finally:
+        spec.PREFILL_CHUNK = old
+    assert res.token_ids == meta["hf"]["greedy_ids"]
