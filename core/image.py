@@ -141,7 +141,7 @@ def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    label = "image"
+    label = ""  # " 'name.png'" for files, so messages read "Image 'name.png' ..."
     if isinstance(source, Image.Image):
         image = source
     else:
@@ -151,7 +151,7 @@ def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
             fp = io.BytesIO(bytes(source))
         else:
             path = Path(source).expanduser()
-            label = f"'{path.name}'"
+            label = f" '{path.name}'"
             if not path.exists():
                 raise ImageError(f"Image file not found: {path}")
             if path.is_dir():
@@ -161,33 +161,36 @@ def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
             except OSError as exc:
                 raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
             if size == 0:
-                raise ImageError(f"Image file {label} is empty (0 bytes).")
+                raise ImageError(f"Image file{label} is empty (0 bytes).")
             try:
                 # Read it whole: no file handle outlives this call, even for animations.
                 fp = io.BytesIO(path.read_bytes())
             except PermissionError as exc:
-                raise ImageError(f"Permission denied reading image {label}.") from exc
+                raise ImageError(f"Permission denied reading image{label}.") from exc
             except OSError as exc:
                 raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
         image = _open(fp, label, max_pixels, Image, UnidentifiedImageError)
 
     width, height = image.size
     if width <= 0 or height <= 0:
-        raise ImageError(f"Image {label} has no pixels ({width}x{height}).")
+        raise ImageError(f"Image{label} has no pixels ({width}x{height}).")
     if width * height > max_pixels:
         raise ImageError(
-            f"Image {label} is too large ({width}x{height} = {width * height:,} pixels; the limit is {max_pixels:,})."
+            f"Image{label} is too large ({width}x{height} = {width * height:,} pixels; the limit is {max_pixels:,})."
         )
     try:
         if getattr(image, "n_frames", 1) > 1:
             image.seek(0)
         image.load()  # decode now so a truncated or corrupt file fails here, with a clear message
-        image = ImageOps.exif_transpose(image)
+        try:
+            image = ImageOps.exif_transpose(image)
+        except Exception:  # a malformed EXIF block: show the pixels as stored rather than fail
+            pass
         return _to_rgb(image)
     except ImageError:
         raise
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageError(f"Image {label} is damaged or truncated and cannot be decoded ({exc}).") from exc
+        raise ImageError(f"Image{label} is damaged or truncated and cannot be decoded ({exc}).") from exc
 
 
 def _open(fp, label, max_pixels, Image, UnidentifiedImageError):
@@ -197,11 +200,11 @@ def _open(fp, label, max_pixels, Image, UnidentifiedImageError):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return Image.open(fp)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"Image {label} is too large to decode safely ({exc}).") from exc
+        raise ImageError(f"Image{label} is too large to decode safely ({exc}).") from exc
     except UnidentifiedImageError as exc:
-        raise ImageError(f"{label[0].upper() + label[1:]} is not an image file Pillow can read.") from exc
+        raise ImageError(f"File{label} is not an image Pillow can read." if label else "The data is not an image Pillow can read.") from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageError(f"Cannot read image {label}: {exc}") from exc
+        raise ImageError(f"Cannot read image{label}: {exc}") from exc
 
 
 def _to_rgb(image):

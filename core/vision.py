@@ -320,11 +320,12 @@ class VisionEncoder(nn.Module):
                 f"(got up to {int(pos.max())}); use a smaller image token budget"
             )
         order = pooling_order(pos, self.config.pooling_kernel_size)
-        if isinstance(pixels, np.ndarray):
-            pixels = pixels[real]
-        elif real.size != pixels.shape[0]:
-            pixels = pixels[mx.array(real.astype(np.int32))]
-        return mx.array(pixels), mx.array(pos.astype(np.int32)), mx.array(order)
+        if isinstance(pixels, mx.array):
+            if real.size != pixels.shape[0]:
+                pixels = pixels[mx.array(real.astype(np.int32))]
+        else:
+            pixels = mx.array(np.asarray(pixels, dtype=np.float32)[real])
+        return pixels, mx.array(pos.astype(np.int32)), mx.array(order)
 
     def soft_token_count(self, position_ids) -> int:
         """Soft tokens the tower returns for these positions: real patches / pool^2."""
