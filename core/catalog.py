@@ -256,3 +256,31 @@ def start_pairing_download(
     # A copy cached under another spelling of the same repo id is used as is.
     repos = [local[r].cached_id if local[r].complete and local[r].cached_id else r for r in (p.drafter_repo, p.target_repo)]
     return start_download(repos, offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    status: hfcache.RepoStatus
+    model_type: str | None  # from the snapshot's config.json when complete
+
+
+def other_local_checkpoints(*, cache_dir: str | os.PathLike | None = None) -> list[LocalCheckpoint]:
+    """Gemma 4 repositories in the HF cache that no catalogue pairing names (custom pairs)."""
+    import json
+
+    known = {r.lower() for p in load_catalog().pairings for r in p.repos}
+    out = []
+    for st in hfcache.scan(cache_dir):
+        if st.repo_id.lower() in known:
+            continue
+        model_type = None
+        if st.snapshot is not None:
+            try:
+                model_type = json.loads((st.snapshot / "config.json").read_text()).get("model_type")
+            except (OSError, ValueError):
+                pass
+        if model_type in ("gemma4", "gemma4_text", "gemma4_assistant") or (
+            model_type is None and "gemma-4" in st.repo_id.lower()
+        ):
+            out.append(LocalCheckpoint(st, model_type))
+    return out

@@ -162,3 +162,22 @@ def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitRep
         "wont_fit", needed_bytes, budget,
         f"will not fit: needs about {need} but only {have} is usable ({machine.note}); pick a smaller or quantized pairing",
     )
+
+
+def estimate_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT) -> MemoryEstimate:
+    """Memory estimate for local checkpoint directories (custom pairs): weights as stored on disk."""
+    import json
+    from pathlib import Path
+
+    def weight_bytes(d) -> int:
+        return sum(p.stat().st_size for p in Path(d).glob("*.safetensors"))
+
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    weights = weight_bytes(target_dir) + (weight_bytes(drafter_dir) if drafter_dir else 0)
+    return estimate(weights, cfg.get("text_config") or cfg, context)
+
+
+def check_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT,
+                      machine: MachineMemory | None = None) -> FitReport:
+    """The fit warning to show before loading a custom pair."""
+    return check_fit(estimate_checkpoints(target_dir, drafter_dir, context).total_bytes, machine)

@@ -6,6 +6,7 @@ Repo ids are matched case-insensitively: the Hub resolves `gemma-4-31B-it-bf16` 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -129,14 +130,11 @@ def delete_repos(repo_ids: Sequence[str], *, cache_dir: str | os.PathLike | None
     folders = {k: v for k, v in _repo_folders(cache).items() if k in wanted}
     freed = sum(_blob_bytes(folder)[0] for _, folder in folders.values())
     info = scan_cache_dir(cache)
-    hashes = [
-        rev.commit_hash
-        for repo in info.repos
-        if repo.repo_type == "model" and repo.repo_id.lower() in wanted
-        for rev in repo.revisions
-    ]
+    # delete_revisions matches commit hashes in every repo it was given: hand it only ours.
+    mine = frozenset(r for r in info.repos if r.repo_type == "model" and r.repo_id.lower() in wanted)
+    hashes = [rev.commit_hash for repo in mine for rev in repo.revisions]
     if hashes:
-        info.delete_revisions(*hashes).execute()
+        dataclasses.replace(info, repos=mine).delete_revisions(*hashes).execute()
     # Whatever the client's deletion left (unfinished blobs, refs of a cancelled first download).
     for _, folder in folders.values():
         if folder.exists() and folder.parent.resolve() == cache.resolve():

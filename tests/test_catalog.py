@@ -190,6 +190,8 @@ def test_delete_repos_frees_complete_and_partial(tmp_path):
     freed = hfcache.delete_repos(["ORG/A", "org/b"], cache_dir=tmp_path)
     assert freed >= 5000 + 2500
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("models--")) == ["models--org--keep"]
+    # org/keep has the same commit hash as the removed ones (put_in_cache's default): untouched.
+    assert hfcache.repo_status("org/keep", cache_dir=tmp_path).state == "complete"
 
 
 def test_resolve_pairing_gives_local_paths_or_says_what_to_run(tmp_path):
@@ -202,3 +204,21 @@ def test_resolve_pairing_gives_local_paths_or_says_what_to_run(tmp_path):
     assert (r.target_path, r.drafter_path, r.block_size, r.vision) == (t, d, p.block_size, True)
     entries = {e.pairing.name: e.status for e in catalog.list_entries(cache_dir=tmp_path)}
     assert entries["e2b-4bit"] == "ready" and entries["e2b"] == "partial" and entries["e4b"] == "missing"
+
+
+def test_fit_of_local_checkpoints_counts_their_weights_and_kv(tmp_path):
+    est = fit.estimate_checkpoints(PACK / "dense-style-target", PACK / "dense-style-assistant", context=100)
+    weights = sum(p.stat().st_size for d in ("dense-style-target", "dense-style-assistant") for p in (PACK / d).glob("*.safetensors"))
+    assert est.weights_bytes == weights
+    assert est.kv_bytes == fit.kv_cache_bytes(_cfg("dense-style-target")["text_config"], 100) > 0
+    tiny = fit.MachineMemory(1000, 1000, "tiny")
+    assert fit.check_checkpoints(PACK / "dense-style-target", machine=tiny).level == "wont_fit"
+
+
+def test_other_local_checkpoints_lists_custom_gemma4_repos_only(tmp_path):
+    put_in_cache(tmp_path, "me/my-gemma4", {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w"})
+    put_in_cache(tmp_path, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"})
+    put_in_cache(tmp_path, "me/llama", {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w"})
+    put_in_cache(tmp_path, catalog.get_pairing("e2b").target_repo, FILES)
+    found = {c.status.repo_id: c.model_type for c in catalog.other_local_checkpoints(cache_dir=tmp_path)}
+    assert found == {"me/my-gemma4": "gemma4", "me/my-drafter": "gemma4_assistant"}

@@ -123,3 +123,12 @@ def test_rm_keeps_a_drafter_another_pairing_still_uses(hf_cache, capsys):
 def test_unknown_pairing_name(hf_cache, capsys):
     assert main(["models", "download", "e4"]) == 2
     assert "did you mean e4b" in capsys.readouterr().err
+
+
+def test_list_shows_custom_local_checkpoints(hf_cache, capsys):
+    put_in_cache(hf_cache, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"})
+    assert main(["models", "list"]) == 0
+    assert "me/my-drafter  drafter  complete" in capsys.readouterr().out
+    assert main(["models", "list", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)["other_local"]
+    assert other[0]["repo_id"] == "me/my-drafter" and other[0]["model_type"] == "gemma4_assistant"

@@ -54,6 +54,11 @@ def list_pairings(as_json: bool = False) -> int:
                 "wired_limit_mb": machine.wired_limit_mb,
             },
             "pairings": [e.as_dict() for e in entries],
+            "other_local": [
+                {"repo_id": c.status.repo_id, "model_type": c.model_type, "status": c.status.state,
+                 "local_bytes": c.status.size_on_disk, "path": str(c.status.snapshot) if c.status.snapshot else None}
+                for c in catalog.other_local_checkpoints()
+            ],
         }
         print(json.dumps(payload, indent=2))
         return 0
@@ -69,6 +74,12 @@ def list_pairings(as_json: bool = False) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    others = catalog.other_local_checkpoints()
+    if others:
+        print("\nOther Gemma 4 checkpoints in the cache (use with --model / --drafter):")
+        for c in others:
+            kind = {"gemma4_assistant": "drafter", None: "?"}.get(c.model_type, "target")
+            print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
     print(
         f"\n* default pairing   ? repository name not independently confirmed\n"
