@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--json", action="store_true")
     ml.add_argument("--offline", action="store_true")
     md = msub.add_parser("download", help="download a pairing into the Hugging Face cache")
-    md.add_argument("name", metavar="NAME")
+    md.add_argument("name", metavar="NAME", help="a catalogue pairing (see `models list`) or one repository id owner/name")
     md.add_argument("--offline", action="store_true")
     mr = msub.add_parser("rm", help="remove a pairing's files from the Hugging Face cache")
     mr.add_argument("name", metavar="NAME")

@@ -132,3 +132,16 @@ def test_list_shows_custom_local_checkpoints(hf_cache, capsys):
     assert main(["models", "list", "--json"]) == 0
     other = json.loads(capsys.readouterr().out)["other_local"]
     assert other[0]["repo_id"] == "me/my-drafter" and other[0]["model_type"] == "gemma4_assistant"
+
+
+def test_download_a_single_repository_by_id(hf_cache, capsys, monkeypatch):
+    repo = FakeRepo({"config.json": (PACK / "moe-style-assistant" / "config.json").read_bytes(), "model.safetensors": b"d" * 4000})
+    with FakeHub(repos={"me/custom-drafter": repo}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        assert main(["models", "download", "me/custom-drafter"]) == 0
+        assert main(["models", "download", "me/absent"]) == 1
+    cap = capsys.readouterr()
+    assert "me/custom-drafter downloaded." in cap.err
+    assert "me/absent was not found on http://127.0.0.1" in cap.err
+    path = Path(cap.out.split("\t")[1].strip())
+    assert (path / "model.safetensors").read_bytes() == b"d" * 4000

@@ -137,25 +137,32 @@ def _clock(seconds: float) -> str:
 
 def download_pairing(name: str, offline: bool = False) -> int:
     from core import catalog, fit
-    from core.download import DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress
+    from core.download import (
+        DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress, start_download,
+    )
 
-    try:
-        p = catalog.get_pairing(name)
-    except KeyError as e:
-        print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
-        return 2
-    mem = p.memory()
-    report = fit.check_fit(mem.total_bytes)
-    if report.warn:
-        print(f"warning: {p.name}: {report.message}", file=sys.stderr)
-    handle = catalog.start_pairing_download(p.name, offline=offline, endpoint=_endpoint())
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        # A repository id (a custom target or drafter): just that repository.
+        label = name
+        handle = start_download([name], offline=offline, endpoint=_endpoint())
+    else:
+        try:
+            p = catalog.get_pairing(name)
+        except KeyError as e:
+            print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+            return 2
+        label = p.name
+        report = fit.check_fit(p.memory().total_bytes)
+        if report.warn:
+            print(f"warning: {p.name}: {report.message}", file=sys.stderr)
+        handle = catalog.start_pairing_download(p.name, offline=offline, endpoint=_endpoint())
     bar = _Bar()
     shown = False
     try:
         for ev in handle.events():
             if isinstance(ev, DownloadPlanned):
                 print(
-                    f"{p.name}: {', '.join(r.repo_id for r in ev.repos)}\n"
+                    f"{label}: {', '.join(r.repo_id for r in ev.repos)}\n"
                     f"  {_gb(ev.to_download_bytes)} to download ({_gb(ev.total_bytes)} in all, "
                     f"{_gb(ev.free_bytes)} free on disk)",
                     file=sys.stderr,
@@ -175,9 +182,9 @@ def download_pairing(name: str, offline: bool = False) -> int:
     final = handle.result
     if isinstance(final, DownloadFinished):
         if final.from_cache:
-            print(f"{p.name} is already downloaded (nothing fetched).", file=sys.stderr)
+            print(f"{label} is already downloaded (nothing fetched).", file=sys.stderr)
         else:
-            print(f"{p.name} downloaded.", file=sys.stderr)
+            print(f"{label} downloaded.", file=sys.stderr)
         for repo, path in final.paths.items():
             print(f"{repo}\t{path}")
         return 0
