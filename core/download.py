@@ -401,6 +401,8 @@ def _fetch_file(job: _Job, plan: RepoPlan, filename: str, send: Callable[[tuple]
         if meta.size is not None and resume > meta.size:
             partial.unlink()
             resume = 0
+        if meta.size is not None and resume == meta.size:  # whole, but the rename never happened
+            send(("file", plan.repo_id, filename, resume, resume, resume))
         download_url = meta.location or url
         if download_url != url and not download_url.startswith(job.endpoint or constants.ENDPOINT):
             headers.pop("authorization", None)  # a CDN url is signed; never send it our token
@@ -499,6 +501,11 @@ class DownloadHandle:
     @property
     def finished(self) -> bool:
         return self._final is not None
+
+    @property
+    def running(self) -> bool:
+        """Whether the child process is still alive (False for a handle born finished)."""
+        return self._process is not None and self._process.is_alive()
 
     @property
     def result(self) -> DownloadEvent | None:

@@ -105,7 +105,7 @@ def test_cancel_mid_file_then_resume_from_the_partial_bytes(tmp_path):
                 # (progress counts a chunk just before writing it: the first one is on disk by now)
                 handle.cancel()
         assert isinstance(handle.result, dl.DownloadCancelled)
-        assert not handle._process.is_alive()
+        assert not handle.running
         partials = list((tmp_path / "models--org--model" / "blobs").glob("*.incomplete"))
         assert len(partials) == 1
         kept = partials[0].stat().st_size
