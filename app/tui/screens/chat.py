@@ -331,8 +331,7 @@ class ChatScreen(Screen):
         on = not self.stats.drafter_enabled
         self.stats.drafter_enabled = on
         self.stats.dirty = True
-        self.engine.set_drafter_enabled(on)
-        self.notify(f"Drafter {'on' if on else 'off'} (from the next round)", timeout=2)
+        self.engine.set_drafter_enabled(on)  # the panel shows the state; no toast over the prompt
 
     def action_help(self) -> None:
         from app.tui.screens.help import HelpScreen

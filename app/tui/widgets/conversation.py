@@ -113,7 +113,7 @@ class ReplyView(Vertical):
             self.summary.update("the message was not sent; it is back in the prompt")
             return
         self.stopped = stats.stop_reason == "cancelled"
-        label = "gemma  ⏹ stopped" if self.stopped else "gemma"
+        label = "gemma  ■ stopped" if self.stopped else "gemma"
         if stats.stop_reason == "max_tokens":
             label += "  (max tokens)"
         self.header.update(label)
