@@ -44,7 +44,9 @@ class FakeHub:
     chunk: int = 64 * 1024
     throttle_s: float = 0.0  # sleep between body chunks
     drop_once: dict[str, int] = field(default_factory=dict)  # filename -> bytes sent before the first GET is cut
+    cdn_redirect: bool = False  # *.safetensors: 302 to another host, like the Hub's LFS/CDN files
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    with_auth: list[str] = field(default_factory=list)  # paths of requests that carried an Authorization header
 
     def __post_init__(self):
         self._server: ThreadingHTTPServer | None = None
@@ -109,7 +111,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         path = unquote(urlsplit(self.path).path)
         self.hub.requests.append((method, path, self.headers.get("Range")))
+        if self.headers.get("Authorization"):
+            self.hub.with_auth.append(path)
         parts = path.strip("/").split("/")
+        if parts[0] == "cdn" and len(parts) >= 5:  # /cdn/{org}/{name}/{sha256}/{file}
+            repo = self.hub.repos.get("/".join(parts[1:3]))
+            filename = "/".join(parts[4:])
+            if repo is None or filename not in repo.files or etag_of(repo.files[filename]) != parts[3]:
+                return self._error(404, None, "Not found")
+            return self._file(method, repo, filename)
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("revision", "tree"):
             repo_id = "/".join(parts[2:4])
             repo = self._repo_or_error(repo_id, parts[5])
@@ -131,6 +141,8 @@ class _Handler(BaseHTTPRequestHandler):
             filename = "/".join(parts[4:])
             if filename not in repo.files:
                 return self._error(404, "EntryNotFound", "Entry not found", commit=repo.commit)
+            if self.hub.cdn_redirect and filename.endswith(".safetensors"):
+                return self._redirect_to_cdn(repo_id, repo, filename)
             return self._file(method, repo, filename)
         self._error(404, None, "Not found")
 
@@ -172,6 +184,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def _redirect_to_cdn(self, repo_id: str, repo: FakeRepo, filename: str) -> None:
+        """What the Hub does for LFS files: metadata on the 302 itself, bytes on another host."""
+        data = repo.files[filename]
+        port = self.server.server_address[1]
+        self.send_response(302)
+        self.send_header("X-Repo-Commit", repo.commit)
+        self.send_header("X-Linked-Etag", f'"{etag_of(data)}"')
+        self.send_header("X-Linked-Size", str(len(data)))
+        self.send_header("ETag", '"git-pointer-oid"')
+        self.send_header("Location", f"http://localhost:{port}/cdn/{repo_id}/{etag_of(data)}/{filename}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _file(self, method: str, repo: FakeRepo, filename: str) -> None:
         data = repo.files[filename]

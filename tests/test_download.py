@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from core import download as dl
-from fakehub import FakeHub, FakeRepo, tiny_disk
+from fakehub import FakeHub, FakeRepo, etag_of, tiny_disk
 
 BIG = 4 * 1024 * 1024
 
@@ -192,3 +192,17 @@ def test_blocking_download_returns_paths_and_raises_typed_errors(tmp_path):
         with pytest.raises(dl.DownloadError) as err:
             dl.download(["org/absent"], cache_dir=tmp_path, endpoint=hub.url)
     assert err.value.kind == "not_found"
+
+
+def test_lfs_files_redirected_to_a_cdn_use_the_linked_etag_and_never_leak_the_token(tmp_path):
+    repo = _repo(BIG // 4)
+    with FakeHub(repos={"org/model": repo}, cdn_redirect=True) as hub:
+        _, events = _run(hub, tmp_path, token="hf_test_token")
+        cdn = [(m, p, r) for m, p, r in hub.requests if p.startswith("/cdn/")]
+        assert cdn and all(p not in hub.with_auth for _, p, _ in cdn)
+        assert any(p.startswith("/api/") for p in hub.with_auth)  # the Hub itself did get the token
+    assert isinstance(events[-1], dl.DownloadFinished)
+    blob = tmp_path / "models--org--model" / "blobs" / etag_of(repo.files["model.safetensors"])
+    assert blob.read_bytes() == repo.files["model.safetensors"]
+    snap = Path(events[-1].paths["org/model"])
+    assert (snap / "model.safetensors").resolve() == blob.resolve()
