@@ -222,3 +222,11 @@ def test_other_local_checkpoints_lists_custom_gemma4_repos_only(tmp_path):
     put_in_cache(tmp_path, catalog.get_pairing("e2b").target_repo, FILES)
     found = {c.status.repo_id: c.model_type for c in catalog.other_local_checkpoints(cache_dir=tmp_path)}
     assert found == {"me/my-gemma4": "gemma4", "me/my-drafter": "gemma4_assistant"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_factory_mlx_quantized_targets_validate_with_their_drafter(factory_checkpoints, family):
+    target = factory_checkpoints.target(family, layout="mlx", dtype="q4")
+    assert pairing.validate_pair(target, factory_checkpoints.drafter(family)).ok
+    other = "moe-style" if family != "moe-style" else "dense-style"
+    assert not pairing.validate_pair(target, factory_checkpoints.drafter(other)).ok
