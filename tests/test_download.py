@@ -104,7 +104,9 @@ def test_cancel_mid_file_then_resume_from_the_partial_bytes(tmp_path):
             if isinstance(ev, dl.DownloadProgress) and ev.filename == "model.safetensors" and ev.file_done >= 2 * dl.CHUNK_BYTES:
                 # (progress counts a chunk just before writing it: the first one is on disk by now)
                 handle.cancel()
-        assert isinstance(handle.result, dl.DownloadCancelled)
+        assert isinstance(handle.result, dl.DownloadCancelled) and events[-1] is handle.result
+        moving = [e for e in events if isinstance(e, dl.DownloadProgress) and e.rate_bps > 0]
+        assert moving and all(e.eta_s is not None and e.eta_s >= 0 for e in moving)
         assert not handle.running
         partials = list((tmp_path / "models--org--model" / "blobs").glob("*.incomplete"))
         assert len(partials) == 1
