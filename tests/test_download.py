@@ -208,3 +208,12 @@ def test_lfs_files_redirected_to_a_cdn_use_the_linked_etag_and_never_leak_the_to
     assert blob.read_bytes() == repo.files["model.safetensors"]
     snap = Path(events[-1].paths["org/model"])
     assert (snap / "model.safetensors").resolve() == blob.resolve()
+
+
+def test_hf_hub_offline_env_in_the_child_is_reported_as_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read by huggingface_hub at import, i.e. in the child
+    with FakeHub(repos={"org/model": _repo(1000)}) as hub:
+        _, events = _run(hub, tmp_path)
+        assert hub.requests == []
+    assert isinstance(events[-1], dl.DownloadFailed) and events[-1].kind == "offline"
+    assert "HF_HUB_OFFLINE" in events[-1].message
