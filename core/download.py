@@ -4,7 +4,7 @@ Flow (one call to `start_download`):
 
   already complete in the cache?  -> finished at once, no network at all (local_files_only)
   offline?                        -> refused with a clear message if anything is missing
-  child process:
+  child process (`python -m core._download_child`, messages back over a pipe):
     plan       snapshot_download(dry_run=True) per repo: per-file sizes, what is cached
     disk       bytes still needed (+ margin) vs free space under the cache -> refuse with numbers
     fetch      per file: HEAD for the blob's etag, then GET into blobs/<etag>.incomplete, resuming
@@ -12,7 +12,8 @@ Flow (one call to `start_download`):
     finalize   snapshot_download(revision=commit): finds every blob present, writes the snapshot
                symlinks, refs and the cached tree listing (so a later offline check is exact)
 
-Why a child process: huggingface_hub has no cancel API, so cancel = terminate the child. Why our own
+Why a child process: huggingface_hub has no cancel API, so cancel = terminate the child (a plain
+subprocess, not multiprocessing's spawn, which re-imports the parent's `__main__`). Why our own
 fetch step: huggingface_hub 2.4 downloads each file into a process-unique temporary file that it
 deletes on failure (`_download_to_tmp_and_move`), so a killed or cancelled download would restart
 from zero. The fetch step uses the client's own `http_get` (Range resume, retries, our `tqdm_class`
