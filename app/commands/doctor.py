@@ -38,14 +38,15 @@ def mlx_info() -> dict[str, str]:
         info["default device"] = str(mx.default_device())
     except Exception as e:  # noqa: BLE001
         info["default device"] = f"unknown ({e})"
-    if metal:
-        try:
-            dev = mx.metal.device_info()
-            info["gpu"] = str(dev.get("architecture", "?"))
-            if dev.get("max_recommended_working_set_size"):
-                info["gpu working set"] = f"{dev['max_recommended_working_set_size'] / 1e9:.1f} GB"
-        except Exception:  # noqa: BLE001
-            pass
+    try:
+        dev = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+    except Exception:  # noqa: BLE001
+        dev = {}
+    name = dev.get("device_name") or dev.get("architecture")
+    if name:
+        info["device"] = f"{name} ({dev.get('architecture', '?')})"
+    if dev.get("max_recommended_working_set_size"):
+        info["gpu working set"] = f"{dev['max_recommended_working_set_size'] / 1e9:.1f} GB"
     return info
 
 
