@@ -44,29 +44,16 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def _ids(value) -> set[int]:
-    if value is None:
-        return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value}
-
-
-def stop_ids(path: Path, tokenizer=None) -> frozenset[int]:
-    """Union of config.json (top level and text_config), generation_config.json and tokenizer eos."""
-    config = read_json(path / "config.json")
-    ids = _ids(config.get("eos_token_id")) | _ids(config.get("text_config", {}).get("eos_token_id"))
-    ids |= _ids(read_json(path / "generation_config.json").get("eos_token_id"))
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
-
-
 def load_tokenizer(path: Path):
-    """The checkpoint's Hugging Face tokenizer (chat template included)."""
-    from transformers import AutoTokenizer
+    """mlx-lm's TokenizerWrapper around the checkpoint's Hugging Face tokenizer (chat template included).
 
-    return AutoTokenizer.from_pretrained(str(path))
+    `path` must be a local directory (mlx-lm would otherwise try to download it)."""
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no such checkpoint directory: {path}")
+    return mlx_load_tokenizer(path)
 
 
 @dataclass

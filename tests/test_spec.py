@@ -206,7 +206,7 @@ def test_empty_prompt_and_context_limit():
     tg = load_target(f"{PACK}/dense-style-target")
     with pytest.raises(TurnError, match="empty"):
         _run(tg, None, [])
-    tg.context_length = 30
+    saved, tg.context_length = tg.context_length, 30
     try:
         with pytest.raises(TurnError, match="context"):
             _run(tg, None, list(range(40, 75)))
@@ -214,7 +214,7 @@ def test_empty_prompt_and_context_limit():
         r, _, cache = _run(tg, None, list(range(40, 65)), ignore_eos=True)
         assert r.stats.stop_reason == "max_tokens" and cache.offset == 30 and len(r.token_ids) == 6
     finally:
-        del tg.context_length
+        tg.context_length = saved
 
 
 def test_prefill_chunks_never_cut_an_image():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from core.loader import CheckpointError, load_tokenizer, resolve_checkpoint, stop_ids
+from core.loader import CheckpointError, load_tokenizer, resolve_checkpoint
+from core.prompt import stop_ids
 from core.target import FULL, SLIDING, load_target
 
 PACK = "tests/data/pack/models"
@@ -58,7 +59,7 @@ def test_model_facts(family):
     expected = {"e-style": (1, 2), "moe-style": (3, 4), "dense-style": (3, 4)}[fam]
     assert (tg.producers[SLIDING], tg.producers[FULL]) == expected
     tok = load_tokenizer(tg.path)
-    assert stop_ids(tg.path, tok) == frozenset(ref["eos_token_ids"]) == {1, 22, 12}
+    assert stop_ids(tg.path, tok) == set(ref["eos_token_ids"]) == {1, 22, 12}
 
 
 def test_embedding_inputs_are_not_rescaled_and_match_token_path():

@@ -1,0 +1,427 @@
+"""The engine: one long-lived thread that owns every model, cache and MLX array.
+
+MLX streams are thread-local, so the models, caches and image tensors are created and used only on
+this thread; callers talk to it through a request queue and get `concurrent.futures.Future`s back.
+Event callbacks run on the engine thread and must not block.
+
+Across chat turns the target cache is reused: the committed-token log (`core.prompt.TokenLog`)
+says which ids the cache holds, a new prompt keeps their longest common prefix and prefills only
+the rest; when the sliding-window cache can no longer roll back that far, the turn re-prefills
+from scratch (same output, more work).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from core.events import LoadProgress, TurnDone, TurnStats
+from core.settings import GenerationSettings
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot serve (bad checkpoint, mismatched pair, no model loaded)."""
+
+
+@dataclass(frozen=True)
+class PairingSpec:
+    name: str  # display name, e.g. "E2B" or "demo (random weights)"
+    target: str  # local checkpoint directory (or a repo id already in the HF cache)
+    drafter: str | None  # local drafter directory, or None (no speculative decoding)
+    demo: bool = False
+    dtype: str | None = None  # cast float weights ("float32", "bfloat16"); None keeps the checkpoint's
+
+
+@dataclass(frozen=True)
+class PairingInfo:
+    name: str
+    target_path: str
+    drafter_path: str | None
+    has_vision: bool
+    demo: bool
+    context_length: int
+    vocab_size: int
+    sliding_window: int
+    dtype: str
+    supports_thinking: bool
+
+
+@dataclass
+class _Request:
+    kind: str  # "load" | "chat" | "complete" | "reset"
+    future: concurrent.futures.Future
+    args: tuple = ()
+    controls: object = None  # spec.Controls for generation requests
+
+
+@dataclass
+class _Loaded:
+    """Everything that belongs to one loaded pairing (engine thread only)."""
+
+    info: PairingInfo
+    target: object
+    drafter: object
+    vision: object
+    tokenizer: object
+    decoder: object
+    cache: object
+    token_log: object
+    target_dir: Path
+    image_config: object = None
+    soft_tokens: dict = field(default_factory=dict)  # image key -> soft tokens, for the live conversation
+
+
+class Engine:
+    """Owns ONE long-lived thread; all methods are thread-safe and non-blocking."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending: list[_Request] = []  # generation requests queued or running
+        self._info: PairingInfo | None = None
+        self._state: _Loaded | None = None
+        self._closed = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="gemma-chat-engine", daemon=True)
+        self._thread.start()
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def info(self) -> PairingInfo | None:
+        return self._info
+
+    def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
+        return self._submit("load", (spec, on_event))
+
+    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+        """Render `messages` with the checkpoint's chat template and generate the reply."""
+        return self._submit("chat", (list(messages), settings, on_event), settings)
+
+    def complete(self, prompt: str | list[int], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+        """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
+        return self._submit("complete", (prompt, settings, on_event), settings)
+
+    def reset(self) -> concurrent.futures.Future:
+        """Forget the cached conversation (the next turn prefills everything)."""
+        return self._submit("reset", ())
+
+    def cancel(self) -> None:
+        """Stop the running turn (within one round) and every queued one."""
+        with self._lock:
+            for r in self._pending:
+                r.controls.cancel_event.set()
+
+    def set_block_size(self, k: int | str) -> None:
+        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
+            raise ValueError("block size must be 1..16 or 'auto'")
+        with self._lock:
+            for r in self._pending:
+                r.controls.block_size = k
+
+    def set_drafter_enabled(self, on: bool) -> None:
+        with self._lock:
+            for r in self._pending:
+                r.controls.drafter_enabled = bool(on)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.cancel()
+        self._queue.put(None)
+        self._stopped.wait(timeout=30)
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _submit(self, kind: str, args: tuple, settings: GenerationSettings | None = None) -> concurrent.futures.Future:
+        from core.spec import Controls
+
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._closed:
+            future.set_exception(EngineError("the engine is closed"))
+            return future
+        controls = None
+        if settings is not None:
+            controls = Controls(settings.block_size, settings.drafter_enabled)
+        req = _Request(kind, future, args, controls)
+        if controls is not None:
+            with self._lock:
+                self._pending.append(req)
+        self._queue.put(req)
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            req = self._queue.get()
+            if req is None:
+                break
+            try:
+                if req.kind == "load":
+                    req.future.set_result(self._load(*req.args))
+                elif req.kind in ("chat", "complete"):
+                    req.future.set_result(self._generate(req))
+                elif req.kind == "reset":
+                    if self._state is not None:
+                        self._reset_conversation(self._state)
+                    req.future.set_result(None)
+            except BaseException as e:  # a future must always complete
+                if not req.future.done():
+                    req.future.set_exception(e if isinstance(e, Exception) else EngineError(str(e)))
+            finally:
+                if req.controls is not None:
+                    with self._lock:
+                        if req in self._pending:
+                            self._pending.remove(req)
+        # closing: fail what is still queued, free the models on their own thread
+        while not self._queue.empty():
+            req = self._queue.get_nowait()
+            if req is not None and not req.future.done():
+                req.future.set_exception(EngineError("the engine is closed"))
+        self._state = self._info = None
+        self._stopped.set()
+        # Park instead of returning: with mlx 0.32 on Linux a thread that ran mx.compile'd code
+        # (mlx-lm's geglu) and then exits can abort the process at interpreter exit
+        # ("terminate called without an active exception"). A parked daemon thread cannot.
+        threading.Event().wait()
+
+    # --- load ----------------------------------------------------------------------------
+
+    def _load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> PairingInfo:
+        import mlx.core as mx
+
+        from core import prompt as prompt_mod
+        from core.detok import Detokenizer
+        from core.drafter import check_pair, load_drafter
+        from core.loader import CheckpointError, load_tokenizer, resolve_checkpoint
+        from core.spec import Decoder
+        from core.target import load_target
+
+        def progress(stage: str, fraction: float, message: str = "") -> None:
+            _safe_call(on_event, LoadProgress(stage, fraction, message))
+
+        self._state = self._info = None  # free the previous pairing before loading the next
+        mx.clear_cache()
+        try:
+            target_dir = resolve_checkpoint(spec.target)
+            drafter_dir = resolve_checkpoint(spec.drafter) if spec.drafter else None
+            progress("target", 0.0, f"loading {target_dir.name}")
+            target = load_target(target_dir, spec.dtype)
+            progress("target", 1.0)
+            drafter = None
+            if drafter_dir is not None:
+                progress("drafter", 0.0, f"loading {drafter_dir.name}")
+                drafter = load_drafter(drafter_dir, spec.dtype or _dtype_name(target.dtype))
+                check_pair(target, drafter)
+                progress("drafter", 1.0)
+            progress("vision", 0.0)
+            vision = None
+            try:
+                from core.vision import load_vision
+
+                vision = load_vision(target_dir, getattr(mx, spec.dtype) if spec.dtype else None)
+            except Exception as e:  # text chat still works without the tower
+                log.warning("vision tower not loaded: %s", e)
+                progress("vision", 1.0, f"no vision: {e}")
+            progress("vision", 1.0)
+            progress("tokenizer", 0.0)
+            tokenizer = load_tokenizer(target_dir)
+            stops = prompt_mod.stop_ids(target_dir, tokenizer)
+            progress("tokenizer", 1.0)
+        except CheckpointError as e:
+            raise EngineError(str(e)) from e
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineError(f"cannot load {spec.name}: {e}") from e
+
+        info = PairingInfo(
+            name=spec.name,
+            target_path=str(target_dir),
+            drafter_path=str(drafter_dir) if drafter_dir else None,
+            has_vision=vision is not None,
+            demo=spec.demo,
+            context_length=target.context_length,
+            vocab_size=target.vocab_size,
+            sliding_window=target.window,
+            dtype=_describe_dtype(target),
+            supports_thinking=prompt_mod.supports_thinking(tokenizer, target_dir),
+        )
+        self._state = _Loaded(
+            info=info,
+            target=target,
+            drafter=drafter,
+            vision=vision,
+            tokenizer=tokenizer,
+            decoder=Decoder(target, drafter, Detokenizer(tokenizer), stops),
+            cache=target.make_cache(),
+            token_log=prompt_mod.TokenLog(),
+            target_dir=target_dir,
+        )
+        self._info = info
+        progress("ready", 1.0, spec.name)
+        return info
+
+    def _reset_conversation(self, st: _Loaded) -> None:
+        st.cache = st.target.make_cache()
+        st.token_log.clear()
+        st.soft_tokens.clear()
+
+    # --- generation ------------------------------------------------------------------------
+
+    def _generate(self, req: _Request) -> TurnDone:
+        t_start = time.perf_counter()
+        what, settings, on_event = req.args
+        emit = lambda e: _safe_call(on_event, e)  # noqa: E731
+        st = self._state
+        try:
+            if st is None:
+                raise _UserError("no model is loaded")
+            settings.validate()
+            if req.controls.cancelled:
+                done = TurnDone(TurnStats(stop_reason="cancelled"), "", ())
+            else:
+                done = self._turn(st, req, what, settings, emit, t_start)
+        except Exception as e:
+            from core.spec import TurnError
+
+            user = isinstance(e, (_UserError, TurnError, ValueError))
+            if not user:
+                log.exception("turn failed")
+            if st is not None and not user:
+                self._reset_conversation(st)  # cache state unknown after a failure mid-forward
+            msg = str(e) if user else f"{type(e).__name__}: {e}"
+            done = TurnDone(TurnStats(stop_reason="error"), "", (), error=msg or type(e).__name__)
+        emit(done)
+        return done
+
+    def _turn(self, st: _Loaded, req: _Request, what, settings: GenerationSettings, emit, t_start: float) -> TurnDone:
+        import mlx.core as mx
+
+        from core import prompt as prompt_mod
+        from core.spec import Prompt, TurnError
+
+        images: list = []  # (PreparedImage or None, key) per image, in prompt order
+        if req.kind == "complete":
+            if isinstance(what, str):
+                bos = getattr(st.tokenizer, "bos_token_id", None)
+                ids = ([bos] if bos is not None else []) + prompt_mod.encode_rendered(st.tokenizer, what)
+            else:
+                ids = [int(i) for i in what]
+            spans: list[tuple[int, int]] = []
+        else:
+            messages = what
+            if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
+                messages = [{"role": "system", "content": settings.system_prompt}] + messages
+            images = self._prepare_images(st, messages)
+            ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
+            spans = []
+            if images:
+                ids, spans = prompt_mod.expand_images(
+                    ids, [im.num_soft_tokens for im, _ in images], prompt_mod.image_token_ids(st.target_dir)
+                )
+        if not ids:
+            raise TurnError("empty prompt: nothing to generate from")
+        if len(ids) >= st.target.context_length:
+            raise TurnError(
+                f"the prompt is {len(ids)} tokens, the model's context is {st.target.context_length}: "
+                "shorten the conversation"
+            )
+        image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
+
+        plan = st.token_log.plan(ids, image_spans)
+        keep = plan.keep
+        if keep > st.cache.offset or not st.cache.can_trim_to(keep):
+            keep = 0
+        if keep == 0 and st.cache.offset:
+            self._reset_conversation(st)
+        else:
+            st.cache.trim_to(keep)
+        st.token_log.truncate(keep)
+        suffix = ids[keep:]
+
+        embeddings = mask = None
+        bidirectional = []
+        new_images = [(s, im) for s, (im, _) in zip(image_spans, images) if s.start >= keep]
+        if new_images:
+            H = st.target.hidden_size
+            rows = mx.zeros((len(suffix), H), st.target.dtype)
+            flags = [False] * len(suffix)
+            for span, im in new_images:
+                soft = st.soft_tokens.get(span.key)
+                if soft is None:
+                    soft = st.vision.encode_image(im)
+                    st.soft_tokens[span.key] = soft
+                rows[span.start - keep : span.end - keep] = soft.astype(rows.dtype)
+                for i in range(span.start - keep, span.end - keep):
+                    flags[i] = True
+                bidirectional.append((span.start, span.end))
+            embeddings, mask = rows, mx.array(flags)
+
+        prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
+        result = st.decoder.run(st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start)
+        st.token_log.extend(result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)])
+        live = {s.key for s in st.token_log.images}
+        for k in list(st.soft_tokens):
+            if k not in live:
+                del st.soft_tokens[k]
+        return TurnDone(result.stats, result.text, tuple(result.token_ids))
+
+    def _prepare_images(self, st: _Loaded, messages: list[dict]) -> list:
+        from core import prompt as prompt_mod
+
+        n = prompt_mod.count_images(messages)
+        if not n:
+            return []
+        if st.vision is None:
+            raise _UserError("this model does not take images (no vision tower loaded)")
+        from core.image import ImageProcessorConfig, preprocess_image
+
+        if st.image_config is None:
+            st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)
+        out = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                continue
+            for item in content or ():
+                if isinstance(item, dict) and item.get("type") == "image":
+                    source = item.get("path") or item.get("image") or item.get("url")
+                    if source is None:
+                        raise _UserError("an image item needs a 'path'")
+                    im = preprocess_image(source, st.image_config)
+                    key = hashlib.sha256(im.pixel_values[: im.num_patches].tobytes()).hexdigest()
+                    out.append((im, key))
+        return out
+
+
+class _UserError(Exception):
+    pass
+
+
+def _safe_call(callback: Callable | None, event) -> None:
+    if callback is None:
+        return
+    try:
+        callback(event)
+    except Exception:  # a listener's bug must not kill the turn or the engine
+        log.exception("event callback failed")
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _describe_dtype(target) -> str:
+    q = target.config.get("quantization") or {}
+    name = _dtype_name(target.dtype)
+    if isinstance(q, dict) and q.get("bits"):
+        return f"{q['bits']}-bit ({name})"
+    return name
