@@ -1,9 +1,12 @@
 """`gemma-chat` with no sub-command: the chat screen.
 
-Pairing: `--demo` -> the offline demo pairing; `--model [--drafter]` -> local directories or Hugging
-Face repo ids already in the local cache; nothing -> the demo pairing (until a configured default
-pairing exists). GEMMA_CHAT_FAKE_ENGINE=1 swaps in the scripted fake engine (development and the
-terminal test; GEMMA_CHAT_FAKE_DELAY sets its seconds per round).
+Which pairing opens:
+  --demo                 the offline demo pairing (tiny random weights, built once by core.demo)
+  --model [--drafter]    local checkpoint directories, or Hugging Face repo ids already in the cache
+  --pairing NAME         a catalogue pairing that has been downloaded
+  nothing                the config's default_pairing when it is downloaded, otherwise the demo
+GEMMA_CHAT_FAKE_ENGINE=1 swaps in the scripted fake engine (development and the terminal test;
+GEMMA_CHAT_FAKE_DELAY sets its real seconds per round).
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from pathlib import Path
 
 FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
 FAKE_DELAY_ENV = "GEMMA_CHAT_FAKE_DELAY"
+DEMO_NAME = "demo (random weights)"
 
 
 class PairingError(Exception):
     pass
 
 
-def resolve_checkpoint(value: str, offline: bool = True) -> str:
+def resolve_checkpoint(value: str) -> str:
     """A local directory, or a repo id resolved to its snapshot in the local Hugging Face cache."""
     path = Path(value).expanduser()
     if path.is_dir():
@@ -35,48 +39,76 @@ def resolve_checkpoint(value: str, offline: bool = True) -> str:
     try:
         return snapshot_download(value, local_files_only=True)
     except LocalEntryNotFoundError:
-        raise PairingError(f"{value} is not in the local Hugging Face cache; download it first "
-                           f"(`gemma-chat models download ...`)") from None
+        raise PairingError(
+            f"{value} is not in the local Hugging Face cache; download it first "
+            f"(`gemma-chat models download {value}`)"
+        ) from None
     except Exception as e:  # a malformed id, a broken cache
         raise PairingError(f"{value}: {e}") from None
 
 
-def _demo_spec():
+def demo_spec():
+    from core.demo import ensure_demo_pairing
+    from core.engine import PairingSpec
+
+    target, drafter = ensure_demo_pairing()
+    return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter), demo=True)
+
+
+def catalogue_spec(name: str):
+    from core.catalog import resolve_pairing
+    from core.engine import PairingSpec
+
     try:
-        from core.demo import ensure_demo_pairing  # type: ignore[import-not-found]
-    except ImportError:
-        raise PairingError("the demo pairing is not available in this build (core.demo is missing)") from None
-    spec = ensure_demo_pairing()
-    return spec
+        p = resolve_pairing(name)
+    except KeyError:
+        raise PairingError(f"unknown pairing {name!r} (see `gemma-chat models list`)") from None
+    except LookupError as e:  # PairingNotLocal: says what to run
+        raise PairingError(str(e)) from None
+    return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
 
 
-def pairing_spec(args):
+def pairing_spec(args, default_pairing: str | None = None):
+    """(spec, notice): the pairing to open and, when it is a fallback, why."""
     from core.engine import PairingSpec
 
     if getattr(args, "demo", False):
-        return _demo_spec()
+        return demo_spec(), None
     if getattr(args, "model", None):
         target = resolve_checkpoint(args.model)
         drafter = resolve_checkpoint(args.drafter) if args.drafter else None
         name = Path(args.model.rstrip("/")).name or args.model
-        return PairingSpec(name=name, target=target, drafter=drafter, demo=False)
+        return PairingSpec(name=name, target=target, drafter=drafter), None
     if getattr(args, "drafter", None):
         raise PairingError("--drafter needs --model (the target it drafts for)")
     if getattr(args, "pairing", None):
-        raise PairingError("--pairing is not supported by the chat screen yet; use --model/--drafter or --demo")
-    return _demo_spec()  # nothing configured yet: the demo pairing
+        return catalogue_spec(args.pairing), None
+    if default_pairing:
+        try:
+            return catalogue_spec(default_pairing), None
+        except PairingError as e:
+            return demo_spec(), f"Opened the demo pairing: {e}"
+    return demo_spec(), "No pairing configured yet: this is the demo (random weights). See `gemma-chat models list`."
 
 
 def run(args) -> int:
+    from core.config import ConfigError, load_config
+
+    try:
+        config = load_config()
+    except ConfigError as e:
+        print(f"gemma-chat: {e}", file=sys.stderr)
+        return 2
+    settings = config.generation_settings()
+    notice = None
     if os.environ.get(FAKE_ENV):
         from app.tui.fake_engine import FakeEngine, PairingSpec as FakeSpec
 
-        delay = float(os.environ.get(FAKE_DELAY_ENV, "0.05"))
-        engine = FakeEngine(delay_s=delay)
-        spec = FakeSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter", demo=False)
+        engine = FakeEngine(delay_s=float(os.environ.get(FAKE_DELAY_ENV, "0.05")))
+        spec = FakeSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter")
     else:
         try:
-            spec = pairing_spec(args)
+            spec, notice = pairing_spec(args, config.default_pairing)
         except PairingError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
@@ -85,7 +117,7 @@ def run(args) -> int:
         engine = Engine()
     from app.tui.app import GemmaChatApp
 
-    app = GemmaChatApp(engine, spec)
+    app = GemmaChatApp(engine, spec, settings, key_overrides=config.key_overrides, theme=config.theme, notice=notice)
     try:
         app.run()
     finally:

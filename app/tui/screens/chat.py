@@ -7,7 +7,6 @@ import time
 from functools import partial
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
@@ -28,15 +27,14 @@ from app.tui.widgets.prompt import PromptArea
 MAX_BLOCK = 16
 
 
-def _bindings() -> list[Binding]:
-    out = []
-    for sk in keys.screen_keys():
+def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
+    """Add the chat actions to a BindingsMap (per screen instance: config overrides differ)."""
+    for sk in screen_keys:
         if sk.always:
             # Esc stays non-priority so modal screens and the palette keep their own Esc.
-            out.append(Binding(sk.always, sk.action, sk.label, priority=sk.action != "stop"))
+            bindings.bind(sk.always, sk.action, sk.label, priority=sk.action != "stop")
         if sk.quick:  # when the conversation (not the prompt) has focus
-            out.append(Binding(sk.quick, sk.action, sk.label, show=not sk.always))
-    return out
+            bindings.bind(sk.quick, sk.action, sk.label, show=not sk.always)
 
 
 class ChatCommands(Provider):
@@ -73,11 +71,13 @@ class ChatCommands(Provider):
 
 class ChatScreen(Screen):
     CSS_PATH = str(style_path("chat.tcss"))
-    BINDINGS = _bindings()
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
-    def __init__(self, engine, spec, settings: GenerationSettings | None = None) -> None:
+    def __init__(self, engine, spec, settings: GenerationSettings | None = None,
+                 key_overrides: dict[str, str] | None = None) -> None:
         super().__init__()
+        self.screen_keys = keys.screen_keys(key_overrides)
+        bind_keys(self._bindings, self.screen_keys)
         self.engine = engine
         self.spec = spec
         self.settings = settings or GenerationSettings()
@@ -94,7 +94,7 @@ class ChatScreen(Screen):
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         self._last_markdown = 0.0
-        self.prompt = PromptArea(id="prompt")
+        self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
         self.conversation = VerticalScroll(id="conversation")
         self.panel = StatsPanel(id="panel")
         self.legend = Static(legend(), id="legend")
@@ -337,7 +337,7 @@ class ChatScreen(Screen):
         from app.tui.screens.help import HelpScreen
 
         if not isinstance(self.app.screen, HelpScreen):
-            self.app.push_screen(HelpScreen())
+            self.app.push_screen(HelpScreen(self.screen_keys))
 
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 1.5) -> None:

@@ -15,12 +15,12 @@ from app.tui import keys
 from app.tui.widgets.conversation import legend
 
 
-def help_table() -> Table:
+def help_table(screen_keys: tuple[keys.ScreenKey, ...]) -> Table:
     table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, expand=True)
     table.add_column("Key", no_wrap=True)
     table.add_column("Empty prompt", no_wrap=True)
     table.add_column("Action")
-    for sk in keys.screen_keys():
+    for sk in screen_keys:
         table.add_row(keys.display_key(sk.always), keys.display_key(sk.quick), sk.description)
     for key, what in keys.prompt_keys():
         table.add_row(keys.display_key(key), "", what)
@@ -33,10 +33,14 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,f1,q,question_mark", "close", "Close", priority=True),
     ]
 
+    def __init__(self, screen_keys: tuple[keys.ScreenKey, ...] | None = None) -> None:
+        super().__init__()
+        self.screen_keys = screen_keys or keys.screen_keys()
+
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static(Text("gemma-chat — keys", style="bold"), id="help-title")
-            yield Static(help_table(), id="help-keys")
+            yield Static(help_table(self.screen_keys), id="help-keys")
             yield Static(
                 Text.assemble(
                     "Plain keys (second column) act when the conversation has focus (Tab), or in an "

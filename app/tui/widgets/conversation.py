@@ -25,6 +25,16 @@ DRAFT_STYLE = Style(color=DRAFT_COLOR, underline=True)
 TARGET_STYLE = Style(color=TARGET_COLOR)
 
 
+# Control characters in generated text (random demo weights produce them) would reach the terminal
+# as raw bytes; show them as their Unicode "control picture" instead, one cell for one character,
+# so token spans keep their offsets. Newlines and tabs stay.
+_CONTROL_PICTURES = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
+
+
+def displayable(text: str) -> str:
+    return text.translate(_CONTROL_PICTURES)
+
+
 def legend() -> Text:
     t = Text("Token view: ")
     t.append("drafted + accepted", DRAFT_STYLE)
@@ -51,7 +61,7 @@ class TokenText(Widget):
 
     def append_tokens(self, tokens: list[TokenEvent]) -> None:
         for tok in tokens:
-            self.text.append(tok.text, DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+            self.text.append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
         self.refresh(layout=True)
 
     def render(self) -> Text:

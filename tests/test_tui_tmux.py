@@ -1,0 +1,147 @@
+"""The installed `gemma-chat` in a real terminal (tmux): type, a coloured reply streams, Esc stops,
+Ctrl+Q quits.
+
+Two runs: the scripted fake engine (GEMMA_CHAT_FAKE_ENGINE=1: both token colours, underlined
+drafts, deterministic) and `--demo` on the real engine (tiny random weights; random drafts are
+rejected, so only the target's colour shows). tmux is installed with apt-get when missing (as root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+GEMMA_CHAT = Path(sys.executable).parent / "gemma-chat"
+WIDTH, HEIGHT = 120, 36
+
+
+def _ensure_tmux() -> str | None:
+    tmux = shutil.which("tmux")
+    if tmux:
+        return tmux
+    if os.geteuid() != 0:
+        pytest.skip("tmux is not installed and installing it needs root")
+    try:
+        subprocess.run(["apt-get", "install", "-y", "tmux"], check=True, capture_output=True, timeout=180)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"tmux is not installed and `apt-get install -y tmux` failed: {e}")
+    return shutil.which("tmux") or pytest.skip("apt-get ran but tmux is still missing")
+
+
+class Tmux:
+    def __init__(self, tmux: str, env: dict[str, str], command: list[str]):
+        self.tmux = tmux
+        self.socket = f"gc-test-{uuid.uuid4().hex[:8]}"
+        self.env = env
+        self._run("-f", "/dev/null", "new-session", "-d", "-s", "chat", "-x", str(WIDTH), "-y", str(HEIGHT),
+                  *[f"-e{k}={v}" for k, v in env.items()], " ".join(command))
+        self._run("set-option", "-g", "escape-time", "0")
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True, text=True, check=check,
+                              timeout=20)
+
+    def text(self) -> str:
+        return self._run("capture-pane", "-p", "-t", "chat").stdout
+
+    def escapes(self) -> str:
+        return self._run("capture-pane", "-p", "-e", "-t", "chat").stdout
+
+    def keys(self, *keys: str, literal: bool = False) -> None:
+        self._run("send-keys", "-t", "chat", *(["-l"] if literal else []), *keys)
+
+    def alive(self) -> bool:
+        return self._run("has-session", "-t", "chat", check=False).returncode == 0
+
+    def wait(self, predicate, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        screen = self.text() if self.alive() else "(session gone)"
+        raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
+
+    def kill(self) -> None:
+        self._run("kill-server", check=False)
+
+
+def _sgr_params(capture: str, needle: str) -> list[set[str]]:
+    """SGR parameter sets in effect for every line that contains `needle`."""
+    out = []
+    for line in capture.splitlines():
+        if needle in re.sub(r"\x1b\[[0-9;:]*m", "", line):
+            out.extend(set(m.split(";")) | {m} for m in re.findall(r"\x1b\[([0-9;:]*)m", line))
+    return out
+
+
+def _colour(r: int, g: int, b: int):
+    return lambda params: any(f"38;2;{r};{g};{b}" in p for p in params)
+
+
+@pytest.fixture
+def term_env(tmp_path):
+    env = {
+        "TERM": "xterm-256color",  # what the app sees inside tmux
+        "COLORTERM": "truecolor",
+        "GEMMA_CHAT_CONFIG": str(tmp_path / "config.toml"),
+        "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
+        "GEMMA_CHAT_CACHE_DIR": os.environ.get("GEMMA_CHAT_TEST_CACHE", str(tmp_path / "cache")),
+        "HF_HUB_OFFLINE": "1",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    return env
+
+
+def _session(term_env, extra_env: dict[str, str], args: list[str]) -> Tmux:
+    assert GEMMA_CHAT.exists(), f"the gemma-chat script is not installed next to {sys.executable}"
+    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [str(GEMMA_CHAT), *args])
+
+
+def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):
+    t = _session(term_env, {"GEMMA_CHAT_FAKE_ENGINE": "1", "GEMMA_CHAT_FAKE_DELAY": "0.25"}, [])
+    try:
+        t.wait(lambda: "ready" in t.text(), "the fake engine to load", 20)
+        t.keys("what is speculative decoding?", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "Speculative" in t.text() and "streaming" in t.text(), "the reply to stream", 10)
+        params = _sgr_params(t.escapes(), "Speculative")
+        assert _colour(0x56, 0xB4, 0xE9)(params), "no draft-coloured token on screen"
+        assert _colour(0xE6, 0x9F, 0x00)(params), "no target-coloured token on screen"
+        assert any("4" in p for p in params), "draft tokens are not underlined"
+        t.keys("Escape")
+        t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 5)
+        assert "Every accepted draft" not in t.text()  # the end of the scripted reply never came
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 5)
+    finally:
+        t.kill()
+
+
+def test_demo_pairing_in_tmux_real_engine(term_env):
+    pytest.importorskip("core.engine")
+    t = _session(term_env, {}, ["--demo"])
+    try:
+        t.wait(lambda: "ready" in t.text(), "the demo pairing to build and load", 60)
+        assert "DEMO — random weights" in t.text()
+        t.keys("hello", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "streaming" in t.text(), "the reply to stream", 15)
+        time.sleep(0.5)
+        capture = t.escapes()
+        reply_lines = [line for line in capture.splitlines() if "\x1b[38;2;230;159;0" in line]
+        assert reply_lines, "no target-coloured token on screen"
+        t.keys("Escape")
+        t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 10)
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 5)
+    finally:
+        t.kill()
