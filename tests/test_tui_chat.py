@@ -17,7 +17,7 @@ from app.tui.app import GemmaChatApp
 from app.tui.bridge import EventBridge
 from app.tui.fake_engine import FakeEngine, PairingSpec, split_tokens
 from app.tui.screens.help import HelpScreen
-from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage
+from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage, displayable
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -428,3 +428,62 @@ async def test_letters_type_into_an_idle_empty_prompt_symbols_tune():
         app.chat.conversation.focus()
         await pilot.press("d")
         assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_drafter_enabled", False)
+
+
+# -- the real engine on a factory pairing ---------------------------------------------------------
+
+class RecordingEngine:
+    """The real Engine, with every event of every chat kept for comparison with the screen."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.events: list = []
+
+    def chat(self, messages, settings, on_event):
+        def record(ev):
+            self.events.append(ev)
+            on_event(ev)
+
+        return self._engine.chat(messages, settings, record)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+async def test_real_engine_send_stream_stop(factory_checkpoints):
+    from core.engine import Engine, PairingSpec as RealSpec
+    from core.events import TurnDone
+    from core.settings import GenerationSettings
+
+    target, drafter = factory_checkpoints.pairing("e-style")
+    engine = RecordingEngine(Engine())
+    settings = GenerationSettings(max_tokens=24, ignore_eos=True)
+    app = GemmaChatApp(engine, RealSpec("factory e-style", str(target), str(drafter)), settings)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.chat
+        await until(pilot, lambda: chat.loaded or chat.load_error, timeout=60)
+        assert chat.load_error is None
+        await send(pilot, app, "hello")
+        await until(pilot, lambda: chat.last_reply is not None, timeout=60)
+        reply = chat.last_reply
+        tokens = [e for e in engine.events if isinstance(e, TokenEvent) and e.text]
+        done = [e for e in engine.events if isinstance(e, TurnDone)][-1]
+        assert done.stats.stop_reason == "max_tokens"
+        assert reply.plain == done.text and reply.token_count == len(done.token_ids)
+        spans = reply.tokens.text.spans
+        assert [s.style for s in spans[: len(tokens)]] == [DRAFT_STYLE if t.from_draft else TARGET_STYLE for t in tokens]
+        streamed = "".join(t.text for t in tokens)
+        assert reply.tokens.text.plain.startswith(displayable(streamed)) and done.text.startswith(streamed)
+        assert chat.history[-1] == {"role": "assistant", "content": done.text}
+        # a long reply, stopped with Esc: the partial text stays, marked
+        chat.settings.max_tokens = 4000
+        engine.events.clear()
+        await send(pilot, app, "more")
+        await until(pilot, lambda: chat.reply is not None and chat.reply.token_count >= 4, timeout=60)
+        stopping = chat.reply
+        await pilot.press("escape")
+        await until(pilot, lambda: chat.reply is None, timeout=10)
+        done = [e for e in engine.events if isinstance(e, TurnDone)][-1]
+        assert done.stats.stop_reason == "cancelled"
+        assert stopping.stopped and stopping.plain == done.text and 4 <= stopping.token_count < 4000
+        await pilot.press("ctrl+q")

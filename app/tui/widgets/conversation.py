@@ -122,6 +122,7 @@ class ReplyView(Vertical):
             self.header.update(f"gemma  ✗ error: {self.error}")
             self.summary.update("the message was not sent; it is back in the prompt")
             return
+        self._take_final_text(done.text)
         self.stopped = stats.stop_reason == "cancelled"
         label = "gemma  ■ stopped" if self.stopped else "gemma"
         if stats.stop_reason == "max_tokens":
@@ -130,6 +131,18 @@ class ReplyView(Vertical):
         self.set_class(self.stopped, "-stopped")
         self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
         self._markdown_dirty = True
+
+    def _take_final_text(self, text: str) -> None:
+        """TurnDone.text is the authoritative reply. A detokenizer may hold back the bytes of an
+        incomplete character until the end of the turn, so the streamed deltas can fall short of
+        it: show that tail unattributed (it belongs to no single token), and keep the full text."""
+        streamed = self.plain
+        if text == streamed:
+            return
+        if text.startswith(streamed):
+            self.tokens.text.append(displayable(text[len(streamed):]))
+            self.tokens.refresh(layout=True)
+        self.chunks = [text]
 
     def flush_markdown(self) -> None:
         """Re-render the Markdown if the text changed and the previous render has finished."""
