@@ -157,19 +157,28 @@ async def test_shift_enter_and_ctrl_j_add_newlines_enter_sends():
 
 
 async def test_view_toggle_shows_markdown_with_code_block():
-    app, engine = make_app()
+    app, engine = make_app(FakeEngine(step=True))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await send(pilot, app, "show me code")
-        await until(pilot, lambda: app.chat.last_reply is not None)
-        reply = app.chat.last_reply
+        await until(pilot, lambda: app.chat.reply is not None)
+        reply = app.chat.reply
+        engine.allow(3)
+        await until(pilot, lambda: len(engine.rounds) == 3 and reply.token_count == len(engine.tokens))
         assert reply.tokens.display and not reply.markdown.display
         await pilot.press("ctrl+t")
-        await pilot.pause(0.2)
-        assert app.chat.view_mode == "rendered"
+        # rendered while streaming: the Markdown follows the text (at a lower rate)
+        await until(pilot, lambda: reply.markdown.source == reply.plain)
+        assert app.chat.view_mode == "rendered" and reply.streaming
         assert reply.markdown.display and not reply.tokens.display
         assert not app.chat.legend.display
-        assert reply.markdown.source == reply.plain
+        before = reply.markdown.source
+        engine.allow(3)
+        await until(pilot, lambda: len(engine.rounds) == 6 and reply.markdown.source == reply.plain != before)
+        engine.allow(1000)
+        await until(pilot, lambda: app.chat.reply is None)
+        await until(pilot, lambda: reply.markdown.source == reply.plain == engine.replies[0])
+        await pilot.pause(0.1)
         fences = reply.markdown.query("MarkdownFence")
         assert len(fences) == 1 and "return a + b" in fences.first().code
         await pilot.press("ctrl+t")
@@ -487,3 +496,53 @@ async def test_real_engine_send_stream_stop(factory_checkpoints):
         assert done.stats.stop_reason == "cancelled"
         assert stopping.stopped and stopping.plain == done.text and 4 <= stopping.token_count < 4000
         await pilot.press("ctrl+q")
+
+
+# -- which pairing `gemma-chat` opens -------------------------------------------------------------
+
+def _args(**kw):
+    import argparse
+
+    base = dict(demo=False, model=None, drafter=None, pairing=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
+    from app.commands import tui
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    target, drafter = tmp_path / "my-target", tmp_path / "my-drafter"
+    target.mkdir()
+    drafter.mkdir()
+    spec, notice = tui.pairing_spec(_args(model=str(target), drafter=str(drafter)))
+    assert (spec.name, spec.target, spec.drafter, spec.demo, notice) == (
+        "my-target", str(target.resolve()), str(drafter.resolve()), False, None)
+    spec, _ = tui.pairing_spec(_args(model=str(target)))
+    assert spec.drafter is None
+    # a repo id that is not in the (empty) cache: a clear message, no network
+    with pytest.raises(tui.PairingError, match="not in the local Hugging Face cache"):
+        tui.pairing_spec(_args(model="google/gemma-4-E2B-it"))
+    # a repo id that is in the cache resolves to its snapshot directory
+    snap = tmp_path / "hub" / "models--someone--tiny" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny" / "refs" / "main").write_text("a" * 40)
+    spec, _ = tui.pairing_spec(_args(model="someone/tiny"))
+    assert spec.target == str(snap)
+    with pytest.raises(tui.PairingError, match="needs --model"):
+        tui.pairing_spec(_args(drafter=str(drafter)))
+    with pytest.raises(tui.PairingError, match="no such directory"):
+        tui.pairing_spec(_args(model=str(tmp_path / "missing")))
+
+
+def test_no_pairing_configured_opens_the_demo(monkeypatch):
+    from app.commands import tui
+
+    monkeypatch.setattr(tui, "demo_spec", lambda: PairingSpec("demo (random weights)", "t", "d", demo=True))
+    spec, notice = tui.pairing_spec(_args())
+    assert spec.demo and "demo" in notice
+    spec, notice = tui.pairing_spec(_args(), default_pairing="no-such-pairing")
+    assert spec.demo and "unknown pairing" in notice
+    with pytest.raises(tui.PairingError, match="unknown pairing"):
+        tui.pairing_spec(_args(pairing="no-such-pairing"))

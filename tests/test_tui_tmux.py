@@ -141,7 +141,13 @@ def test_demo_pairing_in_tmux_real_engine(term_env):
         assert reply_lines, "no target-coloured token on screen"
         t.keys("Escape")
         t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 10)
+        # quitting in the middle of a reply: cancel + close, promptly
+        t.keys("again", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: t.text().count("streaming") == 1, "the second reply to stream", 15)
+        start = time.monotonic()
         t.keys("C-q")
-        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 5)
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit mid-reply", 5)
+        assert time.monotonic() - start < 3.0
     finally:
         t.kill()
