@@ -510,7 +510,10 @@ def _args(**kw):
 def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
     from app.commands import tui
 
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants
+
+    # the hub reads HF_HUB_CACHE at import time: point its constant at an empty cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     target, drafter = tmp_path / "my-target", tmp_path / "my-drafter"
     target.mkdir()
     drafter.mkdir()

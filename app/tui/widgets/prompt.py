@@ -11,7 +11,10 @@ from app.tui.messages import PromptSubmitted, QuickKey
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 
 
-class PromptArea(TextArea):
+class PromptArea(TextArea, inherit_bindings=False):
+    # TextArea's own keys minus f6/f7 (select line / all), which the screen uses for tuning; with
+    # them gone the footer also lists the screen's keys in the screen's order.
+    BINDINGS = [b for b in TextArea.BINDINGS if not {"f6", "f7"} & set(getattr(b, "key", "").split(","))]
     def __init__(self, quick: dict[str, str] | None = None, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self._quick = quick if quick is not None else quick_actions()
