@@ -549,3 +549,18 @@ def test_no_pairing_configured_opens_the_demo(monkeypatch):
     assert spec.demo and "unknown pairing" in notice
     with pytest.raises(tui.PairingError, match="unknown pairing"):
         tui.pairing_spec(_args(pairing="no-such-pairing"))
+
+
+async def test_control_characters_never_reach_the_terminal():
+    raw = "red \x1b[31m bell\x07 tab\tline\nend\x7f"
+    assert displayable(raw) == "red ␛[31m bell␇ tab\tline\nend␡"
+    app, engine = make_app(FakeEngine(replies=[raw]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "x")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        reply = app.chat.last_reply
+        assert reply.plain == raw  # the history keeps the real text
+        assert reply.tokens.text.plain == displayable(raw)
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: reply.markdown.source == displayable(raw))

@@ -78,7 +78,10 @@ def pairing_spec(args, default_pairing: str | None = None):
         target = resolve_checkpoint(args.model)
         drafter = resolve_checkpoint(args.drafter) if args.drafter else None
         name = Path(args.model.rstrip("/")).name or args.model
-        return PairingSpec(name=name, target=target, drafter=drafter), None
+        from core.demo import is_demo_checkpoint
+
+        demo = is_demo_checkpoint(target)  # the demo's directories, passed by path, keep their label
+        return PairingSpec(name=name, target=target, drafter=drafter, demo=demo), None
     if getattr(args, "drafter", None):
         raise PairingError("--drafter needs --model (the target it drafts for)")
     if getattr(args, "pairing", None):

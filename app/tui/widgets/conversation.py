@@ -151,4 +151,4 @@ class ReplyView(Vertical):
         if self._markdown_pending is not None and not self._markdown_pending.is_done:
             return
         self._markdown_dirty = False
-        self._markdown_pending = self.markdown.update(self.plain)
+        self._markdown_pending = self.markdown.update(displayable(self.plain))
