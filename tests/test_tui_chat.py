@@ -337,6 +337,8 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         await pilot.press("f8")
         assert engine.calls[-1] .name == "set_drafter_enabled" and engine.calls[-1].arg is False
         assert chat.prompt.text == "x+-ad"
+        await pilot.press("enter")  # a reply is streaming: not sent, the text stays
+        assert chat.prompt.text == "x+-ad" and len(engine.chats) == 1
         engine.allow(1000)
         await until(pilot, lambda: chat.reply is None)
         await pilot.pause(0.15)
@@ -564,3 +566,29 @@ async def test_control_characters_never_reach_the_terminal():
         assert reply.tokens.text.plain == displayable(raw)
         await pilot.press("ctrl+t")
         await until(pilot, lambda: reply.markdown.source == displayable(raw))
+
+
+def test_live_stats_fold_events_then_take_the_engine_figures():
+    from core.events import PrefillDone, TurnStats
+
+    from app.tui.live_stats import LiveStats, summary_line
+
+    s = LiveStats()
+    s.start_turn(now=10.0)
+    s.on_prefill(PrefillDone(prompt_tokens=100, prefill_tokens=80, reused_tokens=20, prefill_s=0.4))
+    assert s.prefill_tps == pytest.approx(200.0)
+    s.on_tokens(3, first_t=10.5, last_t=10.5)
+    s.on_round(RoundEvent(0, drafted=3, accepted=2, block_size=4, auto=True, emitted=3))
+    s.on_tokens(2, first_t=11.0, last_t=11.5)
+    s.on_round(RoundEvent(1, drafted=3, accepted=1, block_size=4, auto=True, emitted=2))
+    assert s.ttft_s == pytest.approx(0.5)
+    assert s.decode_tps == pytest.approx(4 / 1.0)  # tokens after the first, over the time since it
+    assert s.acceptance == pytest.approx(3 / 6) and s.tokens_per_round == pytest.approx(2.5)
+    assert list(s.recent_per_round) == [3.0, 2.0] and (s.last_block_size, s.last_auto) == (4, True)
+    stats = TurnStats(decode_tokens=5, decode_s=0.5, rounds=2, drafted=6, accepted=3, ttft_s=0.45,
+                      prefill_tokens=80, prefill_s=0.5, peak_memory_bytes=2 << 20, stop_reason="eos")
+    s.on_done(stats)
+    assert (s.decode_tps, s.ttft_s, s.prefill_tps, s.peak_memory_bytes) == (10.0, 0.45, 160.0, 2 << 20)
+    assert summary_line(stats) == "5 tokens · 10.0 tok/s · acceptance 50% · 2.50 tok/round"
+    off = TurnStats(decode_tokens=4, decode_s=1.0, rounds=4, drafter_enabled=False)
+    assert summary_line(off) == "4 tokens · 4.0 tok/s · drafter off · 1.00 tok/round"
