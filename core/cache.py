@@ -6,8 +6,9 @@ buffer of the last `keep` positions plus slack, compacts only when the buffer is
 the absolute position of every key, so any tail written since the last compaction can be trimmed.
 
 Both caches follow the protocol mlx-lm's Attention uses: `offset` (absolute position of the next
-token, read for RoPE) and `update_and_fetch(keys, values)`. Masks are built by the caller from
-`key_start` (the absolute position of the first key returned).
+token, read for RoPE) and `update_and_fetch(keys, values)`. Masks are built by the caller, which
+knows the absolute position of the first key returned (`SlidingKVCache.visible_start`; 0 for full
+layers).
 
 Shapes: keys/values [B, kv_heads, T, head_dim].
 """
@@ -34,10 +35,6 @@ class SlidingKVCache:
         self.start = 0  # absolute position of buffer slot 0
         self.offset = 0  # absolute position of the next token
 
-    @property
-    def key_start(self) -> int:
-        return self.start
-
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         L = keys.shape[2]
         used = self.offset - self.start
@@ -57,7 +54,12 @@ class SlidingKVCache:
         self.keys[..., used : used + L, :] = keys
         self.values[..., used : used + L, :] = values
         self.offset += L
-        return self.keys[..., : used + L, :], self.values[..., : used + L, :]
+        # only keys some query of this chunk can see: positions > (first query) - window
+        a = self.visible_start(self.offset - L) - self.start
+        return self.keys[..., a : used + L, :], self.values[..., a : used + L, :]
+
+    def visible_start(self, first_query: int) -> int:
+        return max(self.start, first_query - self.window + 1)
 
     def _allocate(self, keys: mx.array, values: mx.array, size: int) -> None:
         B, H, _, Dk = keys.shape
@@ -104,8 +106,6 @@ class FullKVCache:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0
-
-    key_start = 0
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         L = keys.shape[2]
@@ -160,6 +160,10 @@ def attention_mask(
     sliding layers, HF semantics: (causal OR same span) AND inside the window).
     Returns None when every key is visible to every query (a single query with no window cut).
     """
+    if n_queries == 1 and not bidirectional:
+        first_visible = q_start - window + 1 if window is not None else 0
+        if key_start >= first_visible and key_start + n_keys - 1 <= q_start:
+            return None
     q = mx.arange(q_start, q_start + n_queries)[:, None]
     k = mx.arange(key_start, key_start + n_keys)[None]
     allowed = k <= q
@@ -170,8 +174,4 @@ def attention_mask(
             allowed = allowed | ((q >= a) & (q < b) & (k >= a) & (k < b))
     if window is not None:
         allowed = allowed & (k > q - window)
-    if n_queries == 1 and not bidirectional:
-        first_visible = q_start - window + 1 if window is not None else 0
-        if key_start >= first_visible and key_start + n_keys - 1 <= q_start:
-            return None
     return allowed

@@ -162,11 +162,16 @@ class Decoder:
         stats.ttft_s = t_first - t_start
         reason = self._emit_token(b_tok, False, 0, emitted, emit, settings)
         round_no = 0
+        # Plain (K = 1) rounds are pipelined one step deep, as mlx-lm does: the next forward is
+        # queued on the lazy token before the host reads it. `pending` is that queued step; its
+        # input (the last emitted token) is then already in the cache, one past the invariant,
+        # and is trimmed off again whenever the step is not used (stop, cancel, drafting resumes).
+        pending = None
         while reason is None:
             if controls.cancelled:
                 reason = "cancelled"
                 break
-            P = cache.offset
+            P = cache.offset - (1 if pending is not None else 0)
             room = min(settings.max_tokens - len(emitted), tg.context_length - P)
             if room < 1:
                 reason = "max_tokens"
@@ -183,28 +188,33 @@ class Decoder:
             round_no += 1
             t_round = time.perf_counter()
 
-            b = mx.array([b_tok], dtype=mx.uint32)
-            if K > 1:
+            if K == 1:
+                if pending is None:
+                    pending = self._plain_step(mx.array([b_tok], dtype=mx.uint32), cache, settings, keys)
+                t_arr, H = pending
+                pending = None
+                if room > 1 and P + 2 <= tg.context_length:
+                    pending = self._plain_step(t_arr, cache, settings, keys)
+                    mx.async_eval(pending[0])
+                n_acc, round_tokens = 0, [int(t_arr.item())]  # the round's one host sync
+            else:
+                if pending is not None:
+                    cache.trim(1)
+                    pending = None
+                b = mx.array([b_tok], dtype=mx.uint32)
                 draft_keys = keys.split(K - 1) if temp > 0 else None
                 drafts, q_lp = self.drafter.draft(
                     tg, cache, b, h, K - 1, temperature=temp, top_k=top_k, top_p=top_p, keys=draft_keys
                 )
-                inp = mx.concatenate([b, drafts])
-            else:
-                drafts, q_lp, inp = mx.zeros((0,), mx.uint32), None, b
-            logits, H = tg.forward(inp, cache, logits="all")
-            if temp > 0:
-                p_lp = sampling.transform_logits(logits, temp, top_k, top_p)
-                if K > 1:
+                logits, H = tg.forward(mx.concatenate([b, drafts]), cache, logits="all")
+                if temp > 0:
+                    p_lp = sampling.transform_logits(logits, temp, top_k, top_p)
                     n, t = sampling.verify_speculative(drafts, q_lp, p_lp, keys.next())
                 else:
-                    n, t = mx.array(0, mx.int32), sampling.sample(p_lp[0], keys.next())
-            else:
-                n, t = sampling.verify_greedy(drafts, logits)
-            packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t.reshape(1).astype(mx.uint32), drafts])
-            values = packed.tolist()  # the round's one host sync
-            n_acc, t_tok, draft_list = values[0], values[1], values[2:]
-            round_tokens = draft_list[:n_acc] + [t_tok]
+                    n, t = sampling.verify_greedy(drafts, logits)
+                packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t.reshape(1).astype(mx.uint32), drafts])
+                values = packed.tolist()  # the round's one host sync
+                n_acc, round_tokens = values[0], values[2 : 2 + values[0]] + [values[1]]
 
             out = 0
             for j, tok in enumerate(round_tokens):
@@ -213,7 +223,10 @@ class Decoder:
                 if reason is not None:
                     break
             # keep b and the accepted drafts before the last emitted token; that one is next round's b
-            cache.trim_to(P + out)
+            if pending is None or reason is not None:
+                if pending is not None:
+                    pending = None
+                cache.trim_to(P + out)
             h = H[out - 1]
             committed.append(b_tok)
             committed.extend(round_tokens[: out - 1])
@@ -229,7 +242,19 @@ class Decoder:
             if K > 1 or auto:
                 self.auto.observe(K, n_acc, round_s=round_s)
             emit(RoundEvent(round_no, K - 1, accepted, K, auto, out))
+        if pending is not None:  # a queued step whose token was never emitted
+            cache.trim(1)
         return self._finish(stats, emitted, committed, reason, t0, t_first)
+
+    def _plain_step(self, b: mx.array, cache, settings: GenerationSettings, keys) -> tuple[mx.array, mx.array]:
+        """Queue one plain decoding step on token b [1] (lazy): (next token [1], hidden [1, H])."""
+        logits, H = self.target.forward(b, cache, logits="all")
+        if settings.temperature > 0:
+            lp = sampling.transform_logits(logits[0], settings.temperature, settings.top_k, settings.top_p)
+            t = sampling.sample(lp, keys.next())
+        else:
+            t = mx.argmax(logits[0])
+        return t.reshape(1).astype(mx.uint32), H
 
     def _emit_token(self, tok: int, from_draft: bool, round_no: int, emitted: list[int], emit, settings) -> str | None:
         emitted.append(tok)

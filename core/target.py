@@ -200,19 +200,17 @@ class Target:
     def producer_kv(self, cache: TargetCache, layer_type: str, first: int) -> ProducerKV:
         """Producer-layer K/V of positions [max(first, 0), cache.offset)."""
         c = cache.layers[self.producers[layer_type]]
-        first = max(first, c.key_start if isinstance(c, SlidingKVCache) else 0, 0)
+        first = max(first, c.start if isinstance(c, SlidingKVCache) else 0, 0)
         k, v = c.fetch(first)
         return ProducerKV(k, v, first)
 
 
 def _sliding_start_after(c: SlidingKVCache, L: int) -> int:
     """The absolute position of the first key `c.update_and_fetch` will return for L new tokens."""
-    if c.keys is None:
-        return c.start
-    used = c.offset - c.start
-    if used + L > c.keys.shape[2]:
-        return c.start + max(0, used - c.keep)
-    return c.start
+    start = c.start
+    if c.keys is not None and c.offset - c.start + L > c.keys.shape[2]:
+        start = c.start + max(0, c.offset - c.start - c.keep)  # it will compact first
+    return max(start, c.offset - c.window + 1)
 
 
 def load_target(path: str | Path, dtype: str | None = None) -> Target:

@@ -40,8 +40,9 @@ def test_sliding_cache_random_append_trim_keeps_exact_positions(seed):
             P = cache.offset
             k, v = _rows(L, P)
             keys, values = cache.update_and_fetch(k, v)
-            start = cache.key_start
-            assert start <= max(0, P - cache.keep)  # every reader's keys are still there
+            assert cache.start <= max(0, P - cache.keep)  # every reader's keys are still there
+            start = cache.visible_start(P)  # returned: only keys a query of this chunk can see
+            assert start == max(0, P - window + 1)
             got = np.array(keys[0, 0, :, 0])
             np.testing.assert_array_equal(got, np.arange(start, P + L, dtype=np.float32))
             np.testing.assert_array_equal(np.array(values), -np.array(keys)[..., :3])
