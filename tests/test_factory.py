@@ -7,6 +7,7 @@ reference pack (same config keys, same tensor names, same dimension roles), and 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -333,3 +334,19 @@ def test_real_shape_configs_match_reference_facts():
     params = factory.target_params(factory.target_config(factory.resolve_spec(full_config="E2B"), "bfloat16"))
     text_params = sum(int(np.prod(p.shape)) for p in params if p.name.startswith("model.language_model."))
     assert 4.4e9 < text_params < 4.8e9  # ~5.1 B with the vision tower and audio, which we leave out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("GEMMA_CHAT_SLOW") != "1", reason="opt-in: set GEMMA_CHAT_SLOW=1")
+@pytest.mark.parametrize("dtype", ["q4", "bfloat16"])
+def test_real_shape_e2b_smoke(tmp_path, dtype):
+    """A real-shape E2B (262144 vocab, 35 layers, PLE) with its drafter: built, loaded strictly by
+    mlx-lm, generating. Needs ~3 GB (q4) / ~10 GB (bf16) of disk and RAM and minutes on a CPU."""
+    from core.factory.smoke import smoke_one
+
+    report = smoke_one(tmp_path, "E2B", dtype, max_tokens=2, prompt_tokens=2)
+    print(json.dumps(report))
+    assert report["vocab_size"] == 262144
+    assert report["generated_tokens"] == 2
+    assert report["generation_tps"] > 0
+    assert report.get("pair_problems", []) == []
