@@ -592,3 +592,27 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     assert summary_line(stats) == "5 tokens · 10.0 tok/s · acceptance 50% · 2.50 tok/round"
     off = TurnStats(decode_tokens=4, decode_s=1.0, rounds=4, drafter_enabled=False)
     assert summary_line(off) == "4 tokens · 4.0 tok/s · drafter off · 1.00 tok/round"
+
+
+async def test_long_replies_render_in_line_chunks_without_extra_lines(monkeypatch):
+    from app.tui.widgets.conversation import TokenChunk, TokenText
+
+    monkeypatch.setattr(TokenText, "CHUNK_TOKENS", 4)
+    lines = [f"line {i} has some words" for i in range(12)]
+    reply = "\n".join(lines[:6]) + "\n\n" + "\n".join(lines[6:])  # a paragraph break too
+    app, engine = make_app(FakeEngine(replies=[reply]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "lines")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.pause(0.1)
+        view = app.chat.last_reply.tokens
+        chunks = list(view.query(TokenChunk))
+        assert len(chunks) > 3
+        # the model is still one span per token, in order
+        nonempty = [t for t in engine.tokens if t.text]
+        assert [(s.end - s.start) for s in view.text.spans] == [len(t.text) for t in nonempty]
+        assert view.text.plain == reply
+        # on screen: exactly the reply's lines, no blank line added or lost at chunk boundaries
+        assert view.size.height == reply.count("\n") + 1
+        assert sum(c.size.height for c in chunks) == reply.count("\n") + 1

@@ -50,22 +50,85 @@ class UserMessage(Static):
         self.message_text = text
 
 
-class TokenText(Widget):
-    """A reply's tokens as one rich Text that only ever grows by appended spans."""
+class TokenChunk(Widget):
+    """A run of whole lines of a reply. Only the last chunk of a streaming reply grows, so only it
+    is re-wrapped and re-rendered per drain; sealed chunks keep Textual's render cache."""
 
-    DEFAULT_CSS = "TokenText { height: auto; }"
+    DEFAULT_CSS = "TokenChunk { height: auto; }"
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, crop_start: bool = False) -> None:
+        super().__init__()
         self.text = Text()
+        self.token_count = 0
+        self.crop_start = crop_start  # starts with the line break that the widget boundary already makes
+        self.crop_end = False  # ends with it
 
-    def append_tokens(self, tokens: list[TokenEvent]) -> None:
-        for tok in tokens:
-            self.text.append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+    def grow(self) -> None:
+        """Text was appended: repaint; lay the conversation out again only if the line count changed
+        (a layout re-arranges and repaints every visible message, a repaint only this chunk)."""
+        self.refresh()
+        width = self.content_size.width
+        if width and self.get_content_height(self.content_size, self.content_size, width) == self.content_size.height:
+            return
         self.refresh(layout=True)
 
     def render(self) -> Text:
-        return self.text
+        if not (self.crop_start or self.crop_end):
+            return self.text
+        t = self.text.copy()
+        if self.crop_end:
+            t.right_crop(1)
+        return t[1:] if self.crop_start else t
+
+
+class TokenText(Vertical):
+    """A reply's tokens, one span per token, in chunks split at line breaks once they hold
+    CHUNK_TOKENS tokens (a reply with no line breaks stays one chunk)."""
+
+    DEFAULT_CSS = "TokenText { height: auto; }"
+    CHUNK_TOKENS = 96
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._current: TokenChunk | None = None
+
+    @property
+    def text(self) -> Text:
+        """The whole reply as one Text (spans exactly as appended)."""
+        out = Text()
+        for chunk in self.query(TokenChunk):
+            out.append_text(chunk.text)
+        return out
+
+    def _chunk(self, crop_start: bool = False) -> TokenChunk:
+        if self._current is None:
+            self._current = TokenChunk(crop_start)
+            self.mount(self._current)
+        return self._current
+
+    def _seal(self, chunk: TokenChunk) -> None:
+        chunk.grow()
+        self._current = None
+
+    def append_tokens(self, tokens: list[TokenEvent]) -> None:
+        chunk = self._chunk()
+        for tok in tokens:
+            full = chunk.token_count >= self.CHUNK_TOKENS
+            if full and tok.text.startswith("\n"):  # the break opens the next chunk
+                self._seal(chunk)
+                chunk = self._chunk(crop_start=True)
+            chunk.text.append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+            chunk.token_count += 1
+            if chunk.token_count >= self.CHUNK_TOKENS and tok.text.endswith("\n"):  # it closes this one
+                chunk.crop_end = True
+                self._seal(chunk)
+                chunk = self._chunk()
+        chunk.grow()
+
+    def append_plain(self, text: str) -> None:
+        chunk = self._chunk()
+        chunk.text.append(displayable(text))
+        chunk.grow()
 
 
 class ReplyView(Vertical):
@@ -140,8 +203,7 @@ class ReplyView(Vertical):
         if text == streamed:
             return
         if text.startswith(streamed):
-            self.tokens.text.append(displayable(text[len(streamed):]))
-            self.tokens.refresh(layout=True)
+            self.tokens.append_plain(text[len(streamed):])
         self.chunks = [text]
 
     def flush_markdown(self) -> None:
