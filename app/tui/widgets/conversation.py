@@ -148,6 +148,7 @@ class ReplyView(Vertical):
         self.error: str | None = None
         self._markdown_dirty = False
         self._markdown_pending = None
+        self._summary_count = -1
 
     def compose(self) -> ComposeResult:
         yield self.header
@@ -173,7 +174,8 @@ class ReplyView(Vertical):
         self._markdown_dirty = True
 
     def update_live_summary(self) -> None:
-        if self.done is None:
+        if self.done is None and self._summary_count != self.token_count:
+            self._summary_count = self.token_count
             self.summary.update(f"streaming… {self.token_count} tokens, {self.draft_count} from drafts")
 
     def finish(self, done: TurnDone) -> None:

@@ -10,6 +10,13 @@ from textual.widgets import Sparkline, Static
 from app.tui.live_stats import LiveStats, format_bytes
 
 
+def _set(widget: Static, text: str) -> None:
+    # Static.update lays the screen out again: skip it when nothing changed
+    if getattr(widget, "_shown", None) != text:
+        widget._shown = text
+        widget.update(text)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
@@ -45,12 +52,12 @@ class StatsPanel(Vertical):
             block = f"auto{chose}"
         else:
             block = f"{s.block_setting} (manual)"
-        self.tuning.update(
+        _set(self.tuning,
             f"Drafter     {'on' if s.drafter_enabled else 'off'}\n"
             f"Block size  {block}"
         )
         acc = None if s.acceptance is None else s.acceptance * 100
-        self.figures.update(
+        _set(self.figures,
             f"Acceptance  {_num(acc, '.0f')}{'' if acc is None else ' %'}\n"
             f"Tok/round   {_num(s.tokens_per_round, '.2f')}\n"
             f"Decode      {_num(s.decode_tps, '.1f')} tok/s\n"
@@ -60,4 +67,6 @@ class StatsPanel(Vertical):
             f"Peak mem    {format_bytes(s.peak_memory_bytes)}\n"
             f"Tok/round, last {len(s.recent_per_round)} rounds:"
         )
-        self.spark.data = list(s.recent_per_round)
+        data = list(s.recent_per_round)
+        if data != self.spark.data:
+            self.spark.data = data
