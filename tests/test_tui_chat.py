@@ -138,7 +138,7 @@ async def test_reply_streams_with_spans_matching_from_draft():
         ]
         assert engine.chats[0][0] == [{"role": "user", "content": "hello there"}]
         summary = text_of(reply.summary)
-        assert f"{done.stats.decode_tokens} tokens" in summary
+        assert f"{len(done.token_ids)} tokens" in summary
         assert f"acceptance {done.stats.acceptance:.0%}" in summary
         assert f"{done.stats.tokens_per_round:.2f} tok/round" in summary
 
@@ -584,12 +584,14 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     assert s.ttft_s == pytest.approx(0.5)
     assert s.decode_tps == pytest.approx(4 / 1.0)  # tokens after the first, over the time since it
     assert s.acceptance == pytest.approx(3 / 6) and s.tokens_per_round == pytest.approx(2.5)
+    assert s.emitted == 5
     assert list(s.recent_per_round) == [3.0, 2.0] and (s.last_block_size, s.last_auto) == (4, True)
     stats = TurnStats(decode_tokens=5, decode_s=0.5, rounds=2, drafted=6, accepted=3, ttft_s=0.45,
                       prefill_tokens=80, prefill_s=0.5, peak_memory_bytes=2 << 20, stop_reason="eos")
     s.on_done(stats)
     assert (s.decode_tps, s.ttft_s, s.prefill_tps, s.peak_memory_bytes) == (10.0, 0.45, 160.0, 2 << 20)
     assert summary_line(stats) == "5 tokens · 10.0 tok/s · acceptance 50% · 2.50 tok/round"
+    assert summary_line(stats, tokens=6).startswith("6 tokens · 10.0 tok/s")
     off = TurnStats(decode_tokens=4, decode_s=1.0, rounds=4, drafter_enabled=False)
     assert summary_line(off) == "4 tokens · 4.0 tok/s · drafter off · 1.00 tok/round"
 

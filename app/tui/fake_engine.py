@@ -4,7 +4,8 @@ It owns one thread like the real engine, emits predetermined tokens with `from_d
 shaped by the block size and the drafter switch, and records every control call together with the
 round it arrived in, so tests can check that `set_block_size` mid-turn changes the NEXT round.
 
-Rounds: with block size K and the drafter on, a round proposes K-1 drafts and accepts
+Like the real engine, the first token comes from the prefill (after PrefillDone, `round=0`, counted
+in no RoundEvent and not in TurnStats.decode_tokens). Rounds: with block size K and the drafter on, a round proposes K-1 drafts and accepts
 min(K-1, accept_pattern[round % len]) of them, then emits those drafted tokens followed by one token
 of the target's own. With the drafter off every round emits one target token. Timing is virtual
 (`round_s` per round) so the statistics in TurnDone are deterministic; `delay_s` is real sleep per
@@ -238,15 +239,22 @@ class FakeEngine:
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))
-        stats.ttft_s = stats.prefill_s + self.round_s
+        stats.ttft_s = stats.prefill_s  # like the real engine: the first token comes from the prefill
         self._rounds_done = 0
         emitted_ids: list[int] = []
         auto_k = AUTO_START_K
         last: tuple[int | None, int] = (None, 0)
         pos = 0
-        stop = "eos"
+        # The first token is the prefill's: emitted before round 0, counted in no round.
+        if tokens and settings.max_tokens > 0:
+            first = TokenEvent(1000, tokens[0], from_draft=False, round=0)
+            emitted_ids.append(first.id)
+            self.tokens.append(first)
+            on_event(first)
+            pos = 1
+        cancelled = False
         try:
-            while True:
+            while pos < len(tokens) and len(emitted_ids) < settings.max_tokens:
                 if self.step:
                     self._gate.acquire()  # the same object chat() installed: no chat runs meanwhile
                 elif self.delay_s:
@@ -254,7 +262,7 @@ class FakeEngine:
                 with self._lock:
                     ctl = _Control(self._control.block_size, self._control.drafter_enabled, self._control.cancel)
                 if ctl.cancel:
-                    stop = "cancelled"
+                    cancelled = True
                     break
                 auto = ctl.block_size == "auto"
                 if auto:
@@ -281,14 +289,10 @@ class FakeEngine:
                 stats.block_size_counts[k] = stats.block_size_counts.get(k, 0) + 1
                 self._rounds_done = r + 1
                 last = (accepted, drafted)
-                if pos >= len(tokens):
-                    break
-                if len(emitted_ids) >= settings.max_tokens:
-                    stop = "max_tokens"
-                    break
         finally:
             self._rounds_done = None
-        stats.decode_tokens = len(emitted_ids)
+        stop = "cancelled" if cancelled else "eos" if pos >= len(tokens) else "max_tokens"
+        stats.decode_tokens = len(emitted_ids) - (1 if emitted_ids else 0)  # the rounds' tokens
         stats.decode_s = stats.rounds * self.round_s
         stats.peak_memory_bytes = PEAK_MEMORY_BYTES
         stats.stop_reason = stop

@@ -24,7 +24,8 @@ class LiveStats:
     # this turn (or the last finished one)
     drafted: int = 0
     accepted: int = 0
-    emitted: int = 0
+    emitted: int = 0  # tokens on screen (the first comes from the prefill, outside any round)
+    round_tokens: int = 0  # tokens the rounds emitted (RoundEvent.emitted; TurnStats.decode_tokens)
     rounds: int = 0
     recent_per_round: deque = field(default_factory=lambda: deque(maxlen=SPARK_ROUNDS))
     decode_tps: float | None = None
@@ -38,7 +39,7 @@ class LiveStats:
     dirty: bool = True
 
     def start_turn(self, now: float) -> None:
-        self.drafted = self.accepted = self.emitted = self.rounds = 0
+        self.drafted = self.accepted = self.emitted = self.round_tokens = self.rounds = 0
         self.decode_tps = None
         self.ttft_s = None
         self.sent_at = now
@@ -66,6 +67,7 @@ class LiveStats:
         self.rounds += 1
         self.drafted += ev.drafted
         self.accepted += ev.accepted
+        self.round_tokens += ev.emitted
         self.last_block_size = ev.block_size
         self.last_auto = ev.auto
         self.recent_per_round.append(float(ev.emitted))
@@ -74,7 +76,7 @@ class LiveStats:
     def on_done(self, stats: TurnStats) -> None:
         if stats.rounds:
             self.drafted, self.accepted, self.rounds = stats.drafted, stats.accepted, stats.rounds
-            self.emitted = stats.decode_tokens
+            self.round_tokens = stats.decode_tokens
             self.decode_tps = stats.decode_tps or None
             self.ttft_s = stats.ttft_s or None
         if stats.prefill_s > 0:
@@ -89,12 +91,14 @@ class LiveStats:
 
     @property
     def tokens_per_round(self) -> float | None:
-        return self.emitted / self.rounds if self.rounds else None
+        return self.round_tokens / self.rounds if self.rounds else None
 
 
-def summary_line(stats: TurnStats) -> str:
-    """The one-line summary under a finished reply."""
-    parts = [f"{stats.decode_tokens} tokens", f"{stats.decode_tps:.1f} tok/s"]
+def summary_line(stats: TurnStats, tokens: int | None = None) -> str:
+    """The one-line summary under a finished reply; `tokens` is the whole reply's count (the
+    engine's decode_tokens leaves out the first token, which comes from the prefill)."""
+    count = stats.decode_tokens if tokens is None else tokens
+    parts = [f"{count} tokens", f"{stats.decode_tps:.1f} tok/s"]
     if stats.drafted:
         parts.append(f"acceptance {stats.acceptance:.0%}")
     else:

@@ -194,7 +194,7 @@ class ReplyView(Vertical):
             label += "  (max tokens)"
         self.header.update(label)
         self.set_class(self.stopped, "-stopped")
-        self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
+        self.summary.update(summary_line(stats, len(done.token_ids)) if stats.rounds else "no tokens")
         self._markdown_dirty = True
 
     def _take_final_text(self, text: str) -> None:
