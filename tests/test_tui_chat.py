@@ -618,3 +618,13 @@ async def test_long_replies_render_in_line_chunks_without_extra_lines(monkeypatc
         # on screen: exactly the reply's lines, no blank line added or lost at chunk boundaries
         assert view.size.height == reply.count("\n") + 1
         assert sum(c.size.height for c in chunks) == reply.count("\n") + 1
+
+
+async def test_pairing_without_drafter_says_so():
+    engine = FakeEngine()
+    app = GemmaChatApp(engine, PairingSpec("plain", "target-dir", None))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.pause(0.15)
+        assert "Drafter     none (plain decoding)" in text_of(app.chat.panel.tuning)
+        assert "no drafter" in text_of(app.chat.panel.status)

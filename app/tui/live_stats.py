@@ -19,6 +19,7 @@ class LiveStats:
     # the user's setting and what the engine last did with it
     block_setting: int | str = "auto"
     drafter_enabled: bool = True
+    has_drafter: bool = True  # False: the pairing has no drafter, plain decoding only
     last_block_size: int | None = None
     last_auto: bool = False
     # this turn (or the last finished one)

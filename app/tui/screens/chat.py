@@ -226,6 +226,8 @@ class ChatScreen(Screen):
             self.notify(f"Could not load the model: {self.load_error}", severity="error", timeout=10)
             return
         self.loaded = True
+        self.stats.has_drafter = info.drafter_path is not None
+        self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         self.panel.show_status("ready" + ("" if info.drafter_path else " (no drafter)"))
 

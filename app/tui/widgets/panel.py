@@ -53,7 +53,7 @@ class StatsPanel(Vertical):
         else:
             block = f"{s.block_setting} (manual)"
         _set(self.tuning,
-            f"Drafter     {'on' if s.drafter_enabled else 'off'}\n"
+            f"Drafter     {'none (plain decoding)' if not s.has_drafter else 'on' if s.drafter_enabled else 'off'}\n"
             f"Block size  {block}"
         )
         acc = None if s.acceptance is None else s.acceptance * 100
