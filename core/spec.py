@@ -69,8 +69,9 @@ class TurnResult:
     text: str
 
 
-def prefill_chunks(n: int, spans: list[tuple[int, int]], size: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
-    """Split [0, n) into chunks of about `size` that never cut an image span (relative positions)."""
+def prefill_chunks(n: int, spans: list[tuple[int, int]], size: int | None = None) -> list[tuple[int, int]]:
+    """Split [0, n) into chunks of about `size` (default PREFILL_CHUNK) that never cut an image span."""
+    size = size or PREFILL_CHUNK
     out, a = [], 0
     while a < n:
         b = min(n, a + size)

@@ -241,6 +241,7 @@ def test_image_prompt_prefill_matches_hf_bidirectional_reference():
     prompt = Prompt(ids, embeddings=mx.array(emb), embedding_mask=mx.array(mask), bidirectional=[(a, b)])
     old = spec.PREFILL_CHUNK
     spec.PREFILL_CHUNK = 40  # forces chunk edges around the image
+    assert prefill_chunks(len(ids), [(a, b)]) == [(0, a), (a, b), (b, len(ids))]
     try:
         res = Decoder(tg, None, None, STOP).run(
             tg.make_cache(), prompt, GenerationSettings(max_tokens=30, ignore_eos=True), lambda e: None
