@@ -2,7 +2,10 @@
 
 MLX streams are thread-local, so the models, caches and image tensors are created and used only on
 this thread; callers talk to it through a request queue and get `concurrent.futures.Future`s back.
-Event callbacks run on the engine thread and must not block.
+Event callbacks run on the engine thread and must not block. `chat` and `complete` never raise
+into the caller: every failure ends as a `TurnDone` with stop_reason "error" and a message. `load`
+fails its future with `EngineError`; a failed load leaves no model loaded (the previous one is
+freed first, so two large models never sit in memory together).
 
 Across chat turns the target cache is reused: the committed-token log (`core.prompt.TokenLog`)
 says which ids the cache holds, a new prompt keeps their longest common prefix and prefills only
@@ -13,6 +16,7 @@ from scratch (same output, more work).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import logging
 import queue
@@ -122,6 +126,7 @@ class Engine:
                 r.controls.cancel_event.set()
 
     def set_block_size(self, k: int | str) -> None:
+        """Block size (int 1..16 or "auto") for the running and queued turns, from their next round."""
         if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
             raise ValueError("block size must be 1..16 or 'auto'")
         with self._lock:
@@ -129,11 +134,13 @@ class Engine:
                 r.controls.block_size = k
 
     def set_drafter_enabled(self, on: bool) -> None:
+        """Drafter on/off for the running and queued turns, from their next round."""
         with self._lock:
             for r in self._pending:
                 r.controls.drafter_enabled = bool(on)
 
     def close(self) -> None:
+        """Cancel everything, free the models and stop serving (waits until the thread is done)."""
         if self._closed:
             return
         self._closed = True
@@ -152,6 +159,8 @@ class Engine:
             return future
         controls = None
         if settings is not None:
+            settings = dataclasses.replace(settings)  # the caller may change its copy meanwhile
+            args = (args[0], settings, *args[2:])
             controls = Controls(settings.block_size, settings.drafter_enabled)
         req = _Request(kind, future, args, controls)
         if controls is not None:
