@@ -1,0 +1,134 @@
+"""Image paths inside pasted text. Pure: no Textual, no Pillow.
+
+Terminals deliver a dropped file as pasted text, spelled the way a shell would take it:
+  /Users/me/cat.png               plain
+  '/Users/me/my cat.png'          quoted (single or double)
+  /Users/me/my\\ cat\\ \\(1\\).png    backslash-escaped spaces and shell characters
+  file:///Users/me/my%20cat.png   a URL (GNOME terminals)
+and several files dropped at once arrive as several of these separated by spaces or newlines.
+
+`find_image_paths` splits the text into shell-like words, keeps the words that name an image file,
+and returns them with the text that is left once they are taken out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import unquote, urlparse
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+_QUOTES = "'\""
+# What a shell-escaping terminal puts a backslash before. A backslash before anything else stays,
+# so a Windows path (C:\Users\x.png) survives.
+_ESCAPABLE = set(" \t'\"\\()[]{}&;|<>$`!*?#~=%,")
+_HSPACE = " \t"
+
+
+@dataclass(frozen=True)
+class Word:
+    start: int  # span in the original text [start, end)
+    end: int
+    value: str  # unquoted, unescaped
+
+
+@dataclass(frozen=True)
+class Found:
+    paths: list[str]  # in the order they appear, as written (expanded ~, decoded URLs), no duplicates
+    text: str  # the text with those words taken out
+
+
+def split_words(text: str) -> list[Word]:
+    """Shell-like words. A quote opens a quoted part only at the start of a word and only if it is
+    closed later on the same word (so "don't" is one plain word); backslash escapes as in `_ESCAPABLE`."""
+    words: list[Word] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+            continue
+        start = i
+        out: list[str] = []
+        while i < n and not text[i].isspace():
+            c = text[i]
+            if c in _QUOTES and (i == start or text[i - 1] in _QUOTES):
+                close = text.find(c, i + 1)
+                if close != -1:
+                    inner = text[i + 1 : close]
+                    if c == '"':
+                        inner = inner.replace('\\"', '"').replace("\\\\", "\\")
+                    out.append(inner)
+                    i = close + 1
+                    continue
+            if c == "\\" and i + 1 < n and text[i + 1] in _ESCAPABLE:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            out.append(c)
+            i += 1
+        words.append(Word(start, i, "".join(out)))
+    return words
+
+
+def _as_path(value: str) -> str | None:
+    """The filesystem path a word spells (file:// decoded, ~ expanded), or None."""
+    if value.lower().startswith("file://"):
+        parsed = urlparse(value)
+        if parsed.netloc not in ("", "localhost"):
+            return None
+        return unquote(parsed.path)
+    return os.path.expanduser(value)
+
+
+def is_image_name(path: str) -> bool:
+    return path.lower().endswith(IMAGE_SUFFIXES)
+
+
+def _looks_like_path(word: str, path: str, exists: Callable[[str], bool]) -> bool:
+    """A dropped file always comes as an absolute path (or a URL); a bare name counts only when
+    such a file exists here, so 'compare a.png and b.png' in prose stays prose."""
+    if word.lower().startswith("file://") or word.startswith(("/", "~", "./", "../")):
+        return True
+    if len(word) > 2 and word[1] == ":" and word[2] in "\\/":  # C:\... or C:/...
+        return True
+    return exists(path)
+
+
+def find_image_paths(text: str, exists: Callable[[str], bool] = os.path.isfile) -> Found:
+    """The image paths in `text` and the text without them (see the module docstring)."""
+    taken: list[tuple[int, int]] = []
+    paths: list[str] = []
+    for word in split_words(text):
+        path = _as_path(word.value)
+        if not path or not is_image_name(path) or not _looks_like_path(word.value, path, exists):
+            continue
+        taken.append((word.start, word.end))
+        if path not in paths:
+            paths.append(path)
+    return Found(paths, remove_spans(text, taken))
+
+
+def remove_spans(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` without the spans, each taking its following spaces along (or, at the end of a line,
+    its preceding ones), so no double spaces or trailing blanks are left where a word was."""
+    if not spans:
+        return text
+    out: list[str] = []
+    pos = 0
+    for start, end in spans:
+        while end < len(text) and text[end] in _HSPACE:
+            end += 1
+        if end == len(text) or text[end] == "\n":
+            while start > pos and text[start - 1] in _HSPACE:
+                start -= 1
+        out.append(text[pos:start])
+        pos = end
+    out.append(text[pos:])
+    rest = "".join(out)
+    return "" if not rest.strip() else rest
+
+
+def display_name(path: str) -> str:
+    return Path(path).name or path
