@@ -284,3 +284,25 @@ def other_local_checkpoints(*, cache_dir: str | os.PathLike | None = None) -> li
         ):
             out.append(LocalCheckpoint(st, model_type))
     return out
+
+
+def removal_plan(name: str, *, cache_dir: str | os.PathLike | None = None) -> tuple[list[str], list[str]]:
+    """What `models rm NAME` deletes: (repo ids as cached, kept) where kept is [] or
+    [drafter repo, pairings that still use it]. A family's drafter is shared by all its pairings,
+    so it stays while another pairing of the family has its target on disk."""
+    p = get_pairing(name)
+    catalog = load_catalog()
+    repos = list(dict.fromkeys(r for q in catalog.pairings for r in q.repos))
+    local = hfcache.statuses(repos, cache_dir=cache_dir)
+    sharing = [
+        q.name
+        for q in catalog.pairings
+        if q.name != p.name and q.drafter_repo == p.drafter_repo and local[q.target_repo].state != "missing"
+    ]
+    keep_drafter = bool(sharing) and local[p.drafter_repo].state != "missing"
+    doomed = [
+        local[r].cached_id or r
+        for r in p.repos
+        if local[r].state != "missing" and not (r == p.drafter_repo and sharing)
+    ]
+    return doomed, ([p.drafter_repo, *sharing] if keep_drafter else [])

@@ -209,21 +209,14 @@ def remove_pairing(name: str, yes: bool = False) -> int:
     except KeyError as e:
         print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
         return 2
-    entries = catalog.list_entries()
-    # The drafter is shared by every pairing of its family: keep it while another one is on disk.
-    sharing = [
-        e.pairing.name
-        for e in entries
-        if e.pairing.name != p.name and e.pairing.drafter_repo == p.drafter_repo and e.target.state != "missing"
-    ]
-    local = hfcache.statuses(list(p.repos))
-    doomed = [r for r in p.repos if local[r].state != "missing" and not (r == p.drafter_repo and sharing)]
-    if sharing and local[p.drafter_repo].state != "missing":
-        print(f"keeping {p.drafter_repo}: also used by {', '.join(sharing)}", file=sys.stderr)
+    # The drafter is shared by every pairing of its family: kept while another one is on disk.
+    doomed, kept = catalog.removal_plan(p.name)
+    if kept:
+        print(f"keeping {kept[0]}: also used by {', '.join(kept[1:])}", file=sys.stderr)
     if not doomed:
         print(f"{p.name}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
         return 0
-    size = sum(local[r].size_on_disk for r in doomed)
+    size = sum(s.size_on_disk for s in hfcache.statuses(doomed).values())
     print(f"will remove {', '.join(doomed)} ({_gb(size)}) from the Hugging Face cache", file=sys.stderr)
     if not yes:
         if not sys.stdin.isatty():
@@ -233,6 +226,6 @@ def remove_pairing(name: str, yes: bool = False) -> int:
         if answer not in ("y", "yes"):
             print("kept.", file=sys.stderr)
             return 1
-    freed = hfcache.delete_repos([local[r].cached_id or r for r in doomed])
+    freed = hfcache.delete_repos(doomed)
     print(f"removed {p.name}: {_gb(freed)} freed.", file=sys.stderr)
     return 0
