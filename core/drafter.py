@@ -90,6 +90,17 @@ class Drafter(nn.Module):
         self.query_position = "P-1"
         self.sliding_keys = "W"
 
+    def configure(self, query_position: str | None = None, sliding_keys: str | None = None) -> None:
+        """Choose the conventions (see the module docstring); None keeps the current one."""
+        if query_position is not None:
+            if query_position not in QUERY_POSITIONS:
+                raise ValueError(f"query_position must be one of {QUERY_POSITIONS}, got {query_position!r}")
+            self.query_position = query_position
+        if sliding_keys is not None:
+            if sliding_keys not in SLIDING_KEYS:
+                raise ValueError(f"sliding_keys must be one of {SLIDING_KEYS}, got {sliding_keys!r}")
+            self.sliding_keys = sliding_keys
+
     @property
     def layer_types(self) -> list[str]:
         return [l.layer_type for l in self.layers]

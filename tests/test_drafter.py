@@ -41,7 +41,8 @@ def _prefill(tg, ids):
 @pytest.mark.parametrize("impl,position", list(CONVENTIONS))
 def test_draft_block_matches_reference(pair, impl, position):
     fam, tg, dr, meta, refs = pair
-    dr.query_position, dr.sliding_keys = CONVENTIONS[(impl, position)]
+    qp, sk = CONVENTIONS[(impl, position)]
+    dr.configure(query_position=qp, sliding_keys=sk)
     for state in meta["states"]:
         name, P = state["state"], state["P"]
         ids = refs[f"{name}.input.prompt_ids"].tolist()
@@ -74,6 +75,15 @@ def test_draft_block_matches_reference(pair, impl, position):
         # the lazy block gives the same tokens
         block, lp = dr.draft(tg, cache, mx.array([bonus]), hidden, 3)
         assert lp is None and block.tolist() == drafted
+
+
+def test_convention_names_are_checked():
+    dr = load_drafter(f"{PACK}/dense-style-assistant")
+    assert (dr.query_position, dr.sliding_keys) == ("P-1", "W")  # defaults: mlx-vlm / vLLM
+    with pytest.raises(ValueError, match="query_position"):
+        dr.configure(query_position="P+1")
+    with pytest.raises(ValueError, match="sliding_keys"):
+        dr.configure(sliding_keys="W-1")
 
 
 def test_sampling_logits_exclude_non_candidates():
