@@ -90,6 +90,7 @@ class ChatScreen(Screen):
         self.last_reply: ReplyView | None = None
         self.load_error: str | None = None
         self.loaded = False
+        self.load_stage = ""  # the latest LoadProgress (the models screen shows it)
         self._load_future = None
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
@@ -177,6 +178,7 @@ class ChatScreen(Screen):
         for item in items:
             ev = item.event
             if isinstance(ev, LoadProgress):
+                self.load_stage = f"{ev.stage} {ev.fraction:.0%}"
                 if not self.loaded and self.load_error is None:
                     self.panel.show_status(f"loading {ev.stage} {ev.fraction:.0%}")
                 continue
@@ -230,6 +232,20 @@ class ChatScreen(Screen):
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         self.panel.show_status("ready" + ("" if info.drafter_path else " (no drafter)"))
+
+    def switch_pairing(self, spec) -> bool:
+        """Load another pairing into the running engine (the models screen's Use). The conversation
+        stays; the next turn is prefilled on the new model. False, doing nothing, while a reply streams."""
+        if self.generating:
+            return False
+        self.spec = spec
+        self.loaded = False
+        self.load_error = None
+        self.load_stage = ""
+        self.panel.show_pairing(spec.name, bool(getattr(spec, "demo", False)))
+        self.panel.show_status("loading…")
+        self._load_future = self.engine.load(spec, self.bridge.listener(0))
+        return True
 
     def _finish(self, done: TurnDone) -> None:
         reply = self.reply
