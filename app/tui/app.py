@@ -8,12 +8,19 @@ from textual.binding import Binding
 from core.settings import GenerationSettings
 
 from app.tui.screens.chat import ChatScreen
+from app.tui.screens.models import ModelsCommands
 
 
 class GemmaChatApp(App[None]):
     TITLE = "gemma-chat"
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    COMMANDS = App.COMMANDS | {ModelsCommands}
+    # The models screen: how it reaches the Hub and the cache (app.tui.screens.models.ModelsOptions),
+    # its key, and whether it opens over the chat at start (nothing configured yet).
+    models_options = None
+    models_key = "f2"
+    first_run = False
 
     def __init__(self, engine, spec, settings: GenerationSettings | None = None, *,
                  key_overrides: dict[str, str] | None = None, theme: str | None = None,
@@ -30,6 +37,17 @@ class GemmaChatApp(App[None]):
         self.push_screen(self.chat)
         if self._notice:
             self.notify(self._notice, timeout=10)
+
+    def on_ready(self) -> None:
+        self.bind(self.models_key, "models", description="Models", show=False)
+        if self.first_run:
+            self.action_models(first_run=True)
+
+    def action_models(self, first_run: bool = False) -> None:
+        from app.tui.screens.models import ModelsScreen
+
+        if not isinstance(self.screen, ModelsScreen):
+            self.push_screen(ModelsScreen(self.models_options, first_run=first_run, close_keys=self.models_key))
 
     async def action_quit(self) -> None:
         # Quitting mid-reply: cancel, then close with a short timeout so a busy engine cannot hang exit.
