@@ -1,0 +1,602 @@
+"""F2 / palette "Models": the pairing catalogue with local status, downloads, switching and removal.
+
+Rows: the offline demo pairing, every catalogue pairing (status in the HF cache, download size,
+memory needed and fit on this machine, vision, suggested block size, whether the repository name is
+confirmed), then other Gemma 4 checkpoints found in the cache.
+
+Keys: Enter uses the highlighted pairing (the chat screen loads it in the running engine; a pairing
+that will not fit asks first), d downloads it (progress with bytes, rate, ETA and the current file;
+x cancels; d again resumes from the bytes already on disk), r removes it from the cache after a
+confirmation, Esc goes back to the chat.
+
+Nothing here blocks the UI: the cache is read in a thread worker, a download is a child process whose
+`DownloadHandle` is drained by a timer, and a load is the engine's (the chat screen's bridge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, ProgressBar, Static
+
+from app.resources import style_path
+
+DEMO_KEY = "demo"
+OTHER_PREFIX = "other:"
+POLL_HZ = 10.0
+
+OFFLINE_MESSAGE = (
+    "Offline mode is on (--offline, or offline = true in the config): downloads are disabled. "
+    "Turn it off to download, or use a pairing that is already here (the demo always works)."
+)
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_line(ev) -> str:
+    """One line for a DownloadProgress: bytes, rate, ETA, current file."""
+    pct = 100.0 * ev.done_bytes / ev.total_bytes if ev.total_bytes else 100.0
+    rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
+    name = ev.filename if len(ev.filename) <= 40 else "…" + ev.filename[-39:]
+    return (
+        f"{pct:5.1f}%  {gb(ev.done_bytes)} / {gb(ev.total_bytes)}  {rate}  ETA {clock(ev.eta_s)}  "
+        f"file {ev.files_done}/{ev.files_total}: {ev.repo_id.split('/')[-1]}/{name}"
+    )
+
+
+@dataclass
+class ModelsOptions:
+    """How the screen reaches the Hub and the cache; tests point these at a fake hub and a tmp dir."""
+
+    cache_dir: str | None = None
+    endpoint: str | None = None
+    token: str | bool | None = None
+    offline: bool = False
+    machine: object | None = None  # core.fit.MachineMemory; None = this machine
+    remember: bool = False  # save the chosen catalogue pairing as the config's default_pairing
+
+
+@dataclass
+class Row:
+    key: str
+    kind: str  # "demo" | "pairing" | "other"
+    entry: object | None = None  # core.catalog.CatalogEntry
+    other: object | None = None  # core.catalog.LocalCheckpoint
+    cells: tuple = field(default_factory=tuple)
+
+
+# -- rows ------------------------------------------------------------------------------------------
+
+COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "K", "Repo name")
+
+_FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
+_FIT_TEXT = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "unknown"}
+
+
+def status_text(state: str, local_bytes: int = 0) -> Text:
+    if state == "ready":
+        return Text("ready", style="green")
+    if state == "partial":
+        return Text(f"partial {gb(local_bytes)}", style="yellow")
+    return Text("not downloaded", style="dim")
+
+
+def demo_row() -> Row:
+    cells = (
+        Text("demo — tiny random weights, offline", style="bold"),
+        Text("ready", style="green"), "—", "< 0.1 GB", Text("ok", style="green"), "—", "auto",
+        "built locally",
+    )
+    return Row(DEMO_KEY, "demo", cells=cells)
+
+
+def pairing_row(entry, default: str | None = None) -> Row:
+    p = entry.pairing
+    label = f"{p.name}  {p.label}" + ("  *" if p.name == default else "")
+    cells = (
+        label,
+        status_text(entry.status, entry.local_bytes),
+        gb(p.download_bytes),
+        gb(entry.memory.total_bytes),
+        Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
+        "yes" if p.vision else "no",
+        str(p.block_size),
+        "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
+    )
+    return Row(p.name, "pairing", entry=entry, cells=cells)
+
+
+def other_row(ckpt) -> Row:
+    st = ckpt.status
+    kind = {"gemma4_assistant": "drafter", None: "?"}.get(ckpt.model_type, "target")
+    cells = (
+        f"{st.repo_id}  ({kind})",
+        status_text("ready" if st.complete else "partial", st.size_on_disk),
+        gb(st.size_on_disk), "—", "—", "—", "—", "in cache",
+    )
+    return Row(OTHER_PREFIX + st.repo_id, "other", other=ckpt, cells=cells)
+
+
+def details_for(row: Row) -> str:
+    if row.kind == "demo":
+        return (
+            "Demo: a tiny random-weight Gemma 4 target and its drafter, built on this machine. It babbles, "
+            "but the speculative decoding is real. No download, works offline. Enter: use it."
+        )
+    if row.kind == "other":
+        st = row.other.status
+        kind = "drafter" if row.other.model_type == "gemma4_assistant" else "target"
+        use = "Enter: use it as the target without a drafter" if kind == "target" else (
+            "a drafter: pair it with its target via --model/--drafter")
+        return f"{st.repo_id}: a Gemma 4 {kind} in the Hugging Face cache ({st.state}, {gb(st.size_on_disk)}). {use}. r: remove."
+    e = row.entry
+    p = e.pairing
+    what = {"ready": "Enter: use it", "partial": "d: resume the download", "missing": "d: download it"}[e.status]
+    confirmed = "" if p.confirmed else " Repository name not independently confirmed."
+    return (
+        f"{p.label}: target {p.target_repo} + drafter {p.drafter_repo}. "
+        f"Memory: {e.fit.message}. Suggested block size {p.block_size}. {what}.{confirmed}"
+    )
+
+
+# -- the screen ------------------------------------------------------------------------------------
+
+
+class ModelsScreen(Screen):
+    CSS_PATH = str(style_path("models.tcss"))
+    BINDINGS = [
+        Binding("enter", "use", "Use", priority=True),
+        Binding("d", "download", "Download"),
+        Binding("x", "cancel_download", "Cancel download"),
+        Binding("r,delete", "remove", "Remove"),
+        Binding("escape", "close", "Back"),
+    ]
+
+    def __init__(self, options: ModelsOptions | None = None, *, highlight: str | None = None,
+                 first_run: bool = False, close_keys: str = "f2") -> None:
+        super().__init__()
+        self.options = options or ModelsOptions()
+        self.highlight = highlight
+        self.first_run = first_run
+        if close_keys:
+            self._bindings.bind(close_keys, "close", "Back", show=False)
+        self.rows: list[Row] = []
+        self.loaded_once = False  # the first listing arrived
+        self.download_handle = None
+        self.download_name: str | None = None
+        self.last_progress = None
+        self.download_result = None  # the last download's final event
+        self.pending_load = None  # the PairingSpec the chat screen is loading for us
+        self.message = ""
+        self.table = DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+        self.details = Static("", id="models-details")
+        self.bar = ProgressBar(id="models-bar", show_eta=False)
+        self.progress = Static("", id="models-progress-text")
+        self.notice = Static("", id="models-message")
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("Models", style="bold") + Text("  a Gemma 4 target + its MTP drafter", style="dim"),
+                     id="models-title")
+        if self.first_run:
+            yield Static(
+                "Welcome! No pairing is set up yet. Press Enter to start the offline demo "
+                "(tiny random weights: it babbles, but the speculative decoding is real), or pick a "
+                "pairing below and press d to download it.",
+                id="models-intro",
+            )
+        yield Static("", id="models-machine")
+        yield self.table
+        yield self.details
+        yield self.bar
+        yield self.progress
+        yield self.notice
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for i, name in enumerate(COLUMNS):
+            self.table.add_column(name, key=f"c{i}")
+        self.bar.display = False
+        self.progress.display = False
+        self.table.focus()
+        self.set_interval(1 / POLL_HZ, self._tick, name="models-poll")
+        if self.options.offline:
+            self.say(OFFLINE_MESSAGE, "warning")
+        self.refresh_rows()
+
+    # -- listing ---------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="models-list")
+    def refresh_rows(self) -> None:
+        from core import catalog, fit
+
+        machine = self.options.machine or fit.machine_memory()
+        entries = catalog.list_entries(cache_dir=self.options.cache_dir, machine=machine)
+        others = catalog.other_local_checkpoints(cache_dir=self.options.cache_dir)
+        default = catalog.load_catalog().default
+        rows = [demo_row()] + [pairing_row(e, default) for e in entries] + [other_row(c) for c in others]
+        budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
+        context = entries[0].memory.context if entries else 0
+        line = (
+            f"Usable memory here: {budget} ({machine.note}). Memory = weights + K/V cache at {context} tokens "
+            f"+ overhead.  * catalogue default"
+        )
+        self.app.call_from_thread(self._show_rows, rows, line)
+
+    def _show_rows(self, rows: list[Row], machine_line: str) -> None:
+        keep = self.highlight or self.selected_key
+        if keep is None and self.first_run:  # a downloaded pairing if there is one, else the demo
+            keep = next((r.key for r in rows if r.kind == "pairing" and r.entry.status == "ready"), DEMO_KEY)
+        self.highlight = None
+        self.rows = rows
+        self.query_one("#models-machine", Static).update(machine_line)
+        self.table.clear()
+        for row in rows:
+            self.table.add_row(*row.cells, key=row.key)
+        index = next((i for i, r in enumerate(rows) if r.key == keep), 0)
+        self.table.move_cursor(row=index)
+        self.loaded_once = True
+        self._show_details()
+        if self.download_name is not None and self.download_handle is not None:
+            self._mark_downloading()
+
+    def row(self, key: str) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    @property
+    def selected(self) -> Row | None:
+        if not self.rows or self.table.row_count == 0:
+            return None
+        index = self.table.cursor_row
+        return self.rows[index] if 0 <= index < len(self.rows) else None
+
+    @property
+    def selected_key(self) -> str | None:
+        row = self.selected
+        return row.key if row else None
+
+    def select(self, key: str) -> None:
+        index = next(i for i, r in enumerate(self.rows) if r.key == key)
+        self.table.move_cursor(row=index)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_details()
+
+    def _show_details(self) -> None:
+        row = self.selected
+        self.details.update(details_for(row) if row else "")
+
+    def say(self, text: str, severity: str = "information") -> None:
+        self.message = text
+        self.notice.update(text)
+        self.notice.set_class(severity == "error", "-error")
+        self.notice.set_class(severity == "warning", "-warning")
+
+    # -- download --------------------------------------------------------------------------------
+    @property
+    def downloading(self) -> bool:
+        return self.download_handle is not None
+
+    def action_download(self) -> None:
+        row = self.selected
+        if row is None:
+            return
+        if row.kind != "pairing":
+            self.say("Only catalogue pairings download from here (the demo is built locally).", "warning")
+            return
+        if self.options.offline:
+            self.say(OFFLINE_MESSAGE, "error")
+            return
+        if self.downloading:
+            self.say(f"{self.download_name} is downloading; x cancels it first.", "warning")
+            return
+        if row.entry.status == "ready":
+            self.say(f"{row.key} is already downloaded. Enter: use it.")
+            return
+        from core.catalog import start_pairing_download
+
+        o = self.options
+        self.download_result = None
+        self.last_progress = None
+        self.download_name = row.key
+        self.download_handle = start_pairing_download(
+            row.key, cache_dir=o.cache_dir, endpoint=o.endpoint, token=o.token, offline=o.offline
+        )
+        resumed = f" (resuming: {gb(row.entry.local_bytes)} already here)" if row.entry.status == "partial" else ""
+        self.say(f"Downloading {row.key}{resumed}… x cancels; d later resumes.")
+        self.bar.update(total=None, progress=0)
+        self.bar.display = True
+        self.progress.update("planning…")
+        self.progress.display = True
+        self._mark_downloading()
+
+    def _mark_downloading(self, pct: float | None = None) -> None:
+        name = self.download_name
+        if name is None or self.row(name) is None:
+            return
+        label = "downloading" if pct is None else f"downloading {pct:.0f}%"
+        self.table.update_cell(name, "c1", Text(label, style="cyan"))
+
+    def action_cancel_download(self) -> None:
+        if not self.downloading:
+            self.say("No download is running.")
+            return
+        self.download_handle.cancel()
+        self.say(f"Cancelling {self.download_name}…")
+
+    def _tick(self) -> None:
+        if self.download_handle is not None:
+            self._drain_download()
+        if self.pending_load is not None:
+            self._watch_load()
+
+    def _drain_download(self) -> None:
+        from core.download import (
+            DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress,
+        )
+
+        handle = self.download_handle
+        for ev in handle.poll():
+            if isinstance(ev, DownloadPlanned):
+                self.bar.update(total=max(ev.to_download_bytes, 1), progress=ev.to_download_bytes - ev.needed_bytes)
+                self.progress.update(
+                    f"{gb(ev.to_download_bytes)} to fetch ({gb(ev.needed_bytes)} new, "
+                    f"{gb(ev.free_bytes)} free on disk)"
+                )
+            elif isinstance(ev, DownloadProgress):
+                self.last_progress = ev
+                self.bar.update(total=max(ev.total_bytes, 1), progress=ev.done_bytes)
+                self.progress.update(progress_line(ev))
+                self._mark_downloading(100.0 * ev.done_bytes / ev.total_bytes if ev.total_bytes else None)
+            elif isinstance(ev, (DownloadFinished, DownloadFailed, DownloadCancelled)):
+                self._download_ended(ev)
+                return
+
+    def _download_ended(self, ev) -> None:
+        from core.download import DownloadCancelled, DownloadFailed, DownloadFinished
+
+        name = self.download_name
+        self.download_handle = None
+        self.download_result = ev
+        self.download_name = None
+        if isinstance(ev, DownloadFinished):
+            if self.last_progress is not None:
+                self.bar.update(total=max(self.last_progress.total_bytes, 1), progress=self.last_progress.total_bytes)
+            self.progress.update("100%: complete" if not ev.from_cache else "already in the cache")
+            self.say(f"{name} is downloaded. Enter: use it.")
+        elif isinstance(ev, DownloadFailed):
+            self.bar.display = False
+            self.progress.display = False
+            self.say(f"Download of {name} failed: {failure_text(ev)}", "error")
+        elif isinstance(ev, DownloadCancelled):
+            kept = self.last_progress.done_bytes if self.last_progress else 0
+            self.bar.display = False
+            self.progress.display = False
+            self.say(f"Download of {name} cancelled; {gb(kept)} kept. d resumes from there.", "warning")
+        self.refresh_rows()
+
+    # -- use / load ------------------------------------------------------------------------------
+    @property
+    def chat(self):
+        return getattr(self.app, "chat", None)
+
+    def action_use(self) -> None:
+        row = self.selected
+        if row is None:
+            return
+        if self.pending_load is not None:
+            self.say("A pairing is loading; wait for it.", "warning")
+            return
+        try:
+            spec = self._spec_for(row)
+        except LookupError as e:
+            self.say(str(e), "error")
+            return
+        if spec is None:
+            return
+        if row.kind == "pairing" and row.entry.fit.level == "wont_fit":
+            from app.tui.screens.confirm import ConfirmScreen
+
+            question = f"{row.key} will probably not fit in this machine's memory. Load it anyway?"
+            self.app.push_screen(
+                ConfirmScreen(question, detail=row.entry.fit.message, yes="Load anyway", no="Cancel"),
+                partial(self._confirmed_load, spec, row.key),
+            )
+            return
+        self._load(spec, row.key if row.kind == "pairing" else None)
+
+    def _confirmed_load(self, spec, name: str, yes: bool | None) -> None:
+        if yes:
+            self._load(spec, name)
+        else:
+            self.say(f"Not loaded: {name} would not fit.")
+
+    def _spec_for(self, row: Row):
+        from core.engine import PairingSpec
+
+        if row.kind == "demo":
+            current = getattr(self.chat, "spec", None)
+            if current is not None and getattr(current, "demo", False):
+                return current
+            from app.commands.tui import demo_spec
+
+            return demo_spec()
+        if row.kind == "other":
+            st = row.other.status
+            if row.other.model_type == "gemma4_assistant":
+                self.say("That is a drafter: start with --model TARGET --drafter " + st.repo_id, "warning")
+                return None
+            if not st.complete:
+                self.say(f"{st.repo_id} is only partly downloaded.", "warning")
+                return None
+            return PairingSpec(name=st.repo_id.split("/")[-1], target=str(st.snapshot), drafter=None)
+        if row.entry.status != "ready":
+            self.say(f"{row.key} is not downloaded yet: press d to download it.", "warning")
+            return None
+        from core.catalog import resolve_pairing
+
+        p = resolve_pairing(row.key, cache_dir=self.options.cache_dir)
+        return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
+
+    def _load(self, spec, catalogue_name: str | None) -> None:
+        chat = self.chat
+        if chat is None:
+            self.say("No chat screen to load into.", "error")
+            return
+        same = chat.spec is not None and (chat.spec.target, chat.spec.drafter) == (spec.target, spec.drafter)
+        if same and chat.load_error is None:
+            self.pending_load = spec  # already loaded (or loading): just wait for it and go back
+        elif not chat.switch_pairing(spec):
+            self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")
+            return
+        self.pending_load = spec
+        self.say(f"Loading {spec.name}…")
+        if catalogue_name and self.options.remember:
+            self._remember(catalogue_name)
+        self._watch_load()
+
+    def _remember(self, name: str) -> None:
+        from core.config import ConfigError, save_config
+
+        try:
+            save_config({"default_pairing": name})
+        except (ConfigError, OSError) as e:
+            self.notify(f"Could not save the default pairing: {e}", severity="warning")
+
+    def _watch_load(self) -> None:
+        chat = self.chat
+        spec = self.pending_load
+        if chat is None or spec is None or chat.spec is not spec and chat.spec != spec:
+            self.pending_load = None
+            return
+        if chat.load_error is not None:
+            self.pending_load = None
+            self.say(f"Could not load {spec.name}: {chat.load_error}", "error")
+            return
+        if chat.loaded:
+            self.pending_load = None
+            self.app.notify(f"Now chatting with {spec.name}")
+            self.dismiss()
+            return
+        stage = getattr(chat, "load_stage", "")
+        self.say(f"Loading {spec.name}… {stage}".rstrip())
+
+    # -- remove ----------------------------------------------------------------------------------
+    def action_remove(self) -> None:
+        row = self.selected
+        if row is None:
+            return
+        if row.kind == "demo":
+            self.say("The demo is tiny and built locally; there is nothing to remove.")
+            return
+        if self.downloading and row.key == self.download_name:
+            self.say("Cancel the download first (x).", "warning")
+            return
+        from core.catalog import removal_plan
+
+        if row.kind == "pairing":
+            doomed, kept = removal_plan(row.key, cache_dir=self.options.cache_dir)
+        else:
+            doomed, kept = [row.other.status.cached_id or row.other.status.repo_id], []
+        if not doomed:
+            self.say(f"{row.key}: nothing to remove (not in the cache).")
+            return
+        chat = self.chat
+        in_use = chat is not None and chat.spec is not None and any(
+            repo_in_path(r, p) for r in doomed for p in (chat.spec.target, chat.spec.drafter or "")
+        )
+        if in_use:
+            self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
+            return
+        from core import hfcache
+
+        local = hfcache.statuses(doomed, cache_dir=self.options.cache_dir)
+        size = sum(s.size_on_disk for s in local.values())
+        detail = f"Deletes {', '.join(doomed)} ({gb(size)}) from the Hugging Face cache."
+        if kept:
+            detail += f" Keeps {kept[0]} (shared with {', '.join(kept[1:])})."
+        from app.tui.screens.confirm import ConfirmScreen
+
+        self.app.push_screen(
+            ConfirmScreen(f"Remove {row.key}?", detail=detail, yes="Remove"), partial(self._confirmed_remove, row.key, doomed)
+        )
+
+    def _confirmed_remove(self, name: str, doomed: list[str], yes: bool | None) -> None:
+        if yes:
+            self.say(f"Removing {name}…")
+            self._remove(name, doomed)
+
+    @work(thread=True, group="models-remove")
+    def _remove(self, name: str, doomed: list[str]) -> None:
+        from core import hfcache
+
+        try:
+            freed = hfcache.delete_repos(doomed, cache_dir=self.options.cache_dir)
+        except OSError as e:
+            self.app.call_from_thread(self.say, f"Could not remove {name}: {e}", "error")
+            return
+        self.app.call_from_thread(self.say, f"Removed {name}: {gb(freed)} freed.")
+        self.app.call_from_thread(self.refresh_rows)
+
+    # -- leaving -----------------------------------------------------------------------------------
+    def action_close(self) -> None:
+        if self.downloading:
+            # The child process needs someone draining it; a cancelled download resumes later.
+            self.download_handle.cancel()
+            self.download_handle.wait(timeout=5)
+            self.app.notify(f"Download of {self.download_name} paused: d on the Models screen resumes it.",
+                            severity="warning")
+            self.download_handle = None
+        self.dismiss()
+
+    def on_unmount(self) -> None:
+        if self.download_handle is not None:
+            self.download_handle.cancel()
+
+
+def failure_text(ev) -> str:
+    """The core's message, with what to do for the kinds people hit most."""
+    hints = {
+        "gated": "",  # the core's message already says: accept the terms, then HF_TOKEN / hf auth login
+        "network": " Check the connection (or use the demo, which works offline).",
+        "offline": "",
+    }
+    return ev.message + hints.get(ev.kind, "")
+
+
+def repo_in_path(repo_id: str, path: str) -> bool:
+    """Whether a snapshot path lies in this repo's HF cache folder."""
+    folder = "models--" + repo_id.replace("/", "--")
+    return any(part.lower() == folder.lower() for part in Path(path).parts)
+
+
+class ModelsCommands(Provider):
+    """Command palette: open the models screen."""
+
+    async def discover(self) -> Hits:
+        yield DiscoveryHit("Models", self._open, help="pairings: download, switch, remove")
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name in ("Models", "Switch model / pairing", "Download a model"):
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), self._open, help="pairings: download, switch, remove")
+
+    def _open(self) -> None:
+        self.app.run_action("models")
