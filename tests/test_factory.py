@@ -287,6 +287,25 @@ def test_safetensors_are_standard(factory_checkpoints):
     assert clip.shape == () and -4.0 <= float(clip) <= -2.0
 
 
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path, factory_checkpoints):
+    from mlx_lm.utils import load_model
+
+    d = factory.build_checkpoint(tmp_path / "sharded", "e-style", "mlx", "q4", max_shard_bytes=400_000)
+    shards = sorted(p.name for p in d.glob("model-*.safetensors"))
+    assert len(shards) >= 3 and not (d / "model.safetensors").exists()
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    held = {}
+    for name in shards:
+        held.update(mx.load(str(d / name)))
+    assert set(index["weight_map"]) == set(held)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in held.values())
+    single = mx.load(str(factory_checkpoints.target("e-style", "mlx", "q4") / "model.safetensors"))
+    assert set(single) == set(held) and all(bool(mx.array_equal(single[k], held[k])) for k in held)
+    logits = _forward(load_model(d)[0], PROMPT)
+    assert bool(mx.isfinite(logits.astype(mx.float32)).all())
+
+
 def test_larger_vocab_gets_filler_tokens(tmp_path):
     from mlx_lm.utils import load_tokenizer
 
@@ -350,3 +369,5 @@ def test_real_shape_e2b_smoke(tmp_path, dtype):
     assert report["generated_tokens"] == 2
     assert report["generation_tps"] > 0
     assert report.get("pair_problems", []) == []
+    if "drafter_params_m" in report:  # the real E2B assistant has ~77.7 M parameters
+        assert 70 < report["drafter_params_m"] < 85

@@ -31,7 +31,7 @@ from .params import (Param, drafter_params, hf_to_mlx_names, mlx_name, target_pa
 from .specs import (REAL_SHAPES, TEXT_CONFIG_KEYS, TOKENIZER_DIR, VARIANTS, VISION_CONFIG_KEYS,
                     drafter_config, generation_config, preprocessor_config, processor_config,
                     resolve_spec, special_ids, target_config, tokenizer_info)
-from .writer import GROUP_SIZE, disk_tensors, write_safetensors
+from .writer import GROUP_SIZE, disk_tensors, write_weights
 
 # Bump whenever the bytes a build writes change: the demo cache rebuilds on a new version.
 FACTORY_VERSION = 1
@@ -109,8 +109,9 @@ def _marker(kind: str, variant: str, layout: str, dtype: str, seed: int, real_sh
 
 def build_checkpoint(out_dir, variant: str = "e-style", layout: str = "hf", dtype: str = "float32",
                      seed: int = 0, config_overrides: dict | None = None,
-                     full_config: dict | str | None = None) -> Path:
-    """Write a `gemma4` target checkpoint (text + vision) into `out_dir` and return it."""
+                     full_config: dict | str | None = None, max_shard_bytes: int | None = None) -> Path:
+    """Write a `gemma4` target checkpoint (text + vision) into `out_dir` and return it.
+    `max_shard_bytes` splits the weights into hub-style shards with a `model.safetensors.index.json`."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {LAYOUTS}")
     if dtype not in DTYPES:
@@ -129,7 +130,7 @@ def build_checkpoint(out_dir, variant: str = "e-style", layout: str = "hf", dtyp
                  **{(mlx_name(k) if k.startswith("model.") else k): v for k, v in per_path.items()}}
         config["quantization"] = quant
         config["quantization_config"] = dict(quant)
-    write_safetensors(out / "model.safetensors", tensors, {"format": "pt" if layout == "hf" else "mlx"})
+    write_weights(out, tensors, {"format": "pt" if layout == "hf" else "mlx"}, max_shard_bytes)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config())
     _write_json(out / "preprocessor_config.json", preprocessor_config(spec))
@@ -152,7 +153,7 @@ def build_drafter(out_dir, variant: str = "e-style", dtype: str = "float32", see
     weight_dtype = "bfloat16" if dtype == "q4" else dtype
     config = drafter_config(spec, weight_dtype)
     tensors, _ = disk_tensors(drafter_params(config), weight_dtype, seed + 1)
-    write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
+    write_weights(out, tensors, {"format": "pt"})
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config(drafter=True))
     _write_tokenizer(out, config["text_config"]["vocab_size"], chat_template(spec.get("thought_channel", False)),
@@ -164,10 +165,11 @@ def build_drafter(out_dir, variant: str = "e-style", dtype: str = "float32", see
 
 def build_pairing(out_dir, variant: str = "e-style", layout: str = "hf", dtype: str = "float32",
                   seed: int = 0, config_overrides: dict | None = None,
-                  full_config: dict | str | None = None) -> tuple[Path, Path]:
+                  full_config: dict | str | None = None, max_shard_bytes: int | None = None) -> tuple[Path, Path]:
     """A target and its drafter side by side: `<out_dir>/<name>-target`, `<out_dir>/<name>-assistant`."""
     name = full_config if isinstance(full_config, str) else variant
     root = Path(out_dir)
-    target = build_checkpoint(root / f"{name}-target", variant, layout, dtype, seed, config_overrides, full_config)
+    target = build_checkpoint(root / f"{name}-target", variant, layout, dtype, seed, config_overrides, full_config,
+                              max_shard_bytes)
     drafter = build_drafter(root / f"{name}-assistant", variant, dtype, seed, config_overrides, full_config)
     return target, drafter

@@ -162,3 +162,30 @@ def write_safetensors(path: Path, tensors: list[DiskTensor], metadata: dict[str,
                 written += len(chunk)
             if written != t.nbytes:
                 raise AssertionError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
+
+
+def write_weights(out: Path, tensors: list[DiskTensor], metadata: dict[str, str],
+                  max_shard_bytes: int | None = None) -> list[str]:
+    """`model.safetensors`, or with `max_shard_bytes` the hub's sharded form:
+    `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`. Returns the file names."""
+    if not max_shard_bytes:
+        write_safetensors(out / "model.safetensors", tensors, metadata)
+        return ["model.safetensors"]
+    shards: list[list[DiskTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    n = len(shards)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        write_safetensors(out / name, shard, metadata)
+        weight_map.update({t.name: name for t in shard})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
+             "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return names
