@@ -5,6 +5,8 @@ Which pairing opens:
   --model [--drafter]    local checkpoint directories, or Hugging Face repo ids already in the cache
   --pairing NAME         a catalogue pairing that has been downloaded
   nothing                the config's default_pairing when it is downloaded, otherwise the demo
+First run (nothing asked for, no default_pairing configured): the demo loads underneath and the models
+screen opens over it, the demo (or a pairing already downloaded) highlighted: Enter starts it.
 GEMMA_CHAT_FAKE_ENGINE=1 swaps in the scripted fake engine (development and the terminal test;
 GEMMA_CHAT_FAKE_DELAY sets its real seconds per round).
 """
@@ -94,6 +96,12 @@ def pairing_spec(args, default_pairing: str | None = None):
     return demo_spec(), "No pairing configured yet: this is the demo (random weights). See `gemma-chat models list`."
 
 
+def is_first_run(args, default_pairing: str | None) -> bool:
+    """Nothing asked for on the command line and no default pairing configured."""
+    asked = any(getattr(args, a, None) for a in ("demo", "model", "drafter", "pairing"))
+    return not asked and not default_pairing
+
+
 def run(args) -> int:
     from core.config import ConfigError, load_config
 
@@ -104,6 +112,7 @@ def run(args) -> int:
         return 2
     settings = config.generation_settings()
     notice = None
+    first = False
     if os.environ.get(FAKE_ENV):
         from app.tui.fake_engine import FakeEngine, PairingSpec as FakeSpec
 
@@ -112,6 +121,9 @@ def run(args) -> int:
     else:
         try:
             spec, notice = pairing_spec(args, config.default_pairing)
+            first = is_first_run(args, config.default_pairing)
+            if first:
+                notice = None  # the models screen says it
         except PairingError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
@@ -121,6 +133,13 @@ def run(args) -> int:
     from app.tui.app import GemmaChatApp
 
     app = GemmaChatApp(engine, spec, settings, key_overrides=config.key_overrides, theme=config.theme, notice=notice)
+    from app.tui.screens.models import ModelsOptions
+    from core.keymap import resolve_keys
+
+    offline = bool(getattr(args, "offline", False) or config.offline)
+    app.models_options = ModelsOptions(offline=offline, endpoint=os.environ.get("HF_ENDPOINT") or None, remember=True)
+    app.models_key = resolve_keys(config.key_overrides)["models"]
+    app.first_run = first
     try:
         app.run()
     finally:
