@@ -126,8 +126,8 @@ def build_checkpoint(out_dir, variant: str = "e-style", layout: str = "hf", dtyp
         params = to_mlx_layout(params)
     tensors, per_path = disk_tensors(params, dtype, seed)
     if dtype == "q4":
-        quant = {"group_size": GROUP_SIZE, "bits": 4, "mode": "affine",
-                 **{(mlx_name(k) if k.startswith("model.") else k): v for k, v in per_path.items()}}
+        # mlx-lm's convert writes the non-default per-module settings (8-bit routers) by module path.
+        quant = {"group_size": GROUP_SIZE, "bits": 4, "mode": "affine", **per_path}
         config["quantization"] = quant
         config["quantization_config"] = dict(quant)
     write_weights(out, tensors, {"format": "pt" if layout == "hf" else "mlx"}, max_shard_bytes)
