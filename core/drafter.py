@@ -109,7 +109,8 @@ class Drafter(nn.Module):
 
     def step(self, token_embedding: mx.array, hidden: mx.array, kv: dict, position: int) -> tuple[mx.array, mx.array]:
         """token_embedding, hidden [1, 1, Hb] -> (y [1, 1, Hd] normed output, next hidden [1, 1, Hb])."""
-        x = mx.concatenate([token_embedding, hidden], axis=-1).astype(self.pre_projection.weight.dtype)
+        # the norm weights carry the compute dtype (linear weights may be packed 4-bit ints)
+        x = mx.concatenate([token_embedding, hidden], axis=-1).astype(self.norm.weight.dtype)
         x = self.pre_projection(x)
         for layer in self.layers:
             x, _, _ = layer(x, None, None, shared_kv=kv[layer.layer_type], offset=position)
@@ -137,7 +138,7 @@ class Drafter(nn.Module):
         if self.ordered:
             ids, logits = self._candidates(y)
             return ids[mx.argmax(logits)].reshape(1).astype(mx.uint32)
-        return mx.argmax(self._cap(self.embed_tokens.as_linear(y))).reshape(1)
+        return mx.argmax(self.embed_tokens.as_linear(y)).reshape(1)  # the soft-cap keeps the argmax
 
     def logits(self, y: mx.array, fill: str = "-inf") -> mx.array:
         """Full-vocabulary logits [V] for one row. On the centroid head the non-selected tokens get

@@ -126,3 +126,29 @@ def test_kv_head_mismatch_is_refused(tmp_path):
     json.dump(cfg, open(tmp_path / "config.json", "w"))
     with pytest.raises(CheckpointError, match="K/V heads"):
         check_pair(load_target(f"{PACK}/moe-style-target"), load_drafter(tmp_path))
+
+
+def test_quantized_drafter_loads_and_drafts(tmp_path):
+    """A 4-bit drafter (`quantization` in config.json, `.scales` beside the packed weights)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    src = f"{PACK}/moe-style-assistant"
+    dr = load_drafter(src)
+    nn.quantize(dr, group_size=32, bits=4,
+                class_predicate=lambda p, m: isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % 32 == 0)
+    weights = {("model." + k if k.startswith(("layers.", "embed_tokens.", "norm.")) else k): v
+               for k, v in tree_flatten(dr.parameters())}
+    assert any(k.endswith(".scales") for k in weights)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    cfg = json.load(open(f"{src}/config.json"))
+    cfg["quantization"] = {"group_size": 32, "bits": 4}
+    json.dump(cfg, open(tmp_path / "config.json", "w"))
+    q = load_drafter(tmp_path)
+    assert isinstance(q.pre_projection, nn.QuantizedLinear)
+    tg = load_target(f"{PACK}/moe-style-target")
+    check_pair(tg, q)
+    cache, logits, hidden = _prefill(tg, list(range(2, 40)))
+    drafts, _ = q.draft(tg, cache, mx.argmax(logits).reshape(1), hidden, 3)
+    ref, _ = dr.draft(tg, cache, mx.argmax(logits).reshape(1), hidden, 3)
+    assert drafts.tolist() == ref.tolist()  # same model, quantized in place before saving
