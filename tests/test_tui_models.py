@@ -1,0 +1,298 @@
+"""The models screen with the scripted fake engine and the local fake hub (tests/fakehub.py).
+
+Every test has its own HF cache, gemma-chat cache and config file under tmp_path; downloads go to
+the fake hub on 127.0.0.1 through `endpoint=`, never the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import pytest
+
+from core import catalog, fit
+from core import download as dl
+from fakehub import FakeHub, FakeRepo, put_in_cache
+
+from app.commands.tui import is_first_run
+from app.tui.app import GemmaChatApp
+from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.screens.chat import ChatScreen
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
+
+pytestmark = pytest.mark.anyio
+SIZE = (120, 36)
+BIG_MACHINE = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")
+TINY_MACHINE = fit.MachineMemory(10**9, 10**9, "tiny test machine")
+NAME = "e2b-4bit"
+PAIRING = catalog.get_pairing(NAME)
+BIG = 4 * 1024 * 1024
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # the download child reads it at import
+    monkeypatch.setenv("GEMMA_CHAT_CACHE_DIR", str(tmp_path / "gc-cache"))  # the demo is built here
+    monkeypatch.setenv("GEMMA_CHAT_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    path = tmp_path / "hub-cache"
+    path.mkdir()
+    return path
+
+
+def files(model_type: str, size: int = 1000) -> dict[str, bytes]:
+    return {
+        "config.json": ('{"model_type": "%s"}' % model_type).encode(),
+        "model.safetensors": os.urandom(size),
+        "tokenizer.json": b'{"version": "1.0"}',
+    }
+
+
+def hub_repos(target_size: int = BIG, **target_kw) -> dict[str, FakeRepo]:
+    return {
+        PAIRING.target_repo: FakeRepo(files("gemma4", target_size), **target_kw),
+        PAIRING.drafter_repo: FakeRepo(files("gemma4_assistant", 2000)),
+    }
+
+
+def put_pairing(cache, name: str = NAME, complete: bool = True):
+    p = catalog.get_pairing(name)
+    target = put_in_cache(cache, p.target_repo, files("gemma4", 5000), complete=complete)
+    drafter = put_in_cache(cache, p.drafter_repo, files("gemma4_assistant", 3000))
+    return target, drafter
+
+
+def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False):
+    engine = FakeEngine()
+    app = GemmaChatApp(engine, spec or PairingSpec("fake", "target-dir", "drafter-dir"))
+    app.models_options = ModelsOptions(cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine)
+    app.first_run = first_run
+    return app, engine
+
+
+async def until(pilot, predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the screen")
+        await pilot.pause(0.02)
+
+
+async def open_models(pilot, app) -> ModelsScreen:
+    await until(pilot, lambda: app.chat.loaded)
+    await pilot.press("f2")
+    await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+    return app.screen
+
+
+def cell(screen: ModelsScreen, key: str, column: int) -> str:
+    value = screen.table.get_cell(key, f"c{column}")
+    return value if isinstance(value, str) else value.plain
+
+
+async def download(pilot, screen: ModelsScreen, timeout: float = 30.0):
+    await pilot.press("d")
+    assert screen.downloading
+    await until(pilot, lambda: screen.download_result is not None, timeout)
+    return screen.download_result
+
+
+# -- the list ---------------------------------------------------------------------------------------
+
+
+async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
+    put_pairing(cache, NAME)
+    put_pairing(cache, "e4b-4bit", complete=False)  # the target's weights half there
+    put_in_cache(cache, "someone/gemma-4-custom-it", files("gemma4"))
+    app, _ = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        keys = [r.key for r in screen.rows]
+        assert keys[0] == DEMO_KEY and "demo — tiny random weights, offline" in cell(screen, DEMO_KEY, 0)
+        assert keys[1 : 1 + len(catalog.load_catalog().pairings)] == catalog.load_catalog().names()
+        assert cell(screen, NAME, 1) == "ready"
+        assert cell(screen, "e4b-4bit", 1).startswith("partial")
+        assert cell(screen, "e2b", 1).startswith("partial")  # shares the drafter already here
+        assert cell(screen, "26b-a4b", 1) == "not downloaded"
+        assert cell(screen, "31b", 4) == "won't fit" and cell(screen, NAME, 4) == "ok"
+        assert cell(screen, NAME, 5) == "yes" and cell(screen, NAME, 6) == str(PAIRING.block_size)
+        assert cell(screen, NAME, 2) == f"{PAIRING.download_bytes / 1e9:.1f} GB"
+        assert "unconfirmed" in cell(screen, "31b-8bit", 7) and cell(screen, NAME, 7) == "confirmed"
+        assert "other:someone/gemma-4-custom-it" in keys
+        screen.select(NAME)
+        await pilot.pause()
+        details = str(screen.details.content)
+        assert PAIRING.target_repo in details and PAIRING.drafter_repo in details and "16.0 GB" in details
+
+
+# -- download ---------------------------------------------------------------------------------------
+
+
+async def test_download_shows_progress_to_100_percent_and_the_row_becomes_ready(cache):
+    with FakeHub(repos=hub_repos(), throttle_s=0.002) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            assert cell(screen, NAME, 1) == "not downloaded"
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFinished), screen.message
+            last = screen.last_progress
+            assert last.done_bytes == last.total_bytes > BIG and last.files_done == last.files_total == 6
+            assert screen.bar.percentage == 1.0
+            assert "100%" in str(screen.progress.content)
+            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+            assert "downloaded" in screen.message
+    assert catalog.resolve_pairing(NAME, cache_dir=cache).target_path.is_dir()
+
+
+async def test_cancel_mid_download_then_resume_to_completion(cache):
+    hub = FakeHub(repos=hub_repos(), throttle_s=0.03)  # ~2 MB/s: slow enough to cancel mid-file
+    with hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            await pilot.press("d")
+            await until(
+                pilot,
+                lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo
+                and p.filename == "model.safetensors" and p.file_done >= 2 * dl.CHUNK_BYTES,
+                timeout=30,
+            )
+            assert "MB/s" in str(screen.progress.content) and "model.safetensors" in str(screen.progress.content)
+            await pilot.press("x")
+            await until(pilot, lambda: screen.download_result is not None)
+            assert isinstance(screen.download_result, dl.DownloadCancelled)
+            assert "d resumes" in screen.message
+            await until(pilot, lambda: cell(screen, NAME, 1).startswith("partial"))
+
+            hub.throttle_s = 0.0
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFinished), screen.message
+            # The second run asked only for the missing tail of the big file.
+            assert hub.file_gets("model.safetensors")[-1].startswith("bytes=")
+            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+    snap = catalog.resolve_pairing(NAME, cache_dir=cache).target_path
+    assert (snap / "model.safetensors").read_bytes() == hub.repos[PAIRING.target_repo].files["model.safetensors"]
+
+
+async def test_download_errors_are_shown_gated_repo(cache):
+    with FakeHub(repos=hub_repos(1000, gated=True)) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFailed) and result.kind == "gated"
+            assert "is gated" in screen.message and "HF_TOKEN" in screen.message
+            assert screen.notice.has_class("-error")
+
+
+async def test_offline_refuses_to_download(cache):
+    app, _ = make_app(cache, endpoint="http://127.0.0.1:9", offline=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        assert screen.message == OFFLINE_MESSAGE  # said up front
+        screen.select(NAME)
+        await pilot.press("d")
+        assert not screen.downloading and screen.download_result is None
+        assert "downloads are disabled" in screen.message and screen.notice.has_class("-error")
+
+
+# -- use / load ---------------------------------------------------------------------------------------
+
+
+async def test_use_loads_the_pairing_in_the_running_engine(cache):
+    target, drafter = put_pairing(cache)
+    app, engine = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select("e2b")
+        await pilot.press("enter")  # not downloaded: says so, loads nothing
+        assert "not downloaded" in screen.message and app.chat.spec.name == "fake"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert app.chat.spec.name == NAME
+        assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
+        # and back to the demo, built on the spot
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        app.screen.select(DEMO_KEY)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
+        assert engine.info.demo and app.chat.spec.demo
+
+
+async def test_a_pairing_that_will_not_fit_asks_before_loading(cache):
+    target, _ = put_pairing(cache)
+    app, engine = make_app(cache, machine=TINY_MACHINE)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        assert cell(screen, NAME, 4) == "won't fit"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "will probably not fit" in app.screen.question and "1.0 GB" in app.screen.detail
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is screen)
+        assert app.chat.spec.name == "fake" and "Not loaded" in screen.message
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert engine.info.target_path == str(target)
+
+
+# -- remove -------------------------------------------------------------------------------------------
+
+
+async def test_remove_asks_then_deletes_from_the_cache(cache):
+    put_pairing(cache)
+    app, _ = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(NAME)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert PAIRING.target_repo in app.screen.detail
+        await pilot.press("y")
+        await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+        assert "Removed" in screen.message
+    assert not (cache / ("models--" + PAIRING.target_repo.replace("/", "--"))).exists()
+
+
+# -- first run ------------------------------------------------------------------------------------------
+
+
+def test_first_run_means_nothing_asked_and_no_default_pairing():
+    def args(**kw):
+        return argparse.Namespace(**{"demo": False, "model": None, "drafter": None, "pairing": None, **kw})
+
+    assert is_first_run(args(), None)
+    assert not is_first_run(args(demo=True), None)  # --demo goes straight to the chat
+    assert not is_first_run(args(pairing="e2b"), None)
+    assert not is_first_run(args(), "e4b-8bit")
+
+
+async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
+    spec = PairingSpec("demo (random weights)", "demo-target", "demo-drafter", demo=True)
+    app, engine = make_app(cache, spec=spec, first_run=True, offline=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        screen = app.screen
+        assert screen.selected_key == DEMO_KEY
+        assert "Press Enter to start the offline demo" in str(screen.query_one("#models-intro").content)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert engine.info.demo and app.chat.spec is spec
