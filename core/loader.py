@@ -17,8 +17,9 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be used (missing files, wrong model type, bad pair)."""
 
 
-def resolve_checkpoint(path_or_repo: str) -> Path:
-    """A local directory as-is; a Hugging Face repo id only if it is already in the local cache."""
+def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -> Path:
+    """A local directory as-is; a Hugging Face repo id only if it is already in the local cache
+    (`cache_dir`, default the shared HF cache). Never touches the network."""
     p = Path(path_or_repo).expanduser()
     if p.is_dir():
         return p.resolve()
@@ -29,7 +30,7 @@ def resolve_checkpoint(path_or_repo: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(path_or_repo, local_files_only=True))
+        return Path(snapshot_download(path_or_repo, local_files_only=True, cache_dir=cache_dir))
     except Exception as e:  # LocalEntryNotFoundError, RepositoryNotFoundError, ...
         raise CheckpointError(
             f"{path_or_repo} is not downloaded (run `gemma-chat models download` first): {e}"

@@ -147,3 +147,14 @@ def test_factory_layouts_and_dtypes_load_alike(factory_checkpoints, variant):
         # and our loop still equals mlx-lm's own model call on them
         theirs = tg.model(mx.array([ids]))[0, -1]
         assert float(mx.abs(logits[0].astype(mx.float32) - theirs.astype(mx.float32)).max()) <= 1e-2
+
+
+def test_repo_ids_resolve_only_from_the_local_cache(tmp_path):
+    snap = tmp_path / "models--someone--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny" / "refs" / "main").write_text("abc123")
+    assert resolve_checkpoint("someone/tiny", cache_dir=tmp_path) == snap
+    with pytest.raises(CheckpointError, match="not downloaded"):
+        resolve_checkpoint("someone/absent", cache_dir=tmp_path)
