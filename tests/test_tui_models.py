@@ -121,7 +121,7 @@ async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
         assert keys[1 : 1 + len(catalog.load_catalog().pairings)] == catalog.load_catalog().names()
         assert cell(screen, NAME, 1) == "ready"
         assert cell(screen, "e4b-4bit", 1).startswith("partial")
-        assert cell(screen, "e2b", 1).startswith("partial")  # shares the drafter already here
+        assert cell(screen, "e2b", 1) == "drafter only"  # the drafter came with e2b-4bit
         assert cell(screen, "26b-a4b", 1) == "not downloaded"
         assert cell(screen, "31b", 4) == "won't fit" and cell(screen, NAME, 4) == "ok"
         assert cell(screen, NAME, 5) == "yes" and cell(screen, NAME, 6) == str(PAIRING.block_size)

@@ -90,12 +90,26 @@ _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown
 _FIT_TEXT = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "unknown"}
 
 
+def size_text(n: float) -> str:
+    from core.download import format_bytes
+
+    return format_bytes(n)
+
+
 def status_text(state: str, local_bytes: int = 0) -> Text:
     if state == "ready":
         return Text("ready", style="green")
     if state == "partial":
-        return Text(f"partial {gb(local_bytes)}", style="yellow")
+        return Text(f"partial {size_text(local_bytes)}", style="yellow")
+    if state == "drafter_only":  # the family's drafter came with another pairing
+        return Text("drafter only", style="dim")
     return Text("not downloaded", style="dim")
+
+
+def entry_state(entry) -> str:
+    if entry.status == "partial" and entry.target.state == "missing" and entry.drafter.complete:
+        return "drafter_only"
+    return entry.status
 
 
 def demo_row() -> Row:
@@ -112,7 +126,7 @@ def pairing_row(entry, default: str | None = None) -> Row:
     label = f"{p.name}  {p.label}" + ("  *" if p.name == default else "")
     cells = (
         label,
-        status_text(entry.status, entry.local_bytes),
+        status_text(entry_state(entry), entry.local_bytes),
         gb(p.download_bytes),
         gb(entry.memory.total_bytes),
         Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
@@ -132,6 +146,15 @@ def other_row(ckpt) -> Row:
         gb(st.size_on_disk), "—", "—", "—", "—", "in cache",
     )
     return Row(OTHER_PREFIX + st.repo_id, "other", other=ckpt, cells=cells)
+
+
+def intro_text(ready: str | None) -> str:
+    demo = "the offline demo (tiny random weights: it babbles, but the speculative decoding is real)"
+    if ready is None:
+        return (f"Welcome! No pairing is set up yet. Press Enter to start {demo}, "
+                "or pick a pairing below and press d to download it.")
+    return (f"Welcome! {ready} is downloaded: press Enter to use it, "
+            f"or choose {demo}, or download another pairing with d.")
 
 
 def details_for(row: Row) -> str:
@@ -195,12 +218,7 @@ class ModelsScreen(Screen):
         yield Static(Text("Models", style="bold") + Text("  a Gemma 4 target + its MTP drafter", style="dim"),
                      id="models-title")
         if self.first_run:
-            yield Static(
-                "Welcome! No pairing is set up yet. Press Enter to start the offline demo "
-                "(tiny random weights: it babbles, but the speculative decoding is real), or pick a "
-                "pairing below and press d to download it.",
-                id="models-intro",
-            )
+            yield Static(intro_text(None), id="models-intro")
         yield Static("", id="models-machine")
         yield self.table
         yield self.details
@@ -233,8 +251,8 @@ class ModelsScreen(Screen):
         budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
         context = entries[0].memory.context if entries else 0
         line = (
-            f"Usable memory here: {budget} ({machine.note}). Memory = weights + K/V cache at {context} tokens "
-            f"+ overhead.  * catalogue default"
+            f"Usable memory here: {budget} ({machine.note}) · Memory = weights + K/V cache at {context} tokens "
+            f"+ overhead · * default"
         )
         self.app.call_from_thread(self._show_rows, rows, line)
 
@@ -243,6 +261,8 @@ class ModelsScreen(Screen):
         if keep is None and self.first_run:  # a downloaded pairing if there is one, else the demo
             keep = next((r.key for r in rows if r.kind == "pairing" and r.entry.status == "ready"), DEMO_KEY)
         self.highlight = None
+        if self.first_run and keep != DEMO_KEY:
+            self.query_one("#models-intro", Static).update(intro_text(keep))
         self.rows = rows
         self.query_one("#models-machine", Static).update(machine_line)
         self.table.clear()
