@@ -72,6 +72,11 @@ def split_words(text: str) -> list[Word]:
     return words
 
 
+def file_path(value: str) -> str:
+    """A word as a filesystem path: file:// URLs decoded, ~ expanded (anything else as it is)."""
+    return _as_path(value) or value
+
+
 def _as_path(value: str) -> str | None:
     """The filesystem path a word spells (file:// decoded, ~ expanded), or None."""
     if value.lower().startswith("file://"):
