@@ -61,6 +61,7 @@ DEFAULT_REPLY = (
 )
 
 AUTO_START_K = 4
+IMAGE_TOKENS = 280  # soft tokens per image (the default budget)
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
 
@@ -96,6 +97,8 @@ class FakeEngine:
     chat_error: str | None = None  # the next chat fails with this message (TurnDone error), once
     name: str = "fake (scripted)"
     demo: bool = False
+    has_vision: bool = True  # False: image items fail the turn, as on a pairing without a vision tower
+    context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -209,8 +212,8 @@ class FakeEngine:
         if self.load_error:
             raise RuntimeError(self.load_error)
         self._info = PairingInfo(
-            name=spec.name, target_path=spec.target, drafter_path=spec.drafter, has_vision=False,
-            demo=spec.demo, context_length=4096, vocab_size=262144, sliding_window=512,
+            name=spec.name, target_path=spec.target, drafter_path=spec.drafter, has_vision=self.has_vision,
+            demo=spec.demo, context_length=self.context_length, vocab_size=262144, sliding_window=512,
             dtype="bfloat16", supports_thinking=False,
         )
         on_event(LoadProgress("ready", 1.0, "ready"))
@@ -236,6 +239,14 @@ class FakeEngine:
         self._reply_index += 1
         tokens = split_tokens(reply)
         prompt_tokens = sum(len(split_tokens(_text_of(m))) + 4 for m in messages)
+        images = sum(1 for m in messages if not isinstance(m.get("content"), str)
+                     for part in m.get("content") or () if isinstance(part, dict) and part.get("type") == "image")
+        if images and not self.has_vision:  # the real engine's messages
+            return self._fail(stats, "this model does not take images (no vision tower loaded)", on_event)
+        prompt_tokens += images * IMAGE_TOKENS
+        if prompt_tokens >= self.context_length:
+            return self._fail(stats, f"the prompt is {prompt_tokens} tokens, the model's context is "
+                              f"{self.context_length}: shorten the conversation", on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))

@@ -20,3 +20,11 @@ class QuickKey(Message):
     """A plain key (`+`, `-`, `a`, `d`, `?`, `v`) pressed in the empty prompt: run `action`."""
 
     action: str
+
+
+@dataclass
+class ImagesPasted(Message):
+    """Image paths found in pasted text (a terminal's file drop): the screen attaches them. The
+    rest of the pasted text went into the prompt."""
+
+    paths: list[str]
