@@ -375,7 +375,13 @@ class Engine:
             embeddings, mask = rows, mx.array(flags)
 
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
-        result = st.decoder.run(st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start)
+        try:
+            result = st.decoder.run(st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start)
+        except TurnError:
+            raise  # refused before touching the cache
+        except BaseException:
+            self._reset_conversation(st)  # a failure mid-forward leaves the cache in an unknown state
+            raise
         st.token_log.extend(result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)])
         live = {s.key for s in st.token_log.images}
         for k in list(st.soft_tokens):
