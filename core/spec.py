@@ -30,7 +30,6 @@ from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
 from core.settings import GenerationSettings
 
 PREFILL_CHUNK = 512
-AUTO_START = 3  # K for a fixed-size request that asks for auto without a controller
 
 
 class TurnError(Exception):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from core.drafter import Drafter, check_pair, load_drafter
+from core.drafter import check_pair, load_drafter
 from core.loader import CheckpointError
 from core.target import FULL, SLIDING, load_target
 
