@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Static
@@ -61,9 +60,6 @@ class AttachmentBar(Horizontal):
         self._return_focus = return_focus
         self.images: list[ImageInfo] = []
         self.checking = 0  # paths being checked right now
-
-    def compose(self) -> ComposeResult:
-        return iter(())
 
     @property
     def paths(self) -> list[str]:

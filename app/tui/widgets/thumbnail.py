@@ -187,7 +187,7 @@ class Thumbnail(Vertical):
 class ImageStrip(Horizontal):
     """The thumbnails of a user message's images, shown above its text in the conversation."""
 
-    DEFAULT_CSS = "ImageStrip { height: auto; margin: 1 0 0 0; padding: 0 1; }"
+    DEFAULT_CSS = "ImageStrip { height: auto; }"
 
     def __init__(self, images: list[ImageInfo], cells: tuple[int, int] = (24, 8), **kwargs) -> None:
         super().__init__(classes="user-images", **kwargs)
