@@ -46,6 +46,7 @@ ACTIONS: tuple[KeyAction, ...] = (
     # ctrl+m is enter to a terminal, and ctrl+comma is not sent by most: function keys instead.
     KeyAction("models", "f2", "Open the models screen (pairings, downloads)"),
     KeyAction("settings", "f3", "Open the settings"),
+    KeyAction("chat_params", "f9", "This chat's parameters: system prompt, sampling, thinking"),
     KeyAction("help", "f1", "Show the keys and what they do"),
     KeyAction("palette", "ctrl+p", "Open the command palette"),
     KeyAction("quit", "ctrl+q", "Quit"),

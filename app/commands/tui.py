@@ -131,8 +131,11 @@ def run(args) -> int:
 
         engine = Engine()
     from app.tui.app import GemmaChatApp
+    from app.tui.history import HistoryRecorder
 
-    app = GemmaChatApp(engine, spec, settings, key_overrides=config.key_overrides, theme=config.theme, notice=notice)
+    history = HistoryRecorder()  # the Store opens on its own thread, at the first use
+    app = GemmaChatApp(engine, spec, settings, key_overrides=config.key_overrides, theme=config.theme, notice=notice,
+                       history=history, config=config)
     from app.tui.screens.models import ModelsOptions
     from core.keymap import resolve_keys
 
@@ -144,4 +147,5 @@ def run(args) -> int:
         app.run()
     finally:
         app.chat.shutdown()
+        history.close()  # waits for the last writes
     return 0

@@ -24,19 +24,35 @@ class GemmaChatApp(App[None]):
 
     def __init__(self, engine, spec, settings: GenerationSettings | None = None, *,
                  key_overrides: dict[str, str] | None = None, theme: str | None = None,
-                 notice: str | None = None) -> None:
+                 notice: str | None = None, history=None, config=None) -> None:
         super().__init__()
         self.engine = engine
         self.spec = spec
         self.chat = ChatScreen(engine, spec, settings, key_overrides)
+        # chat history (app.tui.history.HistoryRecorder; None: nothing is saved) and the config file
+        self.history = history
+        self.config = config
+        self.config_path = config.path if config is not None else None
+        self.chat.history_attach(history)
         self._notice = notice
         if theme and theme in self.available_themes:
             self.theme = theme
 
     def on_mount(self) -> None:
+        if self.history is not None and self.history.on_error is None:
+            self.history.on_error = self._history_error
         self.push_screen(self.chat)
         if self._notice:
             self.notify(self._notice, timeout=10)
+
+    def _history_error(self, message: str) -> None:
+        # called on the history writer thread; the loop may be gone when the app is closing
+        from functools import partial
+
+        try:
+            self._loop.call_soon_threadsafe(partial(self.notify, f"History not saved: {message}", severity="error"))
+        except (AttributeError, RuntimeError):
+            pass
 
     def on_ready(self) -> None:
         self.bind(self.models_key, "models", description="Models", show=False)

@@ -28,7 +28,17 @@ CHAT_ACTIONS: dict[str, str] = {
     "toggle_auto": "Auto K",
     "toggle_drafter": "Drafter",
     "help": "Help",
+    # chats, settings, copy and export (app.tui.history): in the help screen and palette, not the footer
+    "new_chat": "New",
+    "chats": "Chats",
+    "chat_params": "Params",
+    "settings": "Settings",
+    "toggle_thinking": "Think",
+    "copy_reply": "Copy",
+    "copy_code": "Code",
+    "export": "Export",
 }
+FOOTER_HIDDEN = {"new_chat", "chat_params", "toggle_thinking", "copy_reply", "copy_code", "export", "chats", "settings"}
 EXTRA_ALWAYS = {"block_size_down": "f5", "block_size_up": "f6", "toggle_auto": "f7", "toggle_drafter": "f8"}
 EXTRA_QUICK = {"help": "question_mark"}
 
@@ -43,6 +53,7 @@ class ScreenKey:
     description: str  # help / palette text
     always: str  # comma-separated keys bound with priority ("" if none)
     quick: str  # comma-separated plain keys: conversation focus or empty prompt ("" if none)
+    show: bool = True  # in the footer
 
 
 def screen_keys(overrides: Mapping[str, str] | None = None) -> tuple[ScreenKey, ...]:
@@ -59,7 +70,8 @@ def screen_keys(overrides: Mapping[str, str] | None = None) -> tuple[ScreenKey, 
             always.append(EXTRA_ALWAYS[action])
         if action in EXTRA_QUICK and EXTRA_QUICK[action] not in taken:
             quick.append(EXTRA_QUICK[action])
-        out.append(ScreenKey(action, label, DESCRIPTIONS[action], ",".join(always), ",".join(quick)))
+        out.append(ScreenKey(action, label, DESCRIPTIONS[action], ",".join(always), ",".join(quick),
+                             action not in FOOTER_HIDDEN))
     return tuple(out)
 
 

@@ -18,6 +18,7 @@ from core.settings import GenerationSettings
 from app.resources import style_path
 from app.tui import keys
 from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
+from app.tui.history import HistoryActions
 from app.tui.live_stats import LiveStats
 from app.tui.messages import PromptSubmitted, QuickKey
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
@@ -32,9 +33,9 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
     for sk in screen_keys:
         if sk.always:
             # Esc stays non-priority so modal screens and the palette keep their own Esc.
-            bindings.bind(sk.always, sk.action, sk.label, priority=sk.action != "stop")
+            bindings.bind(sk.always, sk.action, sk.label, show=sk.show, priority=sk.action != "stop")
         if sk.quick:  # when the conversation (not the prompt) has focus
-            bindings.bind(sk.quick, sk.action, sk.label, show=not sk.always)
+            bindings.bind(sk.quick, sk.action, sk.label, show=sk.show and not sk.always)
 
 
 class ChatCommands(Provider):
@@ -50,6 +51,14 @@ class ChatCommands(Provider):
             ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
             ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
             ("Help: keys", "help", "show every key"),
+            ("New chat", "new_chat", "start a new conversation"),
+            ("Chats: history and search", "chats", "switch, rename, delete, search chats"),
+            ("Chat parameters", "chat_params", "system prompt, sampling, thinking for this chat"),
+            ("Settings", "settings", "defaults saved to the config file"),
+            ("Copy the last reply", "copy_reply", "to the clipboard"),
+            ("Copy the last code block", "copy_code", "of the last reply, to the clipboard"),
+            ("Export the chat to Markdown", "export", "a .md file in the current directory"),
+            ("Toggle thinking", "toggle_thinking", "for the next reply, where the model supports it"),
         ]
 
     def _run(self, action: str) -> None:
@@ -69,7 +78,7 @@ class ChatCommands(Provider):
                 yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text)
 
 
-class ChatScreen(Screen):
+class ChatScreen(HistoryActions, Screen):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
@@ -147,6 +156,7 @@ class ChatScreen(Screen):
             self.notify(f"Not sent: {reason}", severity="error")
             return False
         self.history.append({"role": "user", "content": text})
+        self.history_user_sent()
         user = UserMessage(text)
         self.conversation.mount(user)
         self._turn_user = (text, user)
@@ -263,6 +273,7 @@ class ChatScreen(Screen):
             # the prompt is still empty, give the text back to the prompt.
             if self.history and self.history[-1]["role"] == "user":
                 self.history.pop()
+                self.history_turn_failed()
             if user is not None:
                 user[1].remove()
                 if not self.prompt.text:
@@ -270,7 +281,7 @@ class ChatScreen(Screen):
                     self.prompt.move_cursor(self.prompt.document.end)
             self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
             return
-        self.history.append({"role": "assistant", "content": reply.plain})
+        self.history.append({"role": "assistant", "content": self.history_reply_done(reply, done)})
         self.last_reply = reply
         if self.view_mode == "rendered":
             reply.flush_markdown()
@@ -312,6 +323,7 @@ class ChatScreen(Screen):
             self.notify("Nothing to regenerate yet", severity="warning")
             return
         self.history.pop()
+        self.history_reply_dropped()
         self.last_reply.remove()
         self.last_reply = None
         self._turn_user = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from textual import events
 from textual.widgets import TextArea
 
@@ -19,6 +21,9 @@ class PromptArea(TextArea, inherit_bindings=False):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self._quick = quick if quick is not None else quick_actions()
         self.live = False  # a reply is streaming (set by the screen)
+        # Up/Down in an empty prompt recall earlier messages: the screen sets where they come from
+        self.recall_source: Callable[[], list[str]] = lambda: []
+        self._recall_index: int | None = None  # position in recall_source() while browsing
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -26,6 +31,10 @@ class PromptArea(TextArea, inherit_bindings=False):
             event.prevent_default()
             if self.text.strip():
                 self.post_message(PromptSubmitted(self.text))
+            return
+        if event.key in ("up", "down") and self._recall(event.key == "up"):
+            event.stop()
+            event.prevent_default()
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
@@ -48,3 +57,29 @@ class PromptArea(TextArea, inherit_bindings=False):
     def accept(self) -> None:
         """The screen took the message: clear the prompt."""
         self.clear()
+        self._recall_index = None
+
+    def _recall(self, older: bool) -> bool:
+        """Up/Down while the prompt is empty, or still shows an unedited recalled message: step
+        through the earlier messages (Down past the newest empties the prompt). False: a normal key."""
+        entries = self.recall_source()
+        i = self._recall_index
+        browsing = i is not None and i < len(entries) and self.text == entries[i]
+        if not entries or not (browsing or not self.text):
+            self._recall_index = None
+            return False
+        if not browsing:
+            if not older:
+                return False
+            i = len(entries)
+        i = i - 1 if older else i + 1
+        if i < 0:
+            return True  # already at the oldest
+        if i >= len(entries):
+            self._recall_index = None
+            self.clear()
+            return True
+        self._recall_index = i
+        self.text = entries[i]
+        self.move_cursor(self.document.end)
+        return True

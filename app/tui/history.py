@@ -1,0 +1,512 @@
+"""Chat history in the TUI: saving turns, reopening chats, per-chat parameters, copy and export.
+
+`HistoryRecorder` owns the Store and ONE writer thread. Every Store call (writes, and the reads the
+screens make) runs there in order, so a reply is never written before its user message and a list
+read after a send sees it; the UI never waits on SQLite (awaiting a result is `await recorder.call`).
+A chat row is created with its first user message, so opening the app and leaving does not leave
+empty "New chat" rows behind.
+
+`HistoryActions` is mixed into the chat screen: the actions behind new chat, the chat list, the
+settings, the per-chat parameters, copy reply / code, export and the thinking switch, and the
+hooks the screen calls when a turn starts, finishes or is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.text import Text
+from textual.widgets import Collapsible, Static
+
+from core.prompt import ThinkingMarkers, split_thinking
+from core.settings import GenerationSettings
+
+from app.tui.widgets.conversation import ReplyView, TokenChunk, UserMessage
+
+# Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
+THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
+# The GenerationSettings fields a chat keeps as its own parameters (the rest are live controls).
+CHAT_PARAMS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "thinking")
+
+
+def chat_params(settings: GenerationSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in CHAT_PARAMS}
+
+
+def settings_for_chat(base: GenerationSettings, params: dict, system_prompt: str | None) -> GenerationSettings:
+    """`base` (the config's defaults) with a stored chat's parameters on top; unknown keys ignored."""
+    known = {k: v for k, v in params.items() if k in CHAT_PARAMS}
+    return dataclasses.replace(base, **known, system_prompt=system_prompt)
+
+
+def message_parts(content: Any) -> tuple[str, list[str]]:
+    """(text, image paths) of an engine message's content (a string, or text/image items)."""
+    if isinstance(content, str):
+        return content, []
+    texts: list[str] = []
+    images: list[str] = []
+    for part in content or ():
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "image" and part.get("path"):
+            images.append(str(part["path"]))
+        elif part.get("type") == "text":
+            texts.append(str(part.get("text", "")))
+    return "\n".join(texts), images
+
+
+@dataclass
+class ChatRef:
+    """The chat being recorded. `id` is filled in on the writer thread when its first message is
+    saved; UI code reads it only through the writer (or after `flush`)."""
+
+    id: int | None = None
+    count: int = 0  # messages saved (or queued) in it: the next message's seq
+    pairing: str | None = None
+    target_id: str | None = None
+    drafter_id: str | None = None
+    params: dict = field(default_factory=dict)
+    system_prompt: str | None = None
+
+
+class HistoryRecorder:
+    def __init__(self, store=None, *, path: str | Path | None = None,
+                 on_error: Callable[[str], None] | None = None, export_dir: str | Path | None = None) -> None:
+        self._store = store
+        self._path = path
+        self.on_error = on_error  # called on the writer thread with a message
+        self.export_dir = Path(export_dir) if export_dir is not None else None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="history")
+        self._lock = threading.Lock()
+        self.current = ChatRef()
+        self.failed = False
+
+    # -- the writer thread ------------------------------------------------------------------------
+    @property
+    def store(self):
+        """The Store, opened on first use (call only on the writer thread)."""
+        if self._store is None:
+            from core.store import Store
+
+            self._store = Store(self._path)
+        return self._store
+
+    def submit(self, fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
+        """Run `fn(store, *args)` on the writer thread."""
+        return self._pool.submit(self._run, fn, args, kwargs)
+
+    def _run(self, fn: Callable, args: tuple, kwargs: dict):
+        try:
+            return fn(self.store, *args, **kwargs)
+        except Exception as e:
+            if self.on_error is not None:
+                self.on_error(f"{type(e).__name__}: {e}")
+            raise
+
+    async def call(self, fn: Callable, *args, **kwargs):
+        """Await `fn(store, *args)` without blocking the UI."""
+        return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until everything queued so far is written (tests, shutdown)."""
+        self._pool.submit(lambda: None).result(timeout)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+
+    # -- recording the current chat (UI thread) ----------------------------------------------------
+    def start_chat(self, *, pairing: str | None, target_id: str | None, drafter_id: str | None,
+                   params: dict, system_prompt: str | None) -> ChatRef:
+        """Forget the current chat; the next user message creates a new one with these values."""
+        self.current = ChatRef(None, 0, pairing, target_id, drafter_id, dict(params), system_prompt)
+        return self.current
+
+    def adopt(self, chat) -> ChatRef:
+        """Continue a stored chat (a core.store.Chat)."""
+        self.current = ChatRef(chat.id, len(chat.messages), chat.pairing, chat.target_id, chat.drafter_id,
+                               dict(chat.params), chat.system_prompt)
+        return self.current
+
+    def record_user(self, text: str, images: list[str]) -> None:
+        ref = self.current
+        ref.count += 1
+
+        def write(store):
+            if ref.id is None:
+                ref.id = store.create_chat(pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id,
+                                           params=ref.params, system_prompt=ref.system_prompt)
+            store.append_user_message(ref.id, text, attachments=[p for p in images if Path(p).is_file()])
+
+        self.submit(write)
+
+    def record_reply(self, text: str, *, thinking: str | None, stats: Any, stopped: bool) -> None:
+        ref = self.current
+        ref.count += 1
+
+        def write(store):
+            if ref.id is not None:
+                store.append_assistant_message(ref.id, text, thinking=thinking or None, stats=stats, stopped=stopped)
+
+        self.submit(write)
+
+    def drop_last(self) -> None:
+        """The last message (a reply being regenerated, or a user message whose turn failed) is gone."""
+        ref = self.current
+        if ref.count == 0:
+            return
+        ref.count -= 1
+        seq = ref.count
+
+        def write(store):
+            if ref.id is not None:
+                store.truncate_chat(ref.id, seq)
+
+        self.submit(write)
+
+    def update_params(self, params: dict, system_prompt: str | None) -> None:
+        ref = self.current
+        ref.params = dict(params)
+        ref.system_prompt = system_prompt
+
+        def write(store):
+            if ref.id is not None:  # not saved yet: create_chat will take them
+                store.update_chat(ref.id, params=ref.params, system_prompt=ref.system_prompt)
+
+        self.submit(write)
+
+    def current_id(self) -> int | None:
+        """The current chat's id once its first message is written (waits for the writer)."""
+        ref = self.current
+        return self._pool.submit(lambda: ref.id).result(10.0)
+
+
+# --- replies with thinking, and replies restored from the history -------------------------------------
+def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
+    """Fold a finished reply's thinking into a collapsed section above the answer, and leave only the
+    answer (with its token colours) in the token view and the reply text."""
+    full = reply.tokens.text
+    plain = reply.plain
+    kept = full[len(plain) - len(answer):] if answer and plain.endswith(answer) else Text(answer)
+    for chunk in list(reply.tokens.query(TokenChunk)):
+        chunk.remove()
+    reply.tokens._current = None
+    chunk = TokenChunk()
+    chunk.text = kept
+    reply.tokens.mount(chunk)
+    reply.chunks = [answer]
+    reply._markdown_dirty = True
+    if thinking:
+        reply.mount(
+            Collapsible(Static(thinking, markup=False, classes="thinking-text"), title="thinking", collapsed=True,
+                        classes="thinking"),
+            before=reply.tokens,
+        )
+
+
+class RestoredReply(ReplyView):
+    """A reply read back from the history: its text (no per-token origin colours: those are not
+    stored), its thinking collapsed, and its stored statistics as the summary."""
+
+    def __init__(self, text: str, *, thinking: str | None = None, stats: dict | None = None,
+                 stopped: bool = False) -> None:
+        super().__init__()
+        self.restored_text = text
+        self.restored_thinking = thinking
+        self.restored_stats = stats
+        self.stopped = stopped
+        self.chunks = [text]
+
+    def on_mount(self) -> None:
+        from core.export import stats_line
+
+        self.tokens.append_plain(self.restored_text)
+        self.header.update("gemma  ■ stopped" if self.stopped else "gemma")
+        self.set_class(self.stopped, "-stopped")
+        line = stats_line(self.restored_stats) if self.restored_stats else ""
+        self.summary.update(line or "(from history)")
+        self._markdown_dirty = True
+        if self.restored_thinking:
+            self.mount(
+                Collapsible(Static(self.restored_thinking, markup=False, classes="thinking-text"), title="thinking",
+                            collapsed=True, classes="thinking"),
+                before=self.tokens,
+            )
+
+    @property
+    def streaming(self) -> bool:
+        return False
+
+
+# --- the chat screen's side -----------------------------------------------------------------------------
+class HistoryActions:
+    """Mixed into ChatScreen (which provides engine, spec, settings, history, conversation, prompt,
+    last_reply, reply, generating, view_mode). `recorder` is None when history is off (tests that do
+    not ask for it): the chat still works, nothing is saved."""
+
+    recorder: HistoryRecorder | None = None
+    base_settings: GenerationSettings | None = None  # the config's defaults, for new chats
+
+    # hooks called by the chat screen
+    def history_attach(self, recorder: HistoryRecorder | None) -> None:
+        self.recorder = recorder
+        self.base_settings = dataclasses.replace(self.settings)
+        self.prompt.recall_source = self.user_texts
+        if recorder is not None:
+            recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
+                                system_prompt=self.settings.system_prompt)
+
+    def _chat_identity(self) -> dict:
+        spec = self.spec
+        return {"pairing": spec.name, "target_id": getattr(spec, "target", None),
+                "drafter_id": getattr(spec, "drafter", None)}
+
+    def history_user_sent(self) -> None:
+        if self.recorder is not None and self.history:
+            text, images = message_parts(self.history[-1]["content"])
+            self.recorder.record_user(text, images)
+
+    def history_turn_failed(self) -> None:
+        if self.recorder is not None:
+            self.recorder.drop_last()
+
+    def history_reply_done(self, reply: ReplyView, done) -> str:
+        """The reply's answer (what goes back into the conversation); saves it with its thinking."""
+        thinking, answer = split_thinking(reply.plain, THINKING_MARKERS)
+        if thinking or answer != reply.plain:
+            show_thinking(reply, thinking, answer)
+        if self.recorder is not None:
+            self.recorder.record_reply(answer, thinking=thinking or None, stats=done.stats,
+                                       stopped=done.stats.stop_reason == "cancelled")
+        return answer
+
+    def history_reply_dropped(self) -> None:
+        if self.recorder is not None:
+            self.recorder.drop_last()
+
+    def user_texts(self) -> list[str]:
+        """The user's messages in this chat, oldest first (the prompt's Up/Down recall)."""
+        return [message_parts(m["content"])[0] for m in self.history if m["role"] == "user"]
+
+    # -- chats ------------------------------------------------------------------------------------
+    def _busy(self, what: str) -> bool:
+        if self.generating:
+            self.notify(f"Stop the current reply first (Esc), then {what}", severity="warning")
+            return True
+        return False
+
+    def clear_conversation(self) -> None:
+        self.conversation.remove_children()
+        self.history.clear()
+        self.last_reply = None
+
+    def action_new_chat(self) -> None:
+        if self._busy("start a new chat"):
+            return
+        self.clear_conversation()
+        self.settings = dataclasses.replace(self.base_settings or self.settings, block_size=self.settings.block_size,
+                                            drafter_enabled=self.settings.drafter_enabled)
+        if self.recorder is not None:
+            self.recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
+                                     system_prompt=self.settings.system_prompt)
+        self.notify("New chat")
+        self.prompt.focus()
+
+    def action_chats(self) -> None:
+        from app.tui.screens.chats import ChatListScreen
+
+        if self.recorder is None:
+            self.notify("Chat history is off", severity="warning")
+            return
+        if isinstance(self.app.screen, ChatListScreen):
+            return
+        current = self.recorder.current.id
+        self.app.push_screen(ChatListScreen(self.recorder, current_id=current), self._on_chat_list)
+
+    def _on_chat_list(self, result) -> None:
+        if result:
+            self.run_worker(self._chat_list_result(result), group="chats")
+
+    async def _chat_list_result(self, result) -> None:
+        kind, chat_id = result
+        if kind == "new":
+            self.action_new_chat()
+        elif kind == "open":
+            await self.open_chat(chat_id)
+        elif kind == "deleted":  # the open chat was deleted: it stays on screen, as a new unsaved chat
+            if self.recorder is not None:
+                self.recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
+                                         system_prompt=self.settings.system_prompt)
+                self.clear_conversation()
+
+    async def open_chat(self, chat_id: int) -> None:
+        if self.recorder is None or self._busy("open another chat"):
+            return
+        try:
+            chat = await self.recorder.call(lambda store: store.load_chat(chat_id))
+        except Exception as e:
+            self.notify(f"Could not open the chat: {e}", severity="error")
+            return
+        await self.restore_chat(chat)
+
+    async def restore_chat(self, chat) -> None:
+        """Show a stored chat and continue it: its messages, parameters, and pairing."""
+        self.clear_conversation()
+        self.recorder.adopt(chat)
+        base = self.base_settings or self.settings
+        self.settings = dataclasses.replace(settings_for_chat(base, chat.params, chat.system_prompt),
+                                            block_size=self.settings.block_size,
+                                            drafter_enabled=self.settings.drafter_enabled)
+        widgets = []
+        for m in chat.messages:
+            if m.role == "user":
+                text = m.content
+                if m.attachments:
+                    names = ", ".join(Path(a.path).name for a in m.attachments)
+                    text = f"{text}\n[image: {names}]" if text else f"[image: {names}]"
+                widgets.append(UserMessage(text))
+            elif m.role == "assistant":
+                widgets.append(RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped))
+        self.history.extend(m for m in chat.engine_messages() if m["role"] != "system")
+        if widgets:
+            await self.conversation.mount_all(widgets)
+        replies = [w for w in widgets if isinstance(w, ReplyView)]
+        self.last_reply = replies[-1] if replies and chat.messages[-1].role == "assistant" else None
+        if self.view_mode == "rendered":
+            for r in replies:
+                r.flush_markdown()
+        self.conversation.scroll_end(animate=False)
+        self.conversation.anchor()
+        self._restore_pairing(chat)
+        self.notify(f"Opened “{chat.title}”")
+        self.prompt.focus()
+
+    def _restore_pairing(self, chat) -> None:
+        if not chat.pairing or chat.pairing == self.spec.name:
+            return
+        switch = getattr(self.app, "switch_pairing", None)
+        if callable(switch):
+            try:
+                switch(chat.pairing)
+                return
+            except Exception as e:  # a pairing that is not downloaded any more
+                self.notify(f"Could not switch to {chat.pairing}: {e}", severity="warning", timeout=8)
+                return
+        self.notify(f"This chat was with {chat.pairing}; it continues with {self.spec.name}",
+                    severity="warning", timeout=8)
+
+    # -- parameters and settings --------------------------------------------------------------------
+    def supports_thinking(self) -> bool:
+        info = self.engine.info
+        return bool(info is not None and getattr(info, "supports_thinking", False))
+
+    def action_chat_params(self) -> None:
+        from app.tui.screens.chat_params import ChatParamsScreen
+
+        if isinstance(self.app.screen, ChatParamsScreen):
+            return
+        self.app.push_screen(ChatParamsScreen(self.settings, thinking_available=self.supports_thinking()),
+                             self._on_params)
+
+    def _on_params(self, new: GenerationSettings | None) -> None:
+        if new is None:
+            return
+        self.apply_chat_settings(new)
+        self.notify("Chat parameters saved; they apply from the next reply")
+
+    def apply_chat_settings(self, new: GenerationSettings) -> None:
+        self.settings = dataclasses.replace(new, block_size=self.settings.block_size,
+                                            drafter_enabled=self.settings.drafter_enabled)
+        if self.recorder is not None:
+            self.recorder.update_params(chat_params(self.settings), self.settings.system_prompt)
+
+    def action_toggle_thinking(self) -> None:
+        if not self.supports_thinking():
+            self.notify("This pairing's chat template has no thinking mode", severity="warning")
+            return
+        on = not self.settings.thinking
+        self.apply_chat_settings(dataclasses.replace(self.settings, thinking=on))
+        self.notify(f"Thinking {'on' if on else 'off'} from the next reply")
+
+    def action_settings(self) -> None:
+        from app.tui.screens.settings import SettingsScreen
+
+        if isinstance(self.app.screen, SettingsScreen):
+            return
+        self.app.push_screen(SettingsScreen(getattr(self.app, "config_path", None)), self._on_settings)
+
+    def _on_settings(self, config) -> None:
+        if config is None:
+            return
+        self.app.config = config
+        if config.theme in self.app.available_themes:
+            self.app.theme = config.theme
+        new_base = config.generation_settings()
+        self.base_settings = new_base
+        if config.block_size != self.stats.block_setting:
+            self._set_block(config.block_size)
+
+    # -- copy and export ------------------------------------------------------------------------------
+    def _copy(self, text: str, what: str) -> None:
+        from core.clipboard import system_copy
+
+        self.app.copy_to_clipboard(text)  # OSC 52 through the terminal (also over SSH)
+        local = False
+        try:
+            local = system_copy(text, timeout=1.0)
+        except Exception:
+            pass
+        lines = text.count("\n") + 1
+        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''}){' to the system clipboard' if local else ''}")
+
+    def action_copy_reply(self) -> None:
+        if self.last_reply is None or not self.last_reply.plain:
+            self.notify("No reply to copy yet", severity="warning")
+            return
+        self._copy(self.last_reply.plain, "the last reply")
+
+    def action_copy_code(self) -> None:
+        from core.export import last_code_block
+
+        if self.last_reply is None:
+            self.notify("No reply to copy from yet", severity="warning")
+            return
+        code = last_code_block(self.last_reply.plain)
+        if code is None:
+            self.notify("The last reply has no code block", severity="warning")
+            return
+        self._copy(code, "the code block")
+
+    def action_export(self) -> None:
+        self.run_worker(self._export(), group="export")
+
+    async def _export(self) -> None:
+        from core.export import export_chat
+
+        if self.recorder is None:
+            self.notify("Chat history is off: nothing to export", severity="warning")
+            return
+        directory = self.recorder.export_dir
+
+        def export(store):
+            ref_id = self.recorder.current.id
+            if ref_id is None:
+                return None
+            return export_chat(store.load_chat(ref_id), directory)
+
+        try:
+            path = await self.recorder.call(export)
+        except Exception as e:
+            self.notify(f"Export failed: {e}", severity="error")
+            return
+        if path is None:
+            self.notify("Nothing to export yet", severity="warning")
+            return
+        self.notify(f"Exported to {path}", timeout=8)

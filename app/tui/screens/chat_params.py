@@ -1,0 +1,136 @@
+"""F9: this chat's parameters — system prompt, sampling, max tokens, seed, thinking.
+
+Dismisses with the new GenerationSettings (the chat screen saves them with the chat and uses them
+from the next turn) or None. Values are checked with the config file's own rules, so a message
+reads the same in both places: "Temperature: must be a number >= 0, got "hot"".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, Switch, TextArea
+
+from core.config import SAMPLING
+from core.settings import GenerationSettings
+
+from app.resources import style_path
+
+# field -> (label, kind): kind "int" / "float" / "seed" (an int, or empty for a random seed)
+SAMPLING_FIELDS: dict[str, tuple[str, str]] = {
+    "temperature": ("Temperature", "float"),
+    "top_p": ("Top-p", "float"),
+    "top_k": ("Top-k", "int"),
+    "max_tokens": ("Max tokens", "int"),
+    "seed": ("Seed", "seed"),
+}
+
+
+class FieldError(ValueError):
+    def __init__(self, label: str, why: str) -> None:
+        self.label = label
+        super().__init__(f"{label}: {why}")
+
+
+def shown(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def parse_field(name: str, text: str, label: str | None = None) -> Any:
+    """The typed value of a sampling field typed as text, checked like the config file checks it."""
+    label = label or SAMPLING_FIELDS[name][0]
+    kind = SAMPLING_FIELDS[name][1]
+    text = text.strip()
+    if kind == "seed" and not text:
+        return None
+    try:
+        value: Any = float(text) if kind == "float" else int(text)
+    except ValueError:
+        what = "a number" if kind == "float" else "an integer"
+        raise FieldError(label, f"must be {what}, got {text!r}" if text else f"must be {what}") from None
+    try:
+        return SAMPLING[name](value)
+    except Exception as e:  # core.config's check: `why` says what is allowed
+        raise FieldError(label, f"{getattr(e, 'why', e)}, got {text}") from None
+
+
+def form_row(label: str, widget, note: str = "") -> Horizontal:
+    children = [Label(label, classes="form-label"), widget]
+    if note:
+        children.append(Static(note, classes="form-note", markup=False))
+    return Horizontal(*children, classes="form-row")
+
+
+class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
+    CSS_PATH = str(style_path("chat_params.tcss"))
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", priority=True),
+        Binding("ctrl+s", "save", "Save", priority=True),
+    ]
+
+    def __init__(self, settings: GenerationSettings, *, thinking_available: bool) -> None:
+        super().__init__()
+        self.settings = settings
+        self.thinking_available = thinking_available
+
+    def compose(self) -> ComposeResult:
+        s = self.settings
+        with Vertical(id="params-box"):
+            yield Static("This chat's parameters (from the next reply)", id="params-title")
+            with VerticalScroll(id="params-form"):
+                yield Label("System prompt", classes="form-label")
+                yield TextArea(s.system_prompt or "", id="params-system_prompt", soft_wrap=True,
+                               tab_behavior="focus")
+                for name, (label, _) in SAMPLING_FIELDS.items():
+                    note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
+                    yield form_row(label, Input(shown(getattr(s, name)), id=f"params-{name}"), note)
+                note = "" if self.thinking_available else "this pairing's chat template has no thinking mode"
+                yield form_row("Thinking", Switch(s.thinking and self.thinking_available, id="params-thinking",
+                                                  disabled=not self.thinking_available), note)
+            yield Static("", id="params-error")
+            with Horizontal(id="params-buttons"):
+                yield Button("Cancel", id="params-cancel")
+                yield Button("Save", id="params-save", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#params-system_prompt", TextArea).focus()
+
+    def values(self) -> GenerationSettings:
+        """The form as settings; raises FieldError naming the first bad field."""
+        changes: dict[str, Any] = {}
+        for name in SAMPLING_FIELDS:
+            changes[name] = parse_field(name, self.query_one(f"#params-{name}", Input).value)
+        system = self.query_one("#params-system_prompt", TextArea).text.strip()
+        changes["system_prompt"] = system or None
+        changes["thinking"] = self.query_one("#params-thinking", Switch).value if self.thinking_available else False
+        return dataclasses.replace(self.settings, **changes)
+
+    def action_save(self) -> None:
+        error = self.query_one("#params-error", Static)
+        try:
+            new = self.values()
+        except FieldError as e:
+            error.update(str(e))
+            self.notify(str(e), severity="error")
+            return
+        error.update("")
+        self.dismiss(new)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_save() if event.button.id == "params-save" else self.action_cancel()
