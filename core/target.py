@@ -165,7 +165,8 @@ class Target:
         masks = {}
         full = cache.first_of(FULL)
         if full is not None:
-            masks[FULL] = attention_mask(P, L, 0, P + L)
+            # full layers see every earlier key: sdpa's bottom-right aligned "causal" needs no mask array
+            masks[FULL] = "causal" if L > 1 else None
         sliding = cache.first_of(SLIDING)
         if sliding is not None:
             start = _sliding_start_after(sliding, L)
