@@ -183,3 +183,14 @@ def test_callbacks_run_on_one_engine_thread_and_close_is_prompt(engine):
     engine.chat([{"role": "user", "content": "hi"}], GenerationSettings(max_tokens=5),
                 lambda e: threads.add(threading.current_thread().name)).result(timeout=60)
     assert threads == {"gemma-chat-engine"}
+
+
+def test_thinking_and_system_prompt_reach_the_template(engine):
+    engine.reset().result()
+    msgs = [{"role": "user", "content": "hi"}]
+    sizes = {}
+    for key, kw in {"plain": {}, "thinking": {"thinking": True}, "system": {"system_prompt": "Be brief."}}.items():
+        _, events = _chat(engine, msgs, max_tokens=1, **kw)
+        sizes[key] = events[0].prompt_tokens
+    assert engine.info.supports_thinking
+    assert sizes["thinking"] > sizes["plain"] and sizes["system"] > sizes["plain"]
