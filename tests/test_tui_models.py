@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import time
 
 import pytest
 
 from core import catalog, fit
 from core import download as dl
+from core.config import load_config
 from fakehub import FakeHub, FakeRepo, put_in_cache
 
 from app.commands.tui import is_first_run
+from textual.command import CommandPalette
+
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.chat import ChatScreen
@@ -71,10 +75,12 @@ def put_pairing(cache, name: str = NAME, complete: bool = True):
     return target, drafter
 
 
-def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False):
+def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False,
+             remember=False):
     engine = FakeEngine()
     app = GemmaChatApp(engine, spec or PairingSpec("fake", "target-dir", "drafter-dir"))
-    app.models_options = ModelsOptions(cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine)
+    app.models_options = ModelsOptions(cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine,
+                                       remember=remember)
     app.first_run = first_run
     return app, engine
 
@@ -196,6 +202,41 @@ async def test_download_errors_are_shown_gated_repo(cache):
             assert isinstance(result, dl.DownloadFailed) and result.kind == "gated"
             assert "is gated" in screen.message and "HF_TOKEN" in screen.message
             assert screen.notice.has_class("-error")
+            assert not screen.bar.display
+            await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+
+
+async def test_download_errors_are_shown_no_network(cache):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app, _ = make_app(cache, endpoint=f"http://127.0.0.1:{port}")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(NAME)
+        result = await download(pilot, screen)
+        assert isinstance(result, dl.DownloadFailed) and result.kind == "network"
+        assert "cannot reach" in screen.message and "demo" in screen.message
+
+
+async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_again(cache):
+    with FakeHub(repos=hub_repos(), throttle_s=0.03) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            await pilot.press("d")
+            await until(pilot, lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo,
+                        timeout=30)
+            handle = screen.download_handle
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen))
+            assert isinstance(handle.result, dl.DownloadCancelled) and not handle.running
+            await pilot.press("ctrl+p")
+            await until(pilot, lambda: isinstance(app.screen, CommandPalette))
+            await pilot.press(*"models", "enter")
+            await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+            assert cell(app.screen, NAME, 1).startswith("partial")
 
 
 async def test_offline_refuses_to_download(cache):
@@ -214,7 +255,7 @@ async def test_offline_refuses_to_download(cache):
 
 async def test_use_loads_the_pairing_in_the_running_engine(cache):
     target, drafter = put_pairing(cache)
-    app, engine = make_app(cache)
+    app, engine = make_app(cache, remember=True)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_models(pilot, app)
         screen.select("e2b")
@@ -232,6 +273,19 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
         assert engine.info.demo and app.chat.spec.demo
+    assert load_config().default_pairing == NAME  # remembered: the next start opens it
+
+
+async def test_a_failed_load_is_shown_on_the_models_screen(cache):
+    put_pairing(cache)
+    app, engine = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        engine.load_error = "out of memory while loading the target"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: "Could not load" in screen.message)
+        assert app.screen is screen and "out of memory" in screen.message and screen.notice.has_class("-error")
 
 
 async def test_a_pairing_that_will_not_fit_asks_before_loading(cache):

@@ -107,6 +107,8 @@ def status_text(state: str, local_bytes: int = 0) -> Text:
 
 
 def entry_state(entry) -> str:
+    if entry.status == "partial" and entry.local_bytes == 0:  # a folder left by a refused download
+        return "missing"
     if entry.status == "partial" and entry.target.state == "missing" and entry.drafter.complete:
         return "drafter_only"
     return entry.status
@@ -334,9 +336,14 @@ class ModelsScreen(Screen):
         self.download_result = None
         self.last_progress = None
         self.download_name = row.key
-        self.download_handle = start_pairing_download(
-            row.key, cache_dir=o.cache_dir, endpoint=o.endpoint, token=o.token, offline=o.offline
-        )
+        try:
+            self.download_handle = start_pairing_download(
+                row.key, cache_dir=o.cache_dir, endpoint=o.endpoint, token=o.token, offline=o.offline
+            )
+        except (OSError, LookupError) as e:  # the child could not start, or the cache is unreadable
+            self.download_name = None
+            self.say(f"Could not start the download of {row.key}: {e}", "error")
+            return
         resumed = f" (resuming: {gb(row.entry.local_bytes)} already here)" if row.entry.status == "partial" else ""
         self.say(f"Downloading {row.key}{resumed}… x cancels; d later resumes.")
         self.bar.update(total=None, progress=0)
@@ -490,13 +497,15 @@ class ModelsScreen(Screen):
             self._remember(catalogue_name)
         self._watch_load()
 
+    @work(thread=True, group="models-config")
     def _remember(self, name: str) -> None:
+        """The next start opens this pairing (config default_pairing)."""
         from core.config import ConfigError, save_config
 
         try:
             save_config({"default_pairing": name})
         except (ConfigError, OSError) as e:
-            self.notify(f"Could not save the default pairing: {e}", severity="warning")
+            self.app.call_from_thread(self.app.notify, f"Could not save the default pairing: {e}", severity="warning")
 
     def _watch_load(self) -> None:
         chat = self.chat
@@ -619,4 +628,4 @@ class ModelsCommands(Provider):
                 yield Hit(score, matcher.highlight(name), self._open, help="pairings: download, switch, remove")
 
     def _open(self) -> None:
-        self.app.run_action("models")
+        self.app.action_models()
