@@ -298,7 +298,7 @@ class HistoryActions:
     # -- chats ------------------------------------------------------------------------------------
     def _busy(self, what: str) -> bool:
         if self.generating:
-            self.notify(f"Stop the current reply first (Esc), then {what}", severity="warning")
+            self.notify(f"Stop the current reply first (Esc), then {what}", severity="warning", markup=False)
             return True
         return False
 
@@ -323,7 +323,7 @@ class HistoryActions:
         from app.tui.screens.chats import ChatListScreen
 
         if self.recorder is None:
-            self.notify("Chat history is off", severity="warning")
+            self.notify("Chat history is off", severity="warning", markup=False)
             return
         if isinstance(self.app.screen, ChatListScreen):
             return
@@ -352,7 +352,7 @@ class HistoryActions:
         try:
             chat = await self.recorder.call(lambda store: store.load_chat(chat_id))
         except Exception as e:
-            self.notify(f"Could not open the chat: {e}", severity="error")
+            self.notify(f"Could not open the chat: {e}", severity="error", markup=False)
             return
         await self.restore_chat(chat)
 
@@ -385,7 +385,7 @@ class HistoryActions:
         self.conversation.scroll_end(animate=False)
         self.conversation.anchor()
         self._restore_pairing(chat)
-        self.notify(f"Opened “{chat.title}”")
+        self.notify(f"Opened “{chat.title}”", markup=False)
         self.prompt.focus()
 
     def _restore_pairing(self, chat) -> None:
@@ -397,10 +397,10 @@ class HistoryActions:
                 switch(chat.pairing)
                 return
             except Exception as e:  # a pairing that is not downloaded any more
-                self.notify(f"Could not switch to {chat.pairing}: {e}", severity="warning", timeout=8)
+                self.notify(f"Could not switch to {chat.pairing}: {e}", severity="warning", timeout=8, markup=False)
                 return
         self.notify(f"This chat was with {chat.pairing}; it continues with {self.spec.name}",
-                    severity="warning", timeout=8)
+                    severity="warning", timeout=8, markup=False)
 
     # -- parameters and settings --------------------------------------------------------------------
     def supports_thinking(self) -> bool:
@@ -433,7 +433,7 @@ class HistoryActions:
             return
         on = not self.settings.thinking
         self.apply_chat_settings(dataclasses.replace(self.settings, thinking=on))
-        self.notify(f"Thinking {'on' if on else 'off'} from the next reply")
+        self.notify(f"Thinking {'on' if on else 'off'} from the next reply", markup=False)
 
     def action_settings(self) -> None:
         from app.tui.screens.settings import SettingsScreen
@@ -455,16 +455,16 @@ class HistoryActions:
 
     # -- copy and export ------------------------------------------------------------------------------
     def _copy(self, text: str, what: str) -> None:
+        from functools import partial
+
         from core.clipboard import system_copy
 
-        self.app.copy_to_clipboard(text)  # OSC 52 through the terminal (also over SSH)
-        local = False
-        try:
-            local = system_copy(text, timeout=1.0)
-        except Exception:
-            pass
+        # OSC 52 through the terminal (works over SSH), and the system clipboard tool where there is
+        # one (for terminals that ignore OSC 52) on a thread: it runs a subprocess.
+        self.app.copy_to_clipboard(text)
+        self.run_worker(partial(system_copy, text, timeout=2.0), thread=True, group="clipboard", exit_on_error=False)
         lines = text.count("\n") + 1
-        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''}){' to the system clipboard' if local else ''}")
+        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''})", markup=False)
 
     def action_copy_reply(self) -> None:
         if self.last_reply is None or not self.last_reply.plain:
@@ -504,9 +504,9 @@ class HistoryActions:
         try:
             path = await self.recorder.call(export)
         except Exception as e:
-            self.notify(f"Export failed: {e}", severity="error")
+            self.notify(f"Export failed: {e}", severity="error", markup=False)
             return
         if path is None:
             self.notify("Nothing to export yet", severity="warning")
             return
-        self.notify(f"Exported to {path}", timeout=8)
+        self.notify(f"Exported to {path}", timeout=8, markup=False)

@@ -64,7 +64,7 @@ def form_row(label: str, widget, note: str = "") -> Horizontal:
     children = [Label(label, classes="form-label"), widget]
     if note:
         children.append(Static(note, classes="form-note", markup=False))
-    return Horizontal(*children, classes="form-row")
+    return Horizontal(*children, classes="form-row -switch" if isinstance(widget, Switch) else "form-row")
 
 
 class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
@@ -86,17 +86,17 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
             with VerticalScroll(id="params-form"):
                 yield Label("System prompt", classes="form-label")
                 yield TextArea(s.system_prompt or "", id="params-system_prompt", soft_wrap=True,
-                               tab_behavior="focus")
+                               tab_behavior="focus", compact=True)
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
-                    yield form_row(label, Input(shown(getattr(s, name)), id=f"params-{name}"), note)
+                    yield form_row(label, Input(shown(getattr(s, name)), id=f"params-{name}", compact=True), note)
                 note = "" if self.thinking_available else "this pairing's chat template has no thinking mode"
                 yield form_row("Thinking", Switch(s.thinking and self.thinking_available, id="params-thinking",
                                                   disabled=not self.thinking_available), note)
-            yield Static("", id="params-error")
+            yield Static("", id="params-error", markup=False)
             with Horizontal(id="params-buttons"):
-                yield Button("Cancel", id="params-cancel")
-                yield Button("Save", id="params-save", variant="primary")
+                yield Button("Cancel", id="params-cancel", compact=True)
+                yield Button("Save", id="params-save", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#params-system_prompt", TextArea).focus()
@@ -117,7 +117,7 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
             new = self.values()
         except FieldError as e:
             error.update(str(e))
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)
             return
         error.update("")
         self.dismiss(new)

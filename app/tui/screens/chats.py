@@ -189,7 +189,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
         try:
             await self.recorder.call(lambda store: store.rename_chat(chat_id, title))
         except Exception as e:
-            self.notify(f"Could not rename: {e}", severity="error")
+            self.notify(f"Could not rename: {e}", severity="error", markup=False)
             return
         self.reload()
 
@@ -205,8 +205,8 @@ class ChatListScreen(ModalScreen[tuple | None]):
 
         n = summary.message_count
         self.app.push_screen(
-            ConfirmScreen(f"Delete “{summary.title}”?", detail=f"{n} message{'s' if n != 1 else ''}; this cannot be undone.",
-                          yes="Delete"),
+            ConfirmScreen(f"Delete “{summary.title}”?", yes="Delete",
+                          detail=f"{n} message{'s' if n != 1 else ''}; this cannot be undone."),
             answered,
         )
 
@@ -214,7 +214,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
         try:
             await self.recorder.call(lambda store: store.delete_chat(chat_id))
         except Exception as e:
-            self.notify(f"Could not delete: {e}", severity="error")
+            self.notify(f"Could not delete: {e}", severity="error", markup=False)
             return
         if chat_id == self.current_id:
             self.deleted_current = True

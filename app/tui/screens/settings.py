@@ -54,24 +54,24 @@ class SettingsScreen(ModalScreen[Config | None]):
             yield Static("Settings", id="settings-title")
             yield Static("", id="settings-file", markup=False)
             with VerticalScroll(id="settings-form"):
-                yield form_row("Default pairing", Input(id="set-default_pairing", placeholder="e.g. E2B"),
+                yield form_row("Default pairing", Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
                                "opened at start; empty = the demo")
-                yield form_row("Block size", Input(id="set-block_size"), '1..16 or "auto"')
+                yield form_row("Block size", Input(id="set-block_size", compact=True), '1..16 or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
-                    yield form_row(label, Input(id=f"set-{name}"), note)
-                yield form_row("System prompt", Input(id="set-system_prompt", placeholder="none"), "for new chats")
+                    yield form_row(label, Input(id=f"set-{name}", compact=True), note)
+                yield form_row("System prompt", Input(id="set-system_prompt", placeholder="none", compact=True), "for new chats")
                 yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, where the model can")
                 themes = sorted(self.app.available_themes)
-                yield form_row("Theme", Select([(t, t) for t in themes], id="set-theme", allow_blank=False,
+                yield form_row("Theme", Select([(t, t) for t in themes], id="set-theme", allow_blank=False, compact=True,
                                                value=self.app.theme if self.app.theme in themes else themes[0]))
                 yield form_row("Offline", Switch(id="set-offline"), "never touch the network")
-                yield form_row("Image budget", Select([(str(b), b) for b in IMAGE_BUDGETS], id="set-image_budget",
+                yield form_row("Image budget", Select([(str(b), b) for b in IMAGE_BUDGETS], id="set-image_budget", compact=True,
                                                       allow_blank=False, value=280), "soft tokens per image")
-            yield Static("", id="settings-error")
+            yield Static("", id="settings-error", markup=False)
             with Horizontal(id="settings-buttons"):
-                yield Button("Cancel", id="settings-cancel")
-                yield Button("Save", id="settings-save", variant="primary")
+                yield Button("Cancel", id="settings-cancel", compact=True)
+                yield Button("Save", id="settings-save", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#settings-save", Button).disabled = True
@@ -145,7 +145,7 @@ class SettingsScreen(ModalScreen[Config | None]):
             changes = self.changes()
         except FieldError as e:
             error.update(str(e))
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)
             return
         if not changes:
             self.dismiss(None)
@@ -167,11 +167,11 @@ class SettingsScreen(ModalScreen[Config | None]):
         self.saving = False
         why = "\n".join(e.problems) if isinstance(e, ConfigError) else str(e)
         self.query_one("#settings-error", Static).update(f"Not saved: {why}")
-        self.notify(f"Settings not saved: {why}", severity="error")
+        self.notify(f"Settings not saved: {why}", severity="error", markup=False)
 
     def _saved(self, config: Config) -> None:
         self.saving = False
-        self.notify(f"Settings saved to {config.path}")
+        self.notify(f"Settings saved to {config.path}", markup=False)
         self.dismiss(config)
 
     def action_cancel(self) -> None:
