@@ -131,6 +131,9 @@ def run(args) -> int:
 
         engine = Engine()
     from app.tui.app import GemmaChatApp
+    from app.tui.widgets.thumbnail import prime_terminal_graphics
+
+    prime_terminal_graphics()  # textual-image asks the terminal about Sixel/kitty graphics before Textual owns it
     from app.tui.history import HistoryRecorder
 
     history = HistoryRecorder()  # the Store opens on its own thread, at the first use

@@ -28,6 +28,7 @@ CHAT_ACTIONS: dict[str, str] = {
     "toggle_auto": "Auto K",
     "toggle_drafter": "Drafter",
     "help": "Help",
+    "attach_image": "Image",  # app.tui.widgets.attachments; in the help screen and palette
     # chats, settings, copy and export (app.tui.history): in the help screen and palette, not the footer
     "new_chat": "New",
     "chats": "Chats",
@@ -38,7 +39,8 @@ CHAT_ACTIONS: dict[str, str] = {
     "copy_code": "Code",
     "export": "Export",
 }
-FOOTER_HIDDEN = {"new_chat", "chat_params", "toggle_thinking", "copy_reply", "copy_code", "export", "chats", "settings"}
+FOOTER_HIDDEN = {"attach_image", "new_chat", "chat_params", "toggle_thinking", "copy_reply", "copy_code", "export",
+                 "chats", "settings"}
 EXTRA_ALWAYS = {"block_size_down": "f5", "block_size_up": "f6", "toggle_auto": "f7", "toggle_drafter": "f8"}
 EXTRA_QUICK = {"help": "question_mark"}
 

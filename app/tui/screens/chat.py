@@ -21,6 +21,7 @@ from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
 from app.tui.history import HistoryActions
 from app.tui.live_stats import LiveStats
 from app.tui.messages import PromptSubmitted, QuickKey
+from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_content
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
@@ -51,6 +52,7 @@ class ChatCommands(Provider):
             ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
             ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
             ("Help: keys", "help", "show every key"),
+            ("Attach an image", "attach_image", "pick an image file (or paste a path, or type /image PATH)"),
             ("New chat", "new_chat", "start a new conversation"),
             ("Chats: history and search", "chats", "switch, rename, delete, search chats"),
             ("Chat parameters", "chat_params", "system prompt, sampling, thinking for this chat"),
@@ -78,7 +80,7 @@ class ChatCommands(Provider):
                 yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text)
 
 
-class ChatScreen(HistoryActions, Screen):
+class ChatScreen(ImageActions, HistoryActions, Screen):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
@@ -105,6 +107,7 @@ class ChatScreen(HistoryActions, Screen):
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         self._last_markdown = 0.0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
+        self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
         self.conversation = VerticalScroll(id="conversation")
         self.panel = StatsPanel(id="panel")
         self.legend = Static(legend(), id="legend")
@@ -115,6 +118,7 @@ class ChatScreen(HistoryActions, Screen):
             with Vertical(id="main"):
                 yield self.legend
                 yield self.conversation
+                yield self.attachments
                 yield self.prompt
             yield self.panel
         yield Footer()
@@ -136,6 +140,8 @@ class ChatScreen(HistoryActions, Screen):
 
     def on_prompt_submitted(self, message: PromptSubmitted) -> None:
         message.stop()
+        if self.image_command(message.text):
+            return
         if self.send(message.text):
             self.prompt.accept()
 
@@ -151,13 +157,15 @@ class ChatScreen(HistoryActions, Screen):
 
     def send(self, text: str) -> bool:
         """Start a turn with `text`; False (and a notification) if it cannot start."""
-        reason = self._can_start()
+        reason = self._can_start() or self.images_not_ready()
         if reason:
             self.notify(f"Not sent: {reason}", severity="error")
             return False
-        self.history.append({"role": "user", "content": text})
+        images = self.take_images()  # their thumbnails go above the message
+        self.history.append({"role": "user", "content": user_content(text, images)})
         self.history_user_sent()
         user = UserMessage(text)
+        user.set_class(bool(images), "-with-images")
         self.conversation.mount(user)
         self._turn_user = (text, user)
         self._start_turn()
@@ -268,6 +276,7 @@ class ChatScreen(HistoryActions, Screen):
         self.stats.on_done(done.stats)
         user = self._turn_user
         self._turn_user = None
+        self.images_turn_done(failed=done.stats.stop_reason == "error")
         if done.stats.stop_reason == "error":
             # The turn never happened: take the user's message back out of the history and, if
             # the prompt is still empty, give the text back to the prompt.

@@ -8,7 +8,7 @@ from textual import events
 from textual.widgets import TextArea
 
 from app.tui.keys import quick_actions
-from app.tui.messages import PromptSubmitted, QuickKey
+from app.tui.messages import ImagesPasted, PromptSubmitted, QuickKey
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 
@@ -53,6 +53,20 @@ class PromptArea(TextArea, inherit_bindings=False):
             self.post_message(QuickKey(self._quick[event.key]))
             return
         await super()._on_key(event)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        # Terminals deliver a dropped file as pasted text: image paths become attachments (the
+        # screen checks them), the rest is pasted as usual. No paths: TextArea's own paste runs.
+        from app.tui.paths_in_text import find_image_paths
+
+        found = find_image_paths(event.text)
+        if not found.paths or self.read_only:
+            return
+        event.stop()
+        event.prevent_default()
+        if found.text and (result := self._replace_via_keyboard(found.text, *self.selection)):
+            self.move_cursor(result.end_location)
+        self.post_message(ImagesPasted(found.paths))
 
     def accept(self) -> None:
         """The screen took the message: clear the prompt."""
