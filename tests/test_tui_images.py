@@ -1,0 +1,393 @@
+"""Image attachments in the chat screen (Textual pilot, scripted fake engine; one real-engine test).
+
+Three ways in (Ctrl+O picker, pasted/dropped paths, `/image PATH`), removable chips, thumbnails in
+the conversation, the content items the engine receives, and every refusal: a notification, the
+typed prompt kept, the chat still working. Thumbnails are forced to the text label (deterministic).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from textual import events
+
+from app.resources import assets_dir
+from app.tui.app import GemmaChatApp
+from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.screens.file_picker import FilePicker
+from app.tui.widgets.attachments import AttachmentChip, command_paths, user_content
+from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
+
+SIZE = (110, 34)
+SAMPLES = assets_dir() / "images"
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def label_thumbnails(monkeypatch):
+    monkeypatch.setenv(MODE_ENV, "label")
+    monkeypatch.setattr(FilePicker, "last_dir", None)
+
+
+@pytest.fixture
+def pics(tmp_path) -> Path:
+    """Sample images under awkward names, plus things that are not usable images."""
+    d = tmp_path / "pics"
+    d.mkdir()
+    shutil.copy(SAMPLES / "landscape.jpg", d / "landscape.jpg")
+    shutil.copy(SAMPLES / "chart.png", d / "my chart.png")
+    shutil.copy(SAMPLES / "icon_rgba.png", d / "icon (1).png")
+    (d / "notes.txt").write_text("not an image")
+    (d / "fake.png").write_text("not an image either")
+    (d / "empty.png").write_bytes(b"")
+    data = (SAMPLES / "chart.png").read_bytes()
+    (d / "truncated.png").write_bytes(data[: len(data) // 2])
+    (d / "bomb.png").write_bytes(_png_header_only(30000, 30000))
+    (d / "sub").mkdir()
+    return d
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that claims width x height pixels (a decompression bomb as far as the header goes)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 8)) + chunk(b"IEND", b"")
+
+
+def make_app(engine: FakeEngine | None = None) -> tuple[GemmaChatApp, FakeEngine]:
+    engine = engine or FakeEngine(replies=["A picture of things."])
+    return GemmaChatApp(engine, PairingSpec("fake", "target-dir", "drafter-dir")), engine
+
+
+async def until(pilot, predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the screen")
+        await pilot.pause(0.02)
+
+
+async def ready(pilot, app) -> None:
+    await until(pilot, lambda: app.chat.loaded)
+
+
+async def submit(pilot, app, text: str) -> None:
+    app.chat.prompt.focus()
+    app.chat.prompt.text = text
+    await pilot.press("enter")
+
+
+async def send_and_wait(pilot, app, engine, text: str) -> None:
+    turns = len(engine.turns)
+    await submit(pilot, app, text)
+    await until(pilot, lambda: len(engine.turns) > turns and app.chat.reply is None)
+
+
+def chips(app) -> list[str]:
+    return [c.info.name for c in app.chat.attachments.query(AttachmentChip)]
+
+
+def errors(app) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
+def last_user_content(engine):
+    messages, _ = engine.chats[-1]
+    return [m for m in messages if m["role"] == "user"][-1]["content"]
+
+
+# -- the three ways in ----------------------------------------------------------------------------
+
+async def test_picker_lists_images_previews_and_attaches_the_chosen_file(pics):
+    app, engine = make_app()
+    FilePicker.last_dir = pics
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        picker = app.screen
+        tree = picker.files
+        await until(pilot, lambda: len(tree.root.children) > 0)
+        names = sorted(str(n.label) for n in tree.root.children)
+        assert "notes.txt" not in names and "sub" in names and "landscape.jpg" in names
+        node = next(n for n in tree.root.children if str(n.label) == "landscape.jpg")
+        tree.move_cursor(node)
+        await until(pilot, lambda: picker.previewed is not None)
+        details = str(picker.details.render())
+        assert "JPEG 320x240" in details and "image tokens (budget 280)" in details
+        assert picker.query(Thumbnail)
+        await pilot.press("enter")
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        assert app.screen is app.chat
+        await send_and_wait(pilot, app, engine, "What is in it?")
+        assert last_user_content(engine) == [
+            {"type": "image", "path": str(pics / "landscape.jpg")},
+            {"type": "text", "text": "What is in it?"},
+        ]
+        assert chips(app) == [] and app.chat.prompt.text == ""
+
+
+async def test_picker_escape_cancels_and_backspace_goes_up(pics):
+    app, _ = make_app()
+    FilePicker.last_dir = pics / "sub"
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        await pilot.press("backspace")
+        assert Path(app.screen.files.path) == pics
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.chat)
+        assert chips(app) == []
+
+
+async def test_pasted_quoted_and_escaped_paths_become_chips_and_leave_the_text(pics):
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        prompt = app.chat.prompt
+        prompt.focus()
+        prompt.text = "Compare "
+        prompt.move_cursor(prompt.document.end)
+        escaped = str(pics / "icon (1).png").replace(" ", "\\ ").replace("(", "\\(").replace(")", "\\)")
+        app.post_message(events.Paste(f"'{pics / 'my chart.png'}' {escaped} please"))
+        await until(pilot, lambda: len(chips(app)) == 2)
+        assert chips(app) == ["my chart.png", "icon (1).png"]
+        assert prompt.text == "Compare please"
+        await pilot.press("enter")
+        await until(pilot, lambda: engine.turns and app.chat.reply is None)
+        content = last_user_content(engine)
+        assert [c.get("path") for c in content[:2]] == [str(pics / "my chart.png"), str(pics / "icon (1).png")]
+        assert content[2] == {"type": "text", "text": "Compare please"}
+
+
+async def test_paste_without_image_paths_is_ordinary_text():
+    app, _ = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.prompt.focus()
+        app.post_message(events.Paste("just some /etc/hosts text"))
+        await until(pilot, lambda: app.chat.prompt.text == "just some /etc/hosts text")
+        assert chips(app) == []
+
+
+async def test_image_command_attaches_and_clears_the_prompt(pics):
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await submit(pilot, app, f'/image "{pics / "my chart.png"}"')
+        await until(pilot, lambda: chips(app) == ["my chart.png"])
+        await until(pilot, lambda: app.chat.prompt.text == "")
+        assert engine.chats == []  # a command, not a message
+        await submit(pilot, app, "/image")  # no path: the picker
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+
+
+# -- chips and thumbnails -------------------------------------------------------------------------
+
+async def test_chips_are_removed_by_key_and_by_click(pics):
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.attachments.attach([str(pics / "landscape.jpg"), str(pics / "my chart.png")])
+        await until(pilot, lambda: len(chips(app)) == 2)
+        assert app.chat.attachments.display
+        first = app.chat.attachments.query(AttachmentChip).first()
+        first.focus()
+        await pilot.press("delete")
+        await until(pilot, lambda: chips(app) == ["my chart.png"])
+        assert isinstance(app.focused, AttachmentChip)  # focus moved to the remaining chip
+        await pilot.click(AttachmentChip)
+        await until(pilot, lambda: chips(app) == [])
+        assert not app.chat.attachments.display
+        assert app.focused is app.chat.prompt
+        await send_and_wait(pilot, app, engine, "no pictures")
+        assert last_user_content(engine) == "no pictures"
+
+
+async def test_thumbnails_in_the_conversation_and_images_resent_on_later_turns(pics):
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.attachments.attach([str(pics / "landscape.jpg")])
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        await send_and_wait(pilot, app, engine, "Describe it")
+        strip = app.chat.conversation.query_one(ImageStrip)
+        labels = [str(s.render()) for s in strip.query(".thumb-label")]
+        assert labels == ["[image: landscape.jpg 320x240]"]
+        await send_and_wait(pilot, app, engine, "And the colours?")
+        messages, _ = engine.chats[-1]
+        assert messages[0]["content"][0] == {"type": "image", "path": str(pics / "landscape.jpg")}
+        assert messages[-1] == {"role": "user", "content": "And the colours?"}
+
+
+# -- refusals: a notification, the prompt kept, the chat goes on ---------------------------------
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("missing.png", "not found"),
+        ("notes.txt", "not an image"),
+        ("fake.png", "not an image"),
+        ("empty.png", "empty (0 bytes)"),
+        ("truncated.png", "damaged or truncated"),
+        ("bomb.png", "too large"),
+        ("sub", "folder"),
+    ],
+)
+async def test_bad_files_are_refused_with_the_prompt_kept(pics, name, message):
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.prompt.text = "my careful question"
+        app.chat.attachments.attach([str(pics / name)])
+        await until(pilot, lambda: errors(app))
+        assert message in errors(app)[-1] and errors(app)[-1].startswith("Not attached")
+        assert chips(app) == [] and app.chat.prompt.text == "my careful question"
+        await send_and_wait(pilot, app, engine, app.chat.prompt.text)
+        assert last_user_content(engine) == "my careful question"
+
+
+async def test_bad_image_command_stays_in_the_prompt_and_good_ones_still_attach(pics):
+    app, _ = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        command = f"/image {pics / 'missing.png'}"
+        await submit(pilot, app, command)
+        await until(pilot, lambda: errors(app))
+        assert "not found" in errors(app)[-1]
+        assert app.chat.prompt.text == command
+        await submit(pilot, app, f"/image {pics / 'landscape.jpg'}")
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+
+
+async def test_a_pairing_without_vision_refuses_every_way_in(pics):
+    app, engine = make_app(FakeEngine(has_vision=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.05)
+        assert app.screen is app.chat  # no picker
+        command = f"/image {pics / 'landscape.jpg'}"
+        await submit(pilot, app, command)
+        app.post_message(events.Paste(f" {pics / 'landscape.jpg'}"))
+        await until(pilot, lambda: len(errors(app)) >= 3)
+        assert all("no vision tower" in e for e in errors(app))
+        assert chips(app) == [] and app.chat.prompt.text == command
+        await send_and_wait(pilot, app, engine, "text still works")
+        assert engine.turns[-1].stats.stop_reason != "error"
+
+
+async def test_too_many_image_tokens_gives_message_and_images_back(pics):
+    """The engine refuses the turn (context): its message shows, the text and chips come back."""
+    app, engine = make_app(FakeEngine(context_length=300, replies=["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.attachments.attach([str(pics / "landscape.jpg"), str(pics / "my chart.png")])
+        await until(pilot, lambda: len(chips(app)) == 2)
+        await send_and_wait(pilot, app, engine, "two pictures")
+        assert engine.turns[-1].stats.stop_reason == "error"
+        await until(pilot, lambda: errors(app))
+        assert "context is 300" in errors(app)[-1]
+        assert app.chat.prompt.text == "two pictures"
+        assert chips(app) == ["landscape.jpg", "my chart.png"]
+        assert not app.chat.conversation.query(ImageStrip)
+        assert app.chat.history == []
+        # one image fits: the chat goes on
+        app.chat.attachments.query(AttachmentChip).last().action_remove_chip()
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        await send_and_wait(pilot, app, engine, app.chat.prompt.text)
+        assert engine.turns[-1].stats.stop_reason != "error"
+        assert last_user_content(engine)[0]["path"] == str(pics / "landscape.jpg")
+
+
+async def test_send_waits_for_images_being_checked(pics, monkeypatch):
+    import threading
+
+    from app.tui.widgets import attachments
+
+    gate = threading.Event()
+    real = attachments.inspect_image
+
+    def slow(path):
+        gate.wait(5)
+        return real(path)
+
+    monkeypatch.setattr(attachments, "inspect_image", slow)
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.attachments.attach([str(pics / "landscape.jpg")])
+        await submit(pilot, app, "too soon")
+        assert "still being checked" in errors(app)[-1]
+        assert app.chat.prompt.text == "too soon" and engine.chats == []
+        gate.set()
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        await send_and_wait(pilot, app, engine, "too soon")
+        assert last_user_content(engine)[0]["type"] == "image"
+
+
+# -- pieces ---------------------------------------------------------------------------------------
+
+def test_user_content_and_command_paths():
+    info = inspect_image(str(SAMPLES / "chart.png"))
+    assert user_content("hi", []) == "hi"
+    assert user_content("hi", [info]) == [{"type": "image", "path": info.path}, {"type": "text", "text": "hi"}]
+    assert command_paths("hello") is None
+    assert command_paths("/imagery") is None
+    assert command_paths("/image") == []
+    assert command_paths(r"/image 'a b.png' c\ d.jpg file:///x/y%20z.png") == ["a b.png", "c d.jpg", "/x/y z.png"]
+
+
+def test_halfcell_keeps_the_aspect_and_the_colours():
+    from PIL import Image
+
+    image = Image.new("RGB", (40, 20), (255, 0, 0))
+    image.paste((0, 0, 255), (0, 10, 40, 20))  # bottom half blue
+    text = halfcell_text(image, 20, 10)
+    lines = text.plain.split("\n")
+    assert len(lines) == 5 and {len(line) for line in lines} == {20}
+    first, last = text.spans[0].style, text.spans[-1].style
+    assert first.color.triplet == (255, 0, 0) and first.bgcolor.triplet == (255, 0, 0)
+    assert last.color.triplet == (0, 0, 255)
+
+
+# -- the real engine --------------------------------------------------------------------------------
+
+async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
+    from core.engine import Engine
+    from core.engine import PairingSpec as RealSpec
+    from core.settings import GenerationSettings
+
+    target, drafter = factory_checkpoints.pairing("e-style")
+    engine = Engine()
+    spec = RealSpec("factory e-style", str(target), str(drafter))
+    app = GemmaChatApp(engine, spec, GenerationSettings(max_tokens=5, temperature=0.0))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.chat.loaded or app.chat.load_error, timeout=60)
+            assert app.chat.load_error is None
+            assert engine.info.has_vision
+            app.chat.attachments.attach([str(SAMPLES / "icon_rgba.png")])
+            await until(pilot, lambda: chips(app) == ["icon_rgba.png"])
+            await submit(pilot, app, "What is this?")
+            await until(pilot, lambda: app.chat.last_reply is not None or errors(app), timeout=60)
+            assert errors(app) == []
+            reply = app.chat.last_reply
+            assert reply.done.stats.stop_reason in ("max_tokens", "eos")
+            assert reply.done.token_ids
+            assert app.chat.history[0]["content"][0] == {"type": "image", "path": str(SAMPLES / "icon_rgba.png")}
+    finally:
+        engine.close()
