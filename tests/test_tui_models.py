@@ -7,6 +7,7 @@ the fake hub on 127.0.0.1 through `endpoint=`, never the network.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import time
@@ -350,3 +351,38 @@ async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
         assert engine.info.demo and app.chat.spec is spec
+
+
+# -- the real engine ------------------------------------------------------------------------------------
+
+
+async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, factory_checkpoints):
+    """A catalogue pairing laid out in the HF cache from factory checkpoints (tiny random weights):
+    the real engine loads it through the screen, drafter included, and a turn runs on it."""
+    pytest.importorskip("mlx.core")
+    from core.engine import Engine, PairingSpec as RealSpec
+
+    target_dir, drafter_dir = factory_checkpoints.pairing("e-style")
+    as_files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}  # noqa: E731
+    target = put_in_cache(cache, PAIRING.target_repo, as_files(target_dir))
+    drafter = put_in_cache(cache, PAIRING.drafter_repo, as_files(drafter_dir))
+    engine = Engine()
+    app = GemmaChatApp(engine, RealSpec(name="first", target=str(target_dir), drafter=None))
+    app.models_options = ModelsOptions(cache_dir=str(cache), machine=BIG_MACHINE)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            assert app.chat.spec.drafter is None
+            screen.select(NAME)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=60)
+            info = engine.info
+            assert info.name == NAME and info.drafter_path is not None
+            assert os.path.samefile(info.target_path, target) and os.path.samefile(info.drafter_path, drafter)
+            app.chat.settings = dataclasses.replace(app.chat.settings, max_tokens=4)
+            app.chat.prompt.text = "hi"
+            await pilot.press("enter")
+            await until(pilot, lambda: app.chat.last_reply is not None, timeout=60)
+            assert app.chat.history[-1]["role"] == "assistant"
+    finally:
+        app.chat.shutdown()

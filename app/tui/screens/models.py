@@ -253,7 +253,7 @@ class ModelsScreen(Screen):
         budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
         context = entries[0].memory.context if entries else 0
         line = (
-            f"Usable memory here: {budget} ({machine.note}) · Memory = weights + K/V cache at {context} tokens "
+            f"Usable memory here: {budget}, {machine.note} · Memory = weights + K/V cache at {context} tokens "
             f"+ overhead · * default"
         )
         self.app.call_from_thread(self._show_rows, rows, line)
