@@ -232,6 +232,7 @@ async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_a
             handle = screen.download_handle
             await pilot.press("escape")
             await until(pilot, lambda: isinstance(app.screen, ChatScreen))
+            await until(pilot, lambda: handle.result is not None)
             assert isinstance(handle.result, dl.DownloadCancelled) and not handle.running
             await pilot.press("ctrl+p")
             await until(pilot, lambda: isinstance(app.screen, CommandPalette))
@@ -267,9 +268,12 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
         assert app.chat.spec.name == NAME
         assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
-        # and back to the demo, built on the spot
+        # the pairing in use cannot be removed; and back to the demo, built on the spot
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        app.screen.select(NAME)
+        await pilot.press("r")
+        assert "in use" in app.screen.message and target.is_dir()
         app.screen.select(DEMO_KEY)
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)

@@ -15,6 +15,7 @@ Nothing here blocks the UI: the cache is read in a thread worker, a download is 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -472,6 +473,9 @@ class ModelsScreen(Screen):
                 self.say(f"{st.repo_id} is only partly downloaded.", "warning")
                 return None
             return PairingSpec(name=st.repo_id.split("/")[-1], target=str(st.snapshot), drafter=None)
+        if row.key == self.download_name:
+            self.say(f"{row.key} is still downloading.", "warning")
+            return None
         if row.entry.status != "ready":
             self.say(f"{row.key} is not downloaded yet: press d to download it.", "warning")
             return None
@@ -585,17 +589,21 @@ class ModelsScreen(Screen):
     # -- leaving -----------------------------------------------------------------------------------
     def action_close(self) -> None:
         if self.downloading:
-            # The child process needs someone draining it; a cancelled download resumes later.
-            self.download_handle.cancel()
-            self.download_handle.wait(timeout=5)
+            # Nobody would drain the child once this screen is gone: stop it; d resumes later.
             self.app.notify(f"Download of {self.download_name} paused: d on the Models screen resumes it.",
                             severity="warning")
-            self.download_handle = None
+            self._stop_download()
         self.dismiss()
 
     def on_unmount(self) -> None:
-        if self.download_handle is not None:
-            self.download_handle.cancel()
+        self._stop_download()
+
+    def _stop_download(self) -> None:
+        handle, self.download_handle = self.download_handle, None
+        if handle is not None:
+            handle.cancel()
+            # reap the child off the UI thread
+            threading.Thread(target=handle.wait, args=(10,), name="download-reap", daemon=True).start()
 
 
 def failure_text(ev) -> str:
