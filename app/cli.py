@@ -25,6 +25,7 @@ def _block_size(value: str) -> int | str:
 def _add_pairing_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH_OR_REPO", help="target checkpoint: a local directory or a Hugging Face repo id")
     p.add_argument("--drafter", metavar="PATH_OR_REPO", help="assistant (MTP) drafter checkpoint: a local directory or a repo id")
+    p.add_argument("--pairing", metavar="NAME", help="a downloaded catalogue pairing (see `gemma-chat models list`)")
     p.add_argument("--offline", action="store_true", help="never touch the network; use only what is in the local cache")
 
 
@@ -35,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     _add_pairing_args(parser)
-    parser.add_argument("--pairing", metavar="NAME", help="a catalogue pairing to open (see `gemma-chat models list`)")
     parser.add_argument("--demo", action="store_true", help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
