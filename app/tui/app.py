@@ -50,7 +50,8 @@ class GemmaChatApp(App[None]):
         from functools import partial
 
         try:
-            self._loop.call_soon_threadsafe(partial(self.notify, f"History not saved: {message}", severity="error"))
+            notify = partial(self.notify, f"History not saved: {message}", severity="error", markup=False)
+            self._loop.call_soon_threadsafe(notify)
         except (AttributeError, RuntimeError):
             pass
 
