@@ -196,7 +196,8 @@ async def test_chat_list_create_switch_rename_delete_search(tmp_path):
         await pilot.press("delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ChatListScreen) and screen.loaded and len(listed(screen)) == 1)
+        await until(pilot, lambda: isinstance(app.screen, ChatListScreen) and screen.loaded
+                    and len(listed(screen)) == 1)
         assert listed(screen) == ["Cats"]
         # ctrl+n from the list starts a new chat
         await pilot.press("ctrl+n")
@@ -298,7 +299,8 @@ async def test_thinking_is_collapsed_saved_apart_and_not_sent_back(tmp_path):
         assert engine.chats[-1][1].thinking is True
         reply = app.chat.last_reply
         assert reply.plain == "Hello to you too!"
-        assert reply.tokens.text.plain == "Hello to you too!"
+        await until(pilot, lambda: reply.tokens.text.plain == "Hello to you too!")  # the thinking left the token view
+        await until(pilot, lambda: reply.query(".thinking-text"))
         [section] = reply.query(Collapsible)
         assert section.collapsed and section.title == "thinking"
         assert "I greet back." in str(section.query_one(".thinking-text").render())
@@ -318,6 +320,7 @@ async def test_thinking_is_collapsed_saved_apart_and_not_sent_back(tmp_path):
         await open_list(pilot)
         await pilot.press("enter")
         await until(pilot, lambda: len(texts(app2)) == 4)
+        await until(pilot, lambda: app2.chat.conversation.query(".thinking-text"))
         [section] = app2.chat.conversation.query(Collapsible)
         assert section.collapsed
         assert app2.chat.history[1] == {"role": "assistant", "content": "Hello to you too!"}
@@ -378,4 +381,31 @@ async def test_conversation_text_is_selectable(tmp_path):
         await turn(pilot, "hi")
         assert app.chat.allow_select
         assert app.chat.conversation.allow_select and app.chat.last_reply.allow_select
+    app.history.close()
+
+
+async def test_image_attachments_are_saved_by_path_and_restored(tmp_path):
+    from app.resources import assets_dir
+
+    image = str((assets_dir() / "images" / "chart.png").resolve())
+    db = tmp_path / "h.sqlite3"
+    recorder = HistoryRecorder(path=db)
+    recorder.start_chat(pairing="fake", target_id=None, drafter_id=None, params={}, system_prompt=None)
+    recorder.record_user("what is this?", [image])
+    recorder.record_reply("a chart", thinking=None, stats=None, stopped=False)
+    recorder.flush()
+    recorder.close()
+    with Store(db) as store:
+        [msg, _] = store.load_chat(store.list_chats()[0].id).messages
+        assert [a.path for a in msg.attachments] == [image] and msg.attachments[0].size > 0
+
+    app = make_app(db, replies=["more"])
+    async with app.run_test(size=SIZE) as pilot:
+        await open_list(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: len(texts(app)) == 2)
+        assert texts(app)[0] == "U:what is this?\n[image: chart.png]"
+        await turn(pilot, "and now?")
+        first = app.engine.chats[-1][0][0]
+        assert first["content"] == [{"type": "image", "path": image}, {"type": "text", "text": "what is this?"}]
     app.history.close()

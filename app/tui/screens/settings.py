@@ -54,20 +54,24 @@ class SettingsScreen(ModalScreen[Config | None]):
             yield Static("Settings", id="settings-title")
             yield Static("", id="settings-file", markup=False)
             with VerticalScroll(id="settings-form"):
-                yield form_row("Default pairing", Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
+                yield form_row("Default pairing",
+                               Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
                                "opened at start; empty = the demo")
                 yield form_row("Block size", Input(id="set-block_size", compact=True), '1..16 or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
                     yield form_row(label, Input(id=f"set-{name}", compact=True), note)
-                yield form_row("System prompt", Input(id="set-system_prompt", placeholder="none", compact=True), "for new chats")
+                yield form_row("System prompt", Input(id="set-system_prompt", placeholder="none", compact=True),
+                               "for new chats")
                 yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, where the model can")
                 themes = sorted(self.app.available_themes)
-                yield form_row("Theme", Select([(t, t) for t in themes], id="set-theme", allow_blank=False, compact=True,
-                                               value=self.app.theme if self.app.theme in themes else themes[0]))
+                theme = self.app.theme if self.app.theme in themes else themes[0]
+                yield form_row("Theme", Select([(t, t) for t in themes], id="set-theme", allow_blank=False,
+                                               compact=True, value=theme))
                 yield form_row("Offline", Switch(id="set-offline"), "never touch the network")
-                yield form_row("Image budget", Select([(str(b), b) for b in IMAGE_BUDGETS], id="set-image_budget", compact=True,
-                                                      allow_blank=False, value=280), "soft tokens per image")
+                budgets = [(str(b), b) for b in IMAGE_BUDGETS]
+                yield form_row("Image budget", Select(budgets, id="set-image_budget", compact=True, allow_blank=False,
+                                                      value=280), "soft tokens per image")
             yield Static("", id="settings-error", markup=False)
             with Horizontal(id="settings-buttons"):
                 yield Button("Cancel", id="settings-cancel", compact=True)
