@@ -1,0 +1,47 @@
+"""`gemma-chat bench`: decode tok/s of mlx-lm's stream_generate and of our loop, drafter off and on.
+
+Prints a table (or `--json`): per configuration the median tok/s over interleaved repeats, the
+ratio to mlx-lm, acceptance, tokens per round, and the efficiency against the cost bound built
+from the measured verify and draft costs. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def run(args) -> int:
+    from app.commands.generate import _pairing, _UsageError
+
+    def fail(message: str) -> int:
+        if args.json:
+            print(json.dumps({"error": message}))
+        else:
+            print(f"error: {message}", file=sys.stderr)
+        return 1
+
+    try:
+        from core.bench import BenchError, BenchOptions, parse_block_sizes, run_bench, format_table
+
+        try:
+            block_sizes = parse_block_sizes(args.block_sizes)
+        except ValueError as e:
+            return fail(f"--block-sizes: {e}")
+        if args.repeats < 1 or args.max_tokens < 2:
+            return fail("--repeats must be >= 1 and --max-tokens >= 2")
+        _, target, drafter, _ = _pairing(args)
+        options = BenchOptions(max_tokens=args.max_tokens, block_sizes=block_sizes, repeats=args.repeats,
+                               simulate_acceptance=args.simulate_acceptance, dtype=args.dtype)
+        if args.prompt is not None:
+            options.prompt = args.prompt
+        report = run_bench(target, drafter, options, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    except _UsageError as e:
+        return fail(str(e))
+    except BenchError as e:
+        return fail(str(e))
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(format_table(report))
+    return 0

@@ -1,0 +1,432 @@
+"""Decode-speed benchmark: mlx-lm's `stream_generate` against our loop, drafter off and on.
+
+    run_bench(target_dir, drafter_dir, BenchOptions(...)) -> BenchReport
+
+Every configuration runs on the same loaded weights and prompt, interleaved inside each repeat
+(mlx-lm, off, K=2.., auto, then again) so that thermal or load drift hits them alike; a
+configuration's figure is its median over the repeats. EOS is ignored everywhere so every run
+emits exactly `max_tokens` tokens, and tok/s is measured the same way for all of them: the
+tokens after the first over the time from the first token to the last (the first token carries
+the prefill).
+
+Alongside: the measured costs of one verify of K tokens, one plain decode step and one draft
+step on a warm cache, and each run's efficiency against the bound
+    E[tokens per round] / (verify(K) + (K - 1) * draft step)
+with E the run's own measured tokens per round.
+
+`simulate_acceptance` (alpha) keeps the real drafter running (its cost is real), then replaces
+each of its drafts by the target's own greedy token with probability alpha, on the device
+(`mx.where` over a precomputed Bernoulli mask, no extra host sync). Greedy output cannot change,
+so every such run must reproduce the teacher run exactly; the bench checks that.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass
+class BenchOptions:
+    prompt: str = DEFAULT_PROMPT
+    max_tokens: int = 128
+    block_sizes: list = field(default_factory=lambda: [2, 3, 4, 5, 6, "auto"])
+    repeats: int = 3
+    simulate_acceptance: float | None = None
+    dtype: str | None = None
+    baseline: bool = True  # run mlx-lm's stream_generate
+    cost_repeats: int = 9
+    seed: int = 0
+
+
+@dataclass
+class RunResult:
+    config: str  # "mlx-lm" | "off" | "K=3" | "auto"
+    tps: float
+    tokens: int
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    block_size_counts: dict = field(default_factory=dict)
+    token_ids: list = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        # rounds emit every token after the first
+        return (self.tokens - 1) / self.rounds if self.rounds else None
+
+
+@dataclass
+class ConfigSummary:
+    config: str
+    tps: float  # median over repeats
+    tps_runs: list[float]
+    acceptance: float | None
+    tokens_per_round: float | None
+    bound_tps: float | None
+    efficiency: float | None
+    vs_baseline: float | None
+    matches_teacher: bool | None
+
+
+@dataclass
+class BenchReport:
+    target: str
+    drafter: str | None
+    dtype: str
+    prompt_tokens: int
+    max_tokens: int
+    repeats: int
+    simulate_acceptance: float | None
+    decode_step_s: float  # one synced 1-token forward on a warm cache
+    verify_s: dict[int, float]  # K -> one synced K-token forward (+ verify argmax)
+    draft_step_s: float | None  # one drafter step inside a lazy chain
+    configs: list[ConfigSummary]
+
+    def config(self, name: str) -> ConfigSummary | None:
+        return next((c for c in self.configs if c.config == name), None)
+
+    @property
+    def best(self) -> ConfigSummary | None:
+        ours = [c for c in self.configs if c.config != "mlx-lm"]
+        return max(ours, key=lambda c: c.tps) if ours else None
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "configs"}
+        d["verify_s"] = {str(k): v for k, v in self.verify_s.items()}
+        d["verify_ratio"] = {str(k): v / self.decode_step_s for k, v in self.verify_s.items()}
+        d["draft_ratio"] = self.draft_step_s / self.decode_step_s if self.draft_step_s else None
+        d["configs"] = [dict(c.__dict__) for c in self.configs]
+        best = self.best
+        d["best"] = best.config if best else None
+        return d
+
+
+def parse_block_sizes(text: str) -> list:
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part == "auto":
+            out.append("auto")
+            continue
+        k = int(part)
+        if not 2 <= k <= 16:
+            raise ValueError(f"block sizes must be 2..16 or auto (K=1 is the drafter-off run), got {k}")
+        out.append(k)
+    return out
+
+
+# --- simulated acceptance -------------------------------------------------------------------
+
+
+class SimulatedDrafter:
+    """Runs the real drafter, then swaps draft i of a round (the token at absolute position
+    P + i, the cache holding [0, P)) for the teacher's token there where a fixed Bernoulli(alpha)
+    mask over positions says so. A position is tested against the target at most once as a
+    draft that decides a round, so each tested draft is accepted with probability alpha (or by the
+    drafter's own luck)."""
+
+    def __init__(self, drafter, sequence: list[int], alpha: float, seed: int = 0, slack: int = 32):
+        import mlx.core as mx
+        import numpy as np
+
+        self.drafter = drafter
+        n = len(sequence) + slack
+        rng = np.random.default_rng(seed)
+        padded = list(sequence) + [0] * slack
+        self.teacher = mx.array(np.array(padded, dtype=np.uint32))
+        self.mask = mx.array(rng.random(n) < alpha)
+        mx.eval(self.teacher, self.mask)
+
+    def draft(self, target, cache, bonus, hidden, n, **kw):
+        import mlx.core as mx
+
+        drafts, logprobs = self.drafter.draft(target, cache, bonus, hidden, n, **kw)
+        P = cache.offset
+        return mx.where(self.mask[P + 1 : P + 1 + n], self.teacher[P + 1 : P + 1 + n], drafts), logprobs
+
+
+# --- the runs -------------------------------------------------------------------------------
+
+
+class _Clock:
+    """Token arrival times, the same way for every configuration."""
+
+    def __init__(self):
+        self.first = self.last = None
+        self.count = 0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.count += 1
+
+    @property
+    def tps(self) -> float:
+        if self.count < 2 or self.last <= self.first:
+            return 0.0
+        return (self.count - 1) / (self.last - self.first)
+
+
+def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int, block) -> RunResult:
+    """block: None (drafter off), an int K or "auto"."""
+    from core.detok import Detokenizer
+    from core.events import TokenEvent
+    from core.settings import GenerationSettings
+    from core.spec import Controls, Decoder, Prompt
+
+    clock = _Clock()
+
+    def emit(e) -> None:
+        if isinstance(e, TokenEvent):
+            clock.tick()
+
+    settings = GenerationSettings(max_tokens=max_tokens, ignore_eos=True, block_size=block or 1,
+                                  drafter_enabled=block is not None)
+    decoder = Decoder(target, drafter if block is not None else None, Detokenizer(tokenizer), stops)
+    controls = Controls(settings.block_size, settings.drafter_enabled)
+    result = decoder.run(target.make_cache(), Prompt(list(ids)), settings, emit, controls)
+    s = result.stats
+    name = "off" if block is None else ("auto" if block == "auto" else f"K={block}")
+    return RunResult(name, clock.tps, len(result.token_ids), s.rounds, s.drafted, s.accepted,
+                     dict(s.block_size_counts), list(result.token_ids))
+
+
+def run_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> RunResult:
+    """mlx-lm's own streaming generation (greedy; the tokenizer's eos set must be empty)."""
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    clock = _Clock()
+    tokens = []
+    for r in stream_generate(model, tokenizer, mx.array(ids), max_tokens=max_tokens):
+        clock.tick()
+        tokens.append(int(r.token))
+    return RunResult("mlx-lm", clock.tps, len(tokens), token_ids=tokens)
+
+
+# --- costs ----------------------------------------------------------------------------------
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: list[int], repeats: int):
+    """(decode step s, {K: verify s}, draft step s | None) on a cache warm with the prompt."""
+    import mlx.core as mx
+
+    cache = target.make_cache()
+    _, hidden = target.forward(ids, cache, logits=None)
+    h = hidden[-1]
+    mx.eval(h)
+    P = cache.offset
+    need = max(ks + [6])
+    block = (list(continuation) + [0] * need)[:need]
+
+    def verify(k):
+        def go():
+            logits, H = target.forward(block[:k], cache, logits="all")
+            mx.eval(mx.argmax(logits, axis=-1), H)
+            cache.trim_to(P)
+        return go
+
+    verify_s = {k: _timed(verify(k), repeats) for k in sorted(set([1] + ks))}
+    draft_step = None
+    if drafter is not None:
+        b = mx.array(block[:1], dtype=mx.uint32)
+
+        def chain(n):
+            def go():
+                drafts, _ = drafter.draft(target, cache, b, h, n)
+                mx.eval(drafts)
+            return go
+
+        # a step's cost inside one lazy chain (the launch and sync counted once, not per step)
+        t1, t5 = _timed(chain(1), repeats), _timed(chain(5), repeats)
+        draft_step = max((t5 - t1) / 4, t1 / 5)
+    return verify_s[1], verify_s, draft_step
+
+
+def bound_tps(run: RunResult, verify_s: dict, draft_s: float | None) -> float | None:
+    """The run's tok/s if each round cost exactly verify(K) + (K-1) draft steps."""
+    if not run.rounds:
+        return None
+    seconds = 0.0
+    for k, n in run.block_size_counts.items():
+        if k not in verify_s:
+            return None
+        seconds += n * (verify_s[k] + (k - 1) * (draft_s or 0.0))
+    return (run.tokens - 1) / seconds if seconds > 0 else None
+
+
+# --- the whole bench ------------------------------------------------------------------------
+
+
+def _config_names(block_sizes, with_drafter: bool, baseline: bool) -> list:
+    out = (["mlx-lm"] if baseline else []) + [None]
+    if with_drafter:
+        out += list(block_sizes)
+    return out
+
+
+def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchReport:
+    """Load the pairing, run every configuration interleaved, measure the costs; see the module doc."""
+    import mlx.core as mx
+
+    from core import prompt as prompt_mod
+    from core.drafter import check_pair, load_drafter
+    from core.loader import load_tokenizer
+    from core.target import load_target
+
+    o = options or BenchOptions()
+    say = progress or (lambda s: None)
+    target_dir = Path(target_dir)
+    say(f"loading {target_dir.name}")
+    target = load_target(target_dir, o.dtype)
+    dtype_name = str(target.dtype).removeprefix("mlx.core.")
+    drafter = None
+    if drafter_dir is not None:
+        drafter = load_drafter(drafter_dir, o.dtype or dtype_name)
+        check_pair(target, drafter)
+    if o.simulate_acceptance is not None:
+        if drafter is None:
+            raise BenchError("--simulate-acceptance needs a drafter")
+        if not 0.0 <= o.simulate_acceptance <= 1.0:
+            raise BenchError("--simulate-acceptance must be between 0 and 1")
+    tokenizer = load_tokenizer(target_dir)
+    stops = prompt_mod.stop_ids(target_dir, tokenizer)
+    ids = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": o.prompt}])
+    if len(ids) + o.max_tokens + 16 >= target.context_length:
+        raise BenchError("prompt + max tokens do not fit the model's context")
+
+    # the teacher: plain greedy decoding by the target alone
+    say("teacher run")
+    teacher = run_ours(target, None, tokenizer, stops, ids, o.max_tokens, None)
+    draft_for_runs = drafter
+    if o.simulate_acceptance is not None:
+        draft_for_runs = SimulatedDrafter(drafter, ids + teacher.token_ids, o.simulate_acceptance, o.seed)
+
+    base_model = base_tok = None
+    if o.baseline:
+        base_model = target.model  # the very weights mlx_lm.load builds (mlx_lm.utils.load_model)
+        base_tok = load_tokenizer(target_dir)
+        base_tok.eos_token_ids = set()  # never stop: every run emits max_tokens tokens
+
+    configs = _config_names(o.block_sizes, drafter is not None, o.baseline)
+    say("warm-up")
+    for c in configs:  # first-call costs (kernel builds, compiled functions) stay out of the figures
+        if c == "mlx-lm":
+            run_mlx_lm(base_model, base_tok, ids, min(8, o.max_tokens))
+        else:
+            run_ours(target, draft_for_runs, tokenizer, stops, ids, min(8, o.max_tokens), c)
+    runs: dict[str, list[RunResult]] = {}
+    for rep in range(o.repeats):
+        for c in configs:
+            if c == "mlx-lm":
+                r = run_mlx_lm(base_model, base_tok, ids, o.max_tokens)
+            else:
+                r = run_ours(target, draft_for_runs, tokenizer, stops, ids, o.max_tokens, c)
+            say(f"repeat {rep + 1}/{o.repeats} {r.config}: {r.tps:.1f} tok/s")
+            runs.setdefault(r.config, []).append(r)
+            if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != teacher.token_ids:
+                raise BenchError(f"{r.config} with simulated acceptance changed the greedy output "
+                                 f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})")
+
+    say("measuring costs")
+    ks = sorted({k for rs in runs.values() for r in rs for k in r.block_size_counts} | {1})
+    decode_s, verify_s, draft_s = measure_costs(target, drafter, ids, teacher.token_ids, ks, o.cost_repeats)
+
+    base_tps = statistics.median(r.tps for r in runs["mlx-lm"]) if "mlx-lm" in runs else None
+    summaries = []
+    for name, rs in runs.items():
+        tps = statistics.median(r.tps for r in rs)
+        mid = sorted(rs, key=lambda r: r.tps)[len(rs) // 2]
+        drafted = sum(r.drafted for r in rs)
+        acceptance = sum(r.accepted for r in rs) / drafted if drafted else None
+        rounds = sum(r.rounds for r in rs)
+        tpr = sum(r.tokens - 1 for r in rs) / rounds if rounds else None
+        bound = None if name == "mlx-lm" else bound_tps(mid, verify_s, draft_s)
+        summaries.append(ConfigSummary(
+            config=name, tps=tps, tps_runs=[r.tps for r in rs], acceptance=acceptance, tokens_per_round=tpr,
+            bound_tps=bound, efficiency=mid.tps / bound if bound else None,
+            vs_baseline=tps / base_tps if base_tps else None,
+            matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
+        ))
+    mx.clear_cache()
+    return BenchReport(
+        target=str(target_dir), drafter=str(drafter_dir) if drafter_dir else None, dtype=dtype_name,
+        prompt_tokens=len(ids), max_tokens=o.max_tokens, repeats=o.repeats,
+        simulate_acceptance=o.simulate_acceptance, decode_step_s=decode_s, verify_s=verify_s,
+        draft_step_s=draft_s, configs=summaries,
+    )
+
+
+def _first_diff(a: list, b: list) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def format_table(report: BenchReport) -> str:
+    """The human-readable table (no colours, fixed columns)."""
+    lines = [
+        f"target  {report.target}",
+        f"drafter {report.drafter or '-'}",
+        f"dtype {report.dtype} | prompt {report.prompt_tokens} tokens | {report.max_tokens} new tokens (eos ignored)"
+        f" | median of {report.repeats} interleaved repeats"
+        + (f" | simulated acceptance {report.simulate_acceptance:g}" if report.simulate_acceptance is not None else ""),
+        "",
+        f"{'config':<8} {'tok/s':>8} {'x mlx-lm':>9} {'accept':>7} {'tok/rnd':>8} {'bound':>8} {'effic':>6} {'same':>5}",
+    ]
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    for c in report.configs:
+        same = "yes" if c.matches_teacher else "no"
+        lines.append(
+            f"{c.config:<8} {c.tps:>8.1f} {num(c.vs_baseline, '.3f'):>9} "
+            f"{num(c.acceptance, '.0%') if c.acceptance is not None else '-':>7} {num(c.tokens_per_round, '.2f'):>8} "
+            f"{num(c.bound_tps, '.1f'):>8} {num(c.efficiency, '.3f'):>6} {same:>5}"
+        )
+    d = report.decode_step_s
+    costs = "  ".join(f"K={k} {v / d:.2f}" for k, v in sorted(report.verify_s.items()) if k > 1)
+    lines += [
+        "",
+        f"decode step {d * 1e3:.2f} ms | verify cost / decode step: {costs}",
+    ]
+    if report.draft_step_s is not None:
+        lines.append(f"draft step {report.draft_step_s * 1e3:.2f} ms = {report.draft_step_s / d:.3f} decode steps")
+    best = report.best
+    if best is not None:
+        off = report.config("off")
+        speedup = f" ({best.tps / off.tps:.2f}x drafter off)" if off and off.tps else ""
+        lines.append(f"best block size: {best.config} at {best.tps:.1f} tok/s{speedup}")
+    lines.append("same: output identical to plain greedy decoding by the target")
+    return "\n".join(lines)
