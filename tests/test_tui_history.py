@@ -409,3 +409,19 @@ async def test_image_attachments_are_saved_by_path_and_restored(tmp_path):
         first = app.engine.chats[-1][0][0]
         assert first["content"] == [{"type": "image", "path": image}, {"type": "text", "text": "what is this?"}]
     app.history.close()
+
+
+async def test_palette_opens_the_chat_list(tmp_path):
+    from textual.command import CommandPalette
+    from textual.widgets import Input
+
+    app = make_app(tmp_path / "h.sqlite3")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.chat.loaded)
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette))
+        app.screen.query_one(Input).value = "chats: history"
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatListScreen))
+    app.history.close()
