@@ -38,9 +38,10 @@ CHAT_ACTIONS: dict[str, str] = {
     "copy_reply": "Copy",
     "copy_code": "Code",
     "export": "Export",
+    "models": "Models",  # app.tui.screens.models; in the help screen and palette
 }
 FOOTER_HIDDEN = {"attach_image", "new_chat", "chat_params", "toggle_thinking", "copy_reply", "copy_code", "export",
-                 "chats", "settings"}
+                 "chats", "settings", "models"}
 EXTRA_ALWAYS = {"block_size_down": "f5", "block_size_up": "f6", "toggle_auto": "f7", "toggle_drafter": "f8"}
 EXTRA_QUICK = {"help": "question_mark"}
 

@@ -372,6 +372,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.stats.dirty = True
         self.engine.set_drafter_enabled(on)  # the panel shows the state; no toast over the prompt
 
+    def action_models(self) -> None:
+        self.app.action_models()
+
     def action_help(self) -> None:
         from app.tui.screens.help import HelpScreen
 
