@@ -391,3 +391,45 @@ async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
             assert app.chat.history[0]["content"][0] == {"type": "image", "path": str(SAMPLES / "icon_rgba.png")}
     finally:
         engine.close()
+
+
+async def test_palette_command_opens_the_picker_and_chips_are_reached_by_keyboard(pics):
+    from textual.command import CommandPalette
+
+    app, _ = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.attachments.attach([str(pics / "landscape.jpg")])
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        app.chat.prompt.focus()
+        await pilot.press("shift+tab")
+        assert isinstance(app.focused, AttachmentChip)
+        await pilot.press("x")
+        await until(pilot, lambda: chips(app) == [])
+        assert app.focused is app.chat.prompt
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press(*"attach an image")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+
+
+async def test_unreadable_file_is_refused(pics, monkeypatch):
+    """Running as root, chmod cannot make a file unreadable: the read fails as it would."""
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.name == "landscape.jpg":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    app, _ = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        app.chat.prompt.text = "keep"
+        app.chat.attachments.attach([str(pics / "landscape.jpg"), str(pics / "my chart.png")])
+        await until(pilot, lambda: errors(app) and chips(app))
+        assert "Permission denied" in errors(app)[-1]
+        assert chips(app) == ["my chart.png"] and app.chat.prompt.text == "keep"

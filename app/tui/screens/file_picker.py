@@ -58,7 +58,7 @@ class FilePicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-dialog"):
-            yield Static("Attach an image", id="picker-title")
+            yield Static(self._title(self.start_dir), id="picker-title", markup=False)
             with Horizontal(id="picker-body"):
                 yield self.files
                 with self.preview_pane:
@@ -107,10 +107,15 @@ class FilePicker(ModalScreen[str | None]):
         if info is not None:
             holder.mount(Thumbnail(info, cells=(30, 10)))
 
+    @staticmethod
+    def _title(folder: Path) -> str:
+        return f"Attach an image · {folder}"  # as given: the start folder is absolute unless a caller says otherwise
+
     def action_cancel(self) -> None:
         self.dismiss(None)
 
     def action_up(self) -> None:
         parent = Path(self.files.path).resolve().parent
         self.files.path = parent
+        self.query_one("#picker-title", Static).update(self._title(parent))
         FilePicker.last_dir = parent
