@@ -235,29 +235,30 @@ async def test_thumbnails_in_the_conversation_and_images_resent_on_later_turns(p
 
 # -- refusals: a notification, the prompt kept, the chat goes on ---------------------------------
 
-@pytest.mark.parametrize(
-    "name, message",
-    [
-        ("missing.png", "not found"),
-        ("notes.txt", "not an image"),
-        ("fake.png", "not an image"),
-        ("empty.png", "empty (0 bytes)"),
-        ("truncated.png", "damaged or truncated"),
-        ("bomb.png", "too large"),
-        ("sub", "folder"),
-    ],
-)
-async def test_bad_files_are_refused_with_the_prompt_kept(pics, name, message):
+BAD_FILES = {
+    "missing.png": "not found",
+    "notes.txt": "not an image",
+    "fake.png": "not an image",
+    "empty.png": "empty (0 bytes)",
+    "truncated.png": "damaged or truncated",
+    "bomb.png": "too large",
+    "sub": "folder",
+}
+
+
+async def test_bad_files_are_refused_with_the_prompt_kept(pics):
+    """One notification per bad file, naming it and why; the good one still attaches."""
     app, engine = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         app.chat.prompt.text = "my careful question"
-        app.chat.attachments.attach([str(pics / name)])
-        await until(pilot, lambda: errors(app))
-        assert message in errors(app)[-1] and errors(app)[-1].startswith("Not attached")
-        assert chips(app) == [] and app.chat.prompt.text == "my careful question"
+        app.chat.attachments.attach([str(pics / name) for name in BAD_FILES] + [str(pics / "landscape.jpg")])
+        await until(pilot, lambda: len(errors(app)) == len(BAD_FILES))
+        for (name, why), message in zip(BAD_FILES.items(), errors(app)):
+            assert message.startswith("Not attached") and why in message and name in message
+        assert chips(app) == ["landscape.jpg"] and app.chat.prompt.text == "my careful question"
         await send_and_wait(pilot, app, engine, app.chat.prompt.text)
-        assert last_user_content(engine) == "my careful question"
+        assert last_user_content(engine)[-1] == {"type": "text", "text": "my careful question"}
 
 
 async def test_bad_image_command_stays_in_the_prompt_and_good_ones_still_attach(pics):
