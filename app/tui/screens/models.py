@@ -432,8 +432,11 @@ class ModelsScreen(Screen):
             return
         try:
             spec = self._spec_for(row)
-        except LookupError as e:
+        except LookupError as e:  # not (completely) in the cache any more
             self.say(str(e), "error")
+            return
+        except (OSError, RuntimeError) as e:  # the demo could not be built
+            self.say(f"Could not prepare {row.key}: {e}", "error")
             return
         if spec is None:
             return
@@ -491,7 +494,7 @@ class ModelsScreen(Screen):
             return
         same = chat.spec is not None and (chat.spec.target, chat.spec.drafter) == (spec.target, spec.drafter)
         if same and chat.load_error is None:
-            self.pending_load = spec  # already loaded (or loading): just wait for it and go back
+            spec = chat.spec  # already loaded (or loading): wait for it and go back
         elif not chat.switch_pairing(spec):
             self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")
             return
@@ -514,7 +517,7 @@ class ModelsScreen(Screen):
     def _watch_load(self) -> None:
         chat = self.chat
         spec = self.pending_load
-        if chat is None or spec is None or chat.spec is not spec and chat.spec != spec:
+        if chat is None or spec is None or chat.spec is not spec:  # someone else switched meanwhile
             self.pending_load = None
             return
         if chat.load_error is not None:
