@@ -425,3 +425,37 @@ async def test_palette_opens_the_chat_list(tmp_path):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatListScreen))
     app.history.close()
+
+
+async def test_reopening_a_chat_loads_its_pairing(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    other_target, other_drafter = tmp_path / "other-target", tmp_path / "other-drafter"
+    other_target.mkdir()
+    other_drafter.mkdir()
+    with Store(db) as store:
+        moved = store.create_chat("moved away", pairing="gone", target_id=str(tmp_path / "nowhere"))
+        store.append_user_message(moved, "hi")
+        other = store.create_chat("on the other pairing", pairing="other", target_id=str(other_target),
+                                  drafter_id=str(other_drafter))
+        store.append_user_message(other, "hello")
+    app = make_app(db)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.chat.loaded)
+        screen = await open_list(pilot)
+        assert listed(screen)[0] == "on the other pairing"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.chat.spec.name == "other" and app.chat.loaded)
+        assert app.engine.info.target_path == str(other_target)
+        # a pairing that is not there any more: the chat opens on the loaded one, with a notice
+        await open_list(pilot)
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: texts(app) == ["U:hi"])
+        assert app.chat.spec.name == "other"
+        assert any("not available" in n.message for n in app._notifications)
+        # continued there, the chat now records the pairing it runs on
+        await turn(pilot, "still there?")
+        await flush(app)
+    app.history.close()
+    with Store(db) as store:
+        chat = store.load_chat(moved)
+    assert (chat.pairing, chat.target_id) == ("other", str(other_target))

@@ -135,11 +135,19 @@ class HistoryRecorder:
                                dict(chat.params), chat.system_prompt)
         return self.current
 
-    def record_user(self, text: str, images: list[str]) -> None:
+    def record_user(self, text: str, images: list[str], identity: dict | None = None) -> None:
+        """A user message. `identity` (pairing, target_id, drafter_id): the pairing it is sent to; a
+        chat continued on another pairing records the new one."""
         ref = self.current
         ref.count += 1
+        moved = identity is not None and identity != {k: getattr(ref, k) for k in identity}
+        if moved:
+            for k, v in identity.items():
+                setattr(ref, k, v)
 
         def write(store):
+            if ref.id is not None and moved:
+                store.update_chat(ref.id, pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id)
             if ref.id is None:
                 ref.id = store.create_chat(pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id,
                                            params=ref.params, system_prompt=ref.system_prompt)
@@ -186,6 +194,38 @@ class HistoryRecorder:
         """The current chat's id once its first message is written (waits for the writer)."""
         ref = self.current
         return self._pool.submit(lambda: ref.id).result(10.0)
+
+
+def same_pairing(chat, spec) -> bool:
+    if not chat.pairing and not chat.target_id:
+        return True  # nothing recorded: any pairing will do
+    if chat.target_id:
+        return (chat.target_id, chat.drafter_id) == (getattr(spec, "target", None), getattr(spec, "drafter", None))
+    return chat.pairing == spec.name
+
+
+def pairing_spec_for(chat, spec_type):
+    """A PairingSpec for the pairing a stored chat ran on: its recorded directories if they are still
+    there, else the catalogue pairing of that name if it is downloaded; None if neither.
+    Touches the disk: call it off the UI thread."""
+    target, drafter = chat.target_id, chat.drafter_id
+    if target and Path(target).is_dir() and (drafter is None or Path(drafter).is_dir()):
+        try:
+            from core.demo import is_demo_checkpoint
+
+            demo = bool(is_demo_checkpoint(target))
+        except Exception:
+            demo = False
+        return spec_type(name=chat.pairing or Path(target).name, target=target, drafter=drafter, demo=demo)
+    if chat.pairing:
+        try:
+            from core.catalog import resolve_pairing
+
+            p = resolve_pairing(chat.pairing)
+        except Exception:  # unknown, or not downloaded any more
+            return None
+        return spec_type(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
+    return None
 
 
 # --- replies with thinking, and replies restored from the history -------------------------------------
@@ -271,7 +311,7 @@ class HistoryActions:
     def history_user_sent(self) -> None:
         if self.recorder is not None and self.history:
             text, images = message_parts(self.history[-1]["content"])
-            self.recorder.record_user(text, images)
+            self.recorder.record_user(text, images, self._chat_identity())
 
     def history_turn_failed(self) -> None:
         if self.recorder is not None:
@@ -349,15 +389,24 @@ class HistoryActions:
     async def open_chat(self, chat_id: int) -> None:
         if self.recorder is None or self._busy("open another chat"):
             return
+        spec_type = type(self.spec)
+        current = self.spec
+
+        def load(store):
+            chat = store.load_chat(chat_id)
+            other = None if same_pairing(chat, current) else pairing_spec_for(chat, spec_type)
+            return chat, other
+
         try:
-            chat = await self.recorder.call(lambda store: store.load_chat(chat_id))
+            chat, other = await self.recorder.call(load)
         except Exception as e:
             self.notify(f"Could not open the chat: {e}", severity="error", markup=False)
             return
-        await self.restore_chat(chat)
+        await self.restore_chat(chat, other)
 
-    async def restore_chat(self, chat) -> None:
-        """Show a stored chat and continue it: its messages, parameters, and pairing."""
+    async def restore_chat(self, chat, spec=None) -> None:
+        """Show a stored chat and continue it: its messages, parameters, and pairing (`spec`: a
+        PairingSpec for the chat's pairing when it differs from the loaded one)."""
         self.clear_conversation()
         self.recorder.adopt(chat)
         base = self.base_settings or self.settings
@@ -384,23 +433,22 @@ class HistoryActions:
                 r.flush_markdown()
         self.conversation.scroll_end(animate=False)
         self.conversation.anchor()
-        self._restore_pairing(chat)
+        self._restore_pairing(chat, spec)
         self.notify(f"Opened “{chat.title}”", markup=False)
         self.prompt.focus()
 
-    def _restore_pairing(self, chat) -> None:
-        if not chat.pairing or chat.pairing == self.spec.name:
+    def _restore_pairing(self, chat, spec) -> None:
+        """Load the chat's pairing if it is not the one loaded (ChatScreen.switch_pairing); say so
+        when it cannot be found any more."""
+        if same_pairing(chat, self.spec):
             return
-        switch = getattr(self.app, "switch_pairing", None)
-        if callable(switch):
-            try:
-                switch(chat.pairing)
+        switch = getattr(self, "switch_pairing", None)
+        if spec is not None and callable(switch):
+            if switch(spec):
+                self.notify(f"Loading {spec.name}, the pairing this chat was with", markup=False)
                 return
-            except Exception as e:  # a pairing that is not downloaded any more
-                self.notify(f"Could not switch to {chat.pairing}: {e}", severity="warning", timeout=8, markup=False)
-                return
-        self.notify(f"This chat was with {chat.pairing}; it continues with {self.spec.name}",
-                    severity="warning", timeout=8, markup=False)
+        self.notify(f"This chat was with {chat.pairing}, which is not available; it continues with "
+                    f"{self.spec.name}", severity="warning", timeout=8, markup=False)
 
     # -- parameters and settings --------------------------------------------------------------------
     def supports_thinking(self) -> bool:
