@@ -402,6 +402,8 @@ async def test_palette_command_opens_the_picker_and_chips_are_reached_by_keyboar
         await ready(pilot, app)
         app.chat.attachments.attach([str(pics / "landscape.jpg")])
         await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        chip = app.chat.attachments.query_one(AttachmentChip)
+        await until(pilot, lambda: chip in app.screen.focus_chain)  # shown and laid out
         app.chat.prompt.focus()
         await pilot.press("shift+tab")
         assert isinstance(app.focused, AttachmentChip)
@@ -410,8 +412,12 @@ async def test_palette_command_opens_the_picker_and_chips_are_reached_by_keyboar
         assert app.focused is app.chat.prompt
         await pilot.press("ctrl+p")
         await until(pilot, lambda: isinstance(app.screen, CommandPalette))
-        await pilot.press(*"attach an image")
-        await pilot.pause(0.3)
+        await pilot.press(*"attach")
+        from textual.command import CommandList
+
+        commands = app.screen.query_one(CommandList)
+        await until(pilot, lambda: commands.option_count and commands.highlighted is not None
+                    and "Attach an image" in str(commands.get_option_at_index(commands.highlighted).prompt))
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, FilePicker))
 
