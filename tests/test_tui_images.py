@@ -440,3 +440,26 @@ async def test_unreadable_file_is_refused(pics, monkeypatch):
         await until(pilot, lambda: errors(app) and chips(app))
         assert "Permission denied" in errors(app)[-1]
         assert chips(app) == ["my chart.png"] and app.chat.prompt.text == "keep"
+
+
+async def test_graphics_thumbnail_uses_textual_image_widget(monkeypatch):
+    """The terminal-graphics branch, with textual-image's half-cell widget standing in for the
+    Sixel/TGP one that only a real terminal answering the query would select."""
+    from textual.app import App
+    from textual_image.widget import HalfcellImage
+
+    from app.tui.widgets import thumbnail
+
+    monkeypatch.setattr(thumbnail, "_graphics_widget", lambda: HalfcellImage)
+    info = inspect_image(str(SAMPLES / "landscape.jpg"))
+
+    class One(App):
+        def compose(self):
+            yield Thumbnail(info, cells=(24, 8), mode="graphics")
+
+    app = One()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        picture = app.query_one(HalfcellImage)
+        assert (picture.size.width, picture.size.height) == (24, 8)
+        assert "landscape.jpg 320x240" in str(app.query_one(".thumb-caption").render())
