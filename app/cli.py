@@ -29,6 +29,13 @@ def _add_pairing_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offline", action="store_true", help="never touch the network; use only what is in the local cache")
 
 
+def _add_drafter_convention_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter-position", choices=["P-1", "P"], default="P-1",
+                   help="RoPE position of the drafter's query: the last cached position (P-1, default) or the bonus token's (P, as HF)")
+    p.add_argument("--drafter-window", choices=["W", "W+1"], default="W",
+                   help="keys the drafter's sliding layers see: |q-k| < W (default) or the last W+1 (as HF)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gemma-chat",
@@ -47,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", metavar="TEXT", help="the user message")
     src.add_argument("--messages", metavar="FILE.json", help="a JSON list of chat messages ({role, content})")
     g.add_argument("--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)")
+    g.add_argument("--image-budget", type=int, default=None, metavar="N",
+                   help="soft tokens per image: 70, 140, 280, 560 or 1120 (default: the checkpoint's)")
     g.add_argument("--system", metavar="TEXT", help="system prompt")
     g.add_argument("--block-size", type=_block_size, default="auto", metavar="K|auto", help="tokens verified per round (drafts + 1), or auto (default)")
     g.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 is greedy (default)")
@@ -59,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--thinking", action="store_true", help="turn thinking on where the chat template supports it")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")
     g.add_argument("--json", action="store_true", help="one JSON object per token, then a final {'stats': ...}")
+    _add_drafter_convention_args(g)
 
     b = sub.add_parser("bench", help="measure tok/s: mlx-lm baseline vs ours, drafter off and on, per block size")
     _add_pairing_args(b)
@@ -71,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace each draft by the target's greedy token with probability ALPHA (synthetic checkpoints)")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--json", action="store_true")
+    _add_drafter_convention_args(b)
 
     m = sub.add_parser("models", help="list, download and remove pairings")
     msub = m.add_subparsers(dest="models_command", metavar="ACTION")

@@ -43,6 +43,11 @@ class PairingSpec:
     drafter: str | None  # local drafter directory, or None (no speculative decoding)
     demo: bool = False
     dtype: str | None = None  # cast float weights ("float32", "bfloat16"); None keeps the checkpoint's
+    # The drafter's two conventions (core.drafter, pack README D1/D2): the RoPE position of its
+    # query ("P-1" the last cached position, or "P" as HF) and how many recent keys its sliding
+    # layers see ("W" keys with |q - k| < W, or "W+1" as HF). They change acceptance, not output.
+    drafter_position: str = "P-1"
+    drafter_window: str = "W"
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,7 @@ class Engine:
                 progress("drafter", 0.0, f"loading {drafter_dir.name}")
                 drafter = load_drafter(drafter_dir, spec.dtype or _dtype_name(target.dtype))
                 check_pair(target, drafter)
+                drafter.configure(query_position=spec.drafter_position, sliding_keys=spec.drafter_window)
                 progress("drafter", 1.0)
             progress("vision", 0.0)
             vision = None
@@ -278,10 +284,13 @@ class Engine:
         progress("ready", 1.0, spec.name)
         return info
 
-    def _reset_conversation(self, st: _Loaded) -> None:
+    def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
+        """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same
+        conversation needs them again (they are dropped after the turn if no longer used)."""
         st.cache = st.target.make_cache()
         st.token_log.clear()
-        st.soft_tokens.clear()
+        if not keep_images:
+            st.soft_tokens.clear()
 
     # --- generation ------------------------------------------------------------------------
 
@@ -329,7 +338,7 @@ class Engine:
             messages = what
             if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
                 messages = [{"role": "system", "content": settings.system_prompt}] + messages
-            images = self._prepare_images(st, messages)
+            images = self._prepare_images(st, messages, settings.image_budget)
             ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
             spans = []
             if images:
@@ -350,7 +359,7 @@ class Engine:
         if keep > st.cache.offset or not st.cache.can_trim_to(keep):
             keep = 0
         if keep == 0 and st.cache.offset:
-            self._reset_conversation(st)
+            self._reset_conversation(st, keep_images=True)
         else:
             st.cache.trim_to(keep)
         st.token_log.truncate(keep)
@@ -389,7 +398,7 @@ class Engine:
                 del st.soft_tokens[k]
         return TurnDone(result.stats, result.text, tuple(result.token_ids))
 
-    def _prepare_images(self, st: _Loaded, messages: list[dict]) -> list:
+    def _prepare_images(self, st: _Loaded, messages: list[dict], budget: int | None = None) -> list:
         from core import prompt as prompt_mod
 
         n = prompt_mod.count_images(messages)
@@ -401,6 +410,7 @@ class Engine:
 
         if st.image_config is None:
             st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)
+        config = st.image_config.with_max_soft_tokens(budget)  # the user's budget, else the checkpoint's
         out = []
         for m in messages:
             content = m.get("content")
@@ -411,7 +421,7 @@ class Engine:
                     source = item.get("path") or item.get("image") or item.get("url")
                     if source is None:
                         raise _UserError("an image item needs a 'path'")
-                    im = preprocess_image(source, st.image_config)
+                    im = preprocess_image(source, config)
                     key = hashlib.sha256(im.pixel_values[: im.num_patches].tobytes()).hexdigest()
                     out.append((im, key))
         return out

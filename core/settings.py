@@ -17,6 +17,7 @@ class GenerationSettings:
     ignore_eos: bool = False
     thinking: bool = False
     system_prompt: str | None = None
+    image_budget: int | None = None  # soft tokens per image (70/140/280/560/1120); None: the checkpoint's
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -29,3 +30,5 @@ class GenerationSettings:
             raise ValueError("top_k must be >= 0")
         if self.block_size != "auto" and not (isinstance(self.block_size, int) and 1 <= self.block_size <= 16):
             raise ValueError("block_size must be 1..16 or 'auto'")
+        if self.image_budget is not None and self.image_budget not in (70, 140, 280, 560, 1120):
+            raise ValueError(f"image budget must be one of 70, 140, 280, 560, 1120 (got {self.image_budget!r})")

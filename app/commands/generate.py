@@ -107,6 +107,7 @@ def run(args) -> int:
         ignore_eos=args.ignore_eos,
         thinking=args.thinking,
         system_prompt=args.system,
+        image_budget=getattr(args, "image_budget", None),
     )
     try:
         settings.validate()
@@ -129,7 +130,10 @@ def run(args) -> int:
     engine = Engine()
     try:
         try:
-            engine.load(PairingSpec(name, target, drafter, demo, args.dtype), None).result()
+            spec = PairingSpec(name, target, drafter, demo, args.dtype,
+                               drafter_position=getattr(args, "drafter_position", "P-1"),
+                               drafter_window=getattr(args, "drafter_window", "W"))
+            engine.load(spec, None).result()
         except EngineError as e:
             return fail(str(e))
         if args.no_template:
