@@ -61,6 +61,16 @@ def make_app(tmp_path) -> GemmaChatApp:
     return app
 
 
+def _no_blink(screen) -> None:
+    """A blinking cursor would make the shots depend on timing."""
+    from textual.widgets import Input, TextArea
+
+    for widget in screen.query(Input):
+        widget.cursor_blink = False
+    for widget in screen.query(TextArea):
+        widget.cursor_blink = False
+
+
 async def _until(pilot, predicate, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -73,7 +83,9 @@ def test_chat_list(snap_compare, tmp_path, utc):
         await _until(pilot, lambda: pilot.app.chat.loaded)
         await pilot.press("ctrl+l")
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatListScreen) and pilot.app.screen.loaded)
-        await pilot.pause(0.1)
+        _no_blink(pilot.app.screen)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.2)
 
     app = make_app(tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
@@ -87,7 +99,9 @@ def test_chat_list_search(snap_compare, tmp_path, utc):
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatListScreen) and pilot.app.screen.loaded)
         await pilot.press(*"struct")
         await _until(pilot, lambda: pilot.app.screen.loaded and pilot.app.screen.option_list.option_count == 1)
-        await pilot.pause(0.1)
+        _no_blink(pilot.app.screen)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.2)
 
     app = make_app(tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
@@ -102,7 +116,11 @@ def test_settings_screen(snap_compare, tmp_path):
         pilot.app.screen.query_one("#settings-file").update("config.toml")  # the tmp path differs per run
         pilot.app.screen.query_one("#set-top_p").value = "2"
         await pilot.press("ctrl+s")  # a bad value: the message names the field
-        await pilot.pause(0.1)
+        screen = pilot.app.screen
+        await _until(pilot, lambda: "Top-p" in str(screen.query_one("#settings-error").render()))
+        _no_blink(pilot.app.screen)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.3)
 
     app = make_app(tmp_path)
     assert snap_compare(app, terminal_size=(110, 44), run_before=run_before)
@@ -114,7 +132,9 @@ def test_chat_params_dialog(snap_compare, tmp_path):
         await _until(pilot, lambda: pilot.app.chat.loaded)
         await pilot.press("f9")
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatParamsScreen))
-        await pilot.pause(0.1)
+        _no_blink(pilot.app.screen)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.2)
 
     app = make_app(tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
