@@ -20,7 +20,7 @@ from app.resources import assets_dir
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.file_picker import FilePicker
-from app.tui.widgets.attachments import AttachmentChip, command_paths, user_content
+from app.tui.widgets.attachments import AttachmentChip, parse_image_command, user_content
 from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
 
 SIZE = (110, 34)
@@ -193,6 +193,11 @@ async def test_image_command_attaches_and_clears_the_prompt(pics):
         assert engine.chats == []  # a command, not a message
         await submit(pilot, app, "/image")  # no path: the picker
         await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        await pilot.press("escape")
+        await submit(pilot, app, f"/image {pics / 'landscape.jpg'} what is in these two?")
+        await until(pilot, lambda: len(chips(app)) == 2)
+        await until(pilot, lambda: app.chat.prompt.text == "what is in these two?")
+        assert engine.chats == []
 
 
 # -- chips and thumbnails -------------------------------------------------------------------------
@@ -346,10 +351,14 @@ def test_user_content_and_command_paths():
     info = inspect_image(str(SAMPLES / "chart.png"))
     assert user_content("hi", []) == "hi"
     assert user_content("hi", [info]) == [{"type": "image", "path": info.path}, {"type": "text", "text": "hi"}]
-    assert command_paths("hello") is None
-    assert command_paths("/imagery") is None
-    assert command_paths("/image") == []
-    assert command_paths(r"/image 'a b.png' c\ d.jpg file:///x/y%20z.png") == ["a b.png", "c d.jpg", "/x/y z.png"]
+    assert parse_image_command("hello") is None
+    assert parse_image_command("/imagery") is None
+    assert parse_image_command("/image") == ([], "")
+    assert parse_image_command(r"/image 'a b.png' /p/c\ d.jpg file:///x/y%20z.png") == (
+        ["a b.png", "/p/c d.jpg", "/x/y z.png"], "")
+    assert parse_image_command("/image notes.txt what is /tmp/q.png about?") == (
+        ["notes.txt", "/tmp/q.png"], "what is about?")
+    assert parse_image_command("/image ~/cat.jpg  describe it ") == ([str(Path("~/cat.jpg").expanduser())], "describe it")
 
 
 def test_halfcell_keeps_the_aspect_and_the_colours():
@@ -403,8 +412,10 @@ async def test_palette_command_opens_the_picker_and_chips_are_reached_by_keyboar
         app.chat.attachments.attach([str(pics / "landscape.jpg")])
         await until(pilot, lambda: chips(app) == ["landscape.jpg"])
         chip = app.chat.attachments.query_one(AttachmentChip)
-        await until(pilot, lambda: chip in app.screen.focus_chain)  # shown and laid out
+        # focus order is spatial: wait until the bar is laid out between conversation and prompt
+        await until(pilot, lambda: chip.region.height and chip.region.y > app.chat.conversation.region.y)
         app.chat.prompt.focus()
+        await until(pilot, lambda: app.focused is app.chat.prompt)
         await pilot.press("shift+tab")
         assert isinstance(app.focused, AttachmentChip)
         await pilot.press("x")

@@ -158,16 +158,22 @@ def user_content(text: str, images: list[ImageInfo]) -> str | list[dict]:
     return [*({"type": "image", "path": i.path} for i in images), {"type": "text", "text": text}]
 
 
-def command_paths(text: str) -> list[str] | None:
-    """The paths of a `/image PATH...` prompt (quoted or escaped like a shell), [] for a bare
-    `/image`, None when the prompt is not that command."""
-    from app.tui.paths_in_text import file_path, split_words
+def parse_image_command(text: str) -> tuple[list[str], str] | None:
+    """`/image PATH [PATH...] [message]` -> (paths, message); None when the prompt is not that
+    command. The first word is always a path (so `/image notes.txt` says why it is no image);
+    later words are paths when they name image files (see paths_in_text), the rest is the message."""
+    from app.tui.paths_in_text import file_path, find_image_paths, split_words
 
     stripped = text.strip()
     if stripped != IMAGE_COMMAND and not stripped.startswith(IMAGE_COMMAND + " "):
         return None
-    rest = stripped[len(IMAGE_COMMAND):]
-    return [file_path(w.value) for w in split_words(rest)]
+    rest = stripped[len(IMAGE_COMMAND):].lstrip()
+    words = split_words(rest)
+    if not words:
+        return [], ""
+    first = file_path(words[0].value)
+    found = find_image_paths(rest[words[0].end:].lstrip())
+    return [first, *(p for p in found.paths if p != first)], found.text.strip()
 
 
 class ImageActions:
@@ -198,11 +204,13 @@ class ImageActions:
         self.attachments.attach(message.paths)
 
     def image_command(self, text: str) -> bool:
-        """Handle a `/image` prompt; False if the prompt is an ordinary message. The command stays
-        in the prompt until every path attached, so a mistyped path can be fixed."""
-        paths = command_paths(text)
-        if paths is None:
+        """Handle a `/image PATH [PATH...] [message]` prompt; False if the prompt is an ordinary
+        message. The command stays in the prompt until every path attached, so a mistyped path can
+        be fixed; then any message after the paths is left in the prompt, to send."""
+        parsed = parse_image_command(text)
+        if parsed is None:
             return False
+        paths, message = parsed
         if not paths:
             self.prompt.accept()
             self.action_attach_image()
@@ -211,6 +219,9 @@ class ImageActions:
         def done(ok: bool) -> None:
             if ok and self.prompt.text == text:
                 self.prompt.accept()
+                if message:  # `/image cat.png what is this?` leaves the question to send
+                    self.prompt.text = message
+                    self.prompt.move_cursor(self.prompt.document.end)
 
         self.attachments.attach(paths, done)
         return True
