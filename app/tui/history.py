@@ -229,6 +229,12 @@ def pairing_spec_for(chat, spec_type):
 
 
 # --- replies with thinking, and replies restored from the history -------------------------------------
+def thinking_section(thinking: str) -> Collapsible:
+    """The model's thinking, folded away above its answer (Enter or a click opens it)."""
+    body = Static(thinking, markup=False, classes="thinking-text")
+    return Collapsible(body, title="thinking", collapsed=True, classes="thinking")
+
+
 def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     """Fold a finished reply's thinking into a collapsed section above the answer, and leave only the
     answer (with its token colours) in the token view and the reply text."""
@@ -244,11 +250,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     reply.chunks = [answer]
     reply._markdown_dirty = True
     if thinking:
-        reply.mount(
-            Collapsible(Static(thinking, markup=False, classes="thinking-text"), title="thinking", collapsed=True,
-                        classes="thinking"),
-            before=reply.tokens,
-        )
+        reply.mount(thinking_section(thinking), before=reply.tokens)
 
 
 class RestoredReply(ReplyView):
@@ -274,11 +276,7 @@ class RestoredReply(ReplyView):
         self.summary.update(line or "(from history)")
         self._markdown_dirty = True
         if self.restored_thinking:
-            self.mount(
-                Collapsible(Static(self.restored_thinking, markup=False, classes="thinking-text"), title="thinking",
-                            collapsed=True, classes="thinking"),
-                before=self.tokens,
-            )
+            self.mount(thinking_section(self.restored_thinking), before=self.tokens)
 
     @property
     def streaming(self) -> bool:
