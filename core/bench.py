@@ -44,7 +44,7 @@ class BenchOptions:
     simulate_acceptance: float | None = None
     dtype: str | None = None
     baseline: bool = True  # run mlx-lm's stream_generate
-    cost_repeats: int = 9
+    cost_repeats: int = 5  # per repeat of the runs
     seed: int = 0
 
 
@@ -327,9 +327,10 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
     # the teacher: plain greedy decoding by the target alone
     say("teacher run")
     teacher = run_ours(target, None, tokenizer, stops, ids, o.max_tokens, None)
-    draft_for_runs = drafter
-    if o.simulate_acceptance is not None:
-        draft_for_runs = SimulatedDrafter(drafter, ids + teacher.token_ids, o.simulate_acceptance, o.seed)
+    def simulated(rep):
+        if o.simulate_acceptance is None:
+            return drafter
+        return SimulatedDrafter(drafter, ids + teacher.token_ids, o.simulate_acceptance, o.seed + rep)
 
     base_model = base_tok = None
     if o.baseline:
@@ -343,37 +344,49 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
         if c == "mlx-lm":
             run_mlx_lm(base_model, base_tok, ids, min(8, o.max_tokens))
         else:
-            run_ours(target, draft_for_runs, tokenizer, stops, ids, min(8, o.max_tokens), c)
+            run_ours(target, simulated(0), tokenizer, stops, ids, min(8, o.max_tokens), c)
+    # auto's rounds get a bound only when it kept to the measured sizes
+    ks = sorted({1} | {k for k in o.block_sizes if k != "auto"}) if drafter is not None else [1]
     runs: dict[str, list[RunResult]] = {}
+    efficiencies: dict[str, list[float]] = {}
+    bounds: dict[str, list[float]] = {}
+    costs = []
     for rep in range(o.repeats):
+        # the costs are measured in every repeat too, so each run meets a bound from the same conditions
+        cost = measure_costs(target, drafter, ids, teacher.token_ids, ks, o.cost_repeats)
+        costs.append(cost)
+        sim = simulated(rep)
         for c in configs:
             if c == "mlx-lm":
                 r = run_mlx_lm(base_model, base_tok, ids, o.max_tokens)
             else:
-                r = run_ours(target, draft_for_runs, tokenizer, stops, ids, o.max_tokens, c)
+                r = run_ours(target, sim, tokenizer, stops, ids, o.max_tokens, c)
+                b = bound_tps(r, cost[1], cost[2])
+                if b:
+                    bounds.setdefault(r.config, []).append(b)
+                    efficiencies.setdefault(r.config, []).append(r.tps / b)
             say(f"repeat {rep + 1}/{o.repeats} {r.config}: {r.tps:.1f} tok/s")
             runs.setdefault(r.config, []).append(r)
             if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != teacher.token_ids:
                 raise BenchError(f"{r.config} with simulated acceptance changed the greedy output "
                                  f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})")
 
-    say("measuring costs")
-    ks = sorted({k for rs in runs.values() for r in rs for k in r.block_size_counts} | {1})
-    decode_s, verify_s, draft_s = measure_costs(target, drafter, ids, teacher.token_ids, ks, o.cost_repeats)
+    decode_s = statistics.median(c[0] for c in costs)
+    verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
+    draft_s = statistics.median(c[2] for c in costs) if drafter is not None else None
 
     base_tps = statistics.median(r.tps for r in runs["mlx-lm"]) if "mlx-lm" in runs else None
     summaries = []
     for name, rs in runs.items():
         tps = statistics.median(r.tps for r in rs)
-        mid = sorted(rs, key=lambda r: r.tps)[len(rs) // 2]
         drafted = sum(r.drafted for r in rs)
         acceptance = sum(r.accepted for r in rs) / drafted if drafted else None
         rounds = sum(r.rounds for r in rs)
         tpr = sum(r.tokens - 1 for r in rs) / rounds if rounds else None
-        bound = None if name == "mlx-lm" else bound_tps(mid, verify_s, draft_s)
         summaries.append(ConfigSummary(
             config=name, tps=tps, tps_runs=[r.tps for r in rs], acceptance=acceptance, tokens_per_round=tpr,
-            bound_tps=bound, efficiency=mid.tps / bound if bound else None,
+            bound_tps=statistics.median(bounds[name]) if bounds.get(name) else None,
+            efficiency=statistics.median(efficiencies[name]) if efficiencies.get(name) else None,
             vs_baseline=tps / base_tps if base_tps else None,
             matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
         ))

@@ -1,0 +1,146 @@
+"""Do tokens reach the screen as fast as the engine makes them? (issue "Chat screen")
+
+    .venv/bin/python scripts/bench_ui.py [--tokens 300] [--repeats 3] [--block-size auto] [--model DIR --drafter DIR]
+
+Interleaved, on the same engine and pairing (default: the demo pairing):
+- headless: `Engine.chat` alone, counting TokenEvents as the engine emits them;
+- UI: the real `GemmaChatApp` driven by Textual's `run_test` (headless terminal), the same
+  prompt sent through the chat screen; a token counts when the screen's drain has applied it
+  to the conversation widget (`ChatScreen._append` returned).
+Both rates are (tokens after the first) / (first to last token), EOS ignored, fixed max tokens.
+Also shown: the engine's own rate while the UI runs (from the bridge's push stamps), which
+tells GIL contention (the engine slowed down) from drain latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PROMPT = "Tell me a long story about the sea."
+
+
+def _rate(times: list[float], counts: list[int] | None = None) -> float:
+    """(tokens after the first batch) / (first to last arrival)."""
+    if len(times) < 2:
+        return 0.0
+    counts = counts or [1] * len(times)
+    span = times[-1] - times[0]
+    return (sum(counts) - counts[0]) / span if span > 0 else 0.0
+
+
+def headless_run(engine, settings) -> float:
+    from core.events import TokenEvent
+
+    stamps: list[float] = []
+
+    def on_event(e) -> None:
+        if isinstance(e, TokenEvent):
+            stamps.append(time.perf_counter())
+
+    engine.reset().result()
+    done = engine.chat([{"role": "user", "content": PROMPT}], settings, on_event).result()
+    assert done.error is None, done.error
+    assert len(stamps) == settings.max_tokens, (len(stamps), settings.max_tokens)
+    return _rate(stamps)
+
+
+async def ui_run(engine, spec, settings) -> tuple[float, float]:
+    """(screen rate, engine rate while the UI ran)."""
+    from core.events import TokenEvent
+
+    from app.tui.app import GemmaChatApp
+
+    engine.reset().result()
+    app = GemmaChatApp(engine, spec, settings)
+    applied: list[float] = []
+    counts: list[int] = []
+    async with app.run_test(headless=True, size=(120, 40)) as pilot:
+        chat = app.chat
+        while not chat.loaded:
+            if chat.load_error:
+                raise RuntimeError(chat.load_error)
+            await pilot.pause(0.05)
+        original = chat._append
+        pushed: list[float] = []
+
+        def timed_append(tokens, first_t, last_t):
+            original(tokens, first_t, last_t)
+            applied.append(time.perf_counter())
+            counts.append(len(tokens))
+
+        chat._append = timed_append
+        listener = chat.bridge.listener
+
+        def stamping_listener(turn):
+            inner = listener(turn)
+
+            def on_event(e):
+                if isinstance(e, TokenEvent):
+                    pushed.append(time.perf_counter())
+                inner(e)
+
+            return on_event
+
+        chat.bridge.listener = stamping_listener
+        assert chat.send(PROMPT)
+        while chat.generating:
+            await pilot.pause(0.05)
+        chat.bridge.listener = listener
+    assert sum(counts) == settings.max_tokens, (sum(counts), settings.max_tokens)
+    return _rate(applied, counts), _rate(pushed)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--block-size", default="auto")
+    p.add_argument("--no-draft", action="store_true")
+    p.add_argument("--model")
+    p.add_argument("--drafter")
+    a = p.parse_args()
+
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    if a.model:
+        spec = PairingSpec(Path(a.model).name, a.model, None if a.no_draft else a.drafter)
+    else:
+        from core.demo import ensure_demo_pairing
+
+        target, drafter = ensure_demo_pairing()
+        spec = PairingSpec("demo (random weights)", str(target), None if a.no_draft else str(drafter), demo=True)
+    block = a.block_size if a.block_size == "auto" else int(a.block_size)
+    settings = GenerationSettings(max_tokens=a.tokens, ignore_eos=True, block_size=block,
+                                  drafter_enabled=not a.no_draft)
+    engine = Engine()
+    try:
+        engine.load(spec, None).result()
+        headless_run(engine, GenerationSettings(max_tokens=16, ignore_eos=True))  # warm-up
+        heads, screens, under_ui = [], [], []
+        for rep in range(a.repeats):
+            heads.append(headless_run(engine, settings))
+            screen, engine_rate = asyncio.run(ui_run(engine, spec, settings))
+            screens.append(screen)
+            under_ui.append(engine_rate)
+            print(f"repeat {rep + 1}: headless {heads[-1]:.1f} tok/s | on screen {screen:.1f} tok/s "
+                  f"| engine under the UI {engine_rate:.1f} tok/s", file=sys.stderr, flush=True)
+    finally:
+        engine.close()
+    h, s, u = statistics.median(heads), statistics.median(screens), statistics.median(under_ui)
+    print(f"pairing {spec.name} | {a.tokens} tokens | block {a.block_size} | median of {a.repeats} interleaved")
+    print(f"headless engine     {h:8.1f} tok/s")
+    print(f"engine under the UI {u:8.1f} tok/s  ({u / h:.3f}x headless)")
+    print(f"tokens on screen    {s:8.1f} tok/s  ({s / h:.3f}x headless)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
