@@ -223,6 +223,13 @@ class Engine:
         def progress(stage: str, fraction: float, message: str = "") -> None:
             _safe_call(on_event, LoadProgress(stage, fraction, message))
 
+        from core.drafter import QUERY_POSITIONS, SLIDING_KEYS
+
+        # a bad convention is refused before the loaded pairing is let go
+        if spec.drafter_position not in QUERY_POSITIONS:
+            raise EngineError(f"drafter query_position must be one of {QUERY_POSITIONS}, got {spec.drafter_position!r}")
+        if spec.drafter_window not in SLIDING_KEYS:
+            raise EngineError(f"drafter sliding_keys must be one of {SLIDING_KEYS}, got {spec.drafter_window!r}")
         self._state = self._info = None  # free the previous pairing before loading the next
         mx.clear_cache()
         try:

@@ -406,5 +406,8 @@ def test_drafter_conventions_reach_the_drafter(monkeypatch, capsys):
         assert (d.query_position, d.sliding_keys) == ("P", "W+1")
         with pytest.raises(EngineError, match="query_position must be one of"):
             eng.load(_spec("moe-style", drafter_position="P+1"), None).result(timeout=120)
+        with pytest.raises(EngineError, match="sliding_keys must be one of"):
+            eng.load(_spec("moe-style", drafter=False, drafter_window="2W"), None).result(timeout=120)
+        assert eng.info is not None and eng.info.name == "moe-style"  # the loaded pairing stays
     finally:
         eng.close()
