@@ -4,6 +4,10 @@ Plain mode streams the answer to stdout and ends with a one-line summary on stde
 acceptance, tokens per round). `--json` prints one JSON object per line on stdout, flushed as each
 token is decided ({"id", "text", "from_draft", "round"}), then {"stats": {...}}; a failure is
 {"error": "..."} with exit status 1.
+
+`--image PATH` (repeatable) puts the images before the prompt text in the user message, at
+`--image-budget` soft tokens each (default: the checkpoint's). `--drafter-position` and
+`--drafter-window` pick the drafter's conventions (core.drafter; they change acceptance only).
 """
 
 from __future__ import annotations
