@@ -12,7 +12,8 @@ the prefill).
 Alongside: the measured costs of one verify of K tokens, one plain decode step and one draft
 step on a warm cache, and each run's efficiency against the bound
     E[tokens per round] / (verify(K) + (K - 1) * draft step)
-with E the run's own measured tokens per round.
+with E the run's own measured tokens per round; the K-1 draft steps are timed as the one lazy
+chain a round runs (per K), which keeps the chain's fixed part (gathering the target's K/V) in.
 
 `simulate_acceptance` (alpha) keeps the real drafter running (its cost is real), then replaces
 each of its drafts by the target's own greedy token with probability alpha, on the device
@@ -93,7 +94,7 @@ class BenchReport:
     simulate_acceptance: float | None
     decode_step_s: float  # one synced 1-token forward on a warm cache
     verify_s: dict[int, float]  # K -> one synced K-token forward (+ verify argmax)
-    draft_step_s: float | None  # one drafter step inside a lazy chain
+    draft_s: dict[int, float]  # n -> one synced draft chain of n steps (empty without a drafter)
     configs: list[ConfigSummary]
 
     def config(self, name: str) -> ConfigSummary | None:
@@ -108,7 +109,8 @@ class BenchReport:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "configs"}
         d["verify_s"] = {str(k): v for k, v in self.verify_s.items()}
         d["verify_ratio"] = {str(k): v / self.decode_step_s for k, v in self.verify_s.items()}
-        d["draft_ratio"] = self.draft_step_s / self.decode_step_s if self.draft_step_s else None
+        d["draft_s"] = {str(k): v for k, v in self.draft_s.items()}
+        d["draft_step_ratio"] = self.draft_s[1] / self.decode_step_s if self.draft_s else None
         d["configs"] = [dict(c.__dict__) for c in self.configs]
         best = self.best
         d["best"] = best.config if best else None
@@ -236,7 +238,12 @@ def _timed(fn, repeats: int) -> float:
 
 
 def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: list[int], repeats: int):
-    """(decode step s, {K: verify s}, draft step s | None) on a cache warm with the prompt."""
+    """Synced costs on a cache warm with the prompt, each the median of `repeats`:
+    (decode step s, {K: verify of K tokens s}, {n: draft chain of n steps s} (empty without a drafter)).
+
+    A verify is the target forward of K tokens plus the greedy check's argmax; a draft chain is
+    one `drafter.draft(..., n)` call evaluated once, as a round runs it (its fixed part, gathering
+    the target's K/V, included)."""
     import mlx.core as mx
 
     cache = target.make_cache()
@@ -244,7 +251,7 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
     h = hidden[-1]
     mx.eval(h)
     P = cache.offset
-    need = max(ks + [6])
+    need = max(ks)
     block = (list(continuation) + [0] * need)[:need]
 
     def verify(k):
@@ -255,7 +262,7 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
         return go
 
     verify_s = {k: _timed(verify(k), repeats) for k in sorted(set([1] + ks))}
-    draft_step = None
+    chains = {}
     if drafter is not None:
         b = mx.array(block[:1], dtype=mx.uint32)
 
@@ -265,21 +272,19 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
                 mx.eval(drafts)
             return go
 
-        # a step's cost inside one lazy chain (the launch and sync counted once, not per step)
-        t1, t5 = _timed(chain(1), repeats), _timed(chain(5), repeats)
-        draft_step = max((t5 - t1) / 4, t1 / 5)
-    return verify_s[1], verify_s, draft_step
+        chains = {n: _timed(chain(n), repeats) for n in sorted({1} | {k - 1 for k in ks if k > 1})}
+    return verify_s[1], verify_s, chains
 
 
-def bound_tps(run: RunResult, verify_s: dict, draft_s: float | None) -> float | None:
-    """The run's tok/s if each round cost exactly verify(K) + (K-1) draft steps."""
+def bound_tps(run: RunResult, verify_s: dict, chains: dict) -> float | None:
+    """The run's tok/s if each round of size K cost exactly verify(K) + a draft chain of K-1 steps."""
     if not run.rounds:
         return None
     seconds = 0.0
     for k, n in run.block_size_counts.items():
-        if k not in verify_s:
+        if k not in verify_s or (k > 1 and k - 1 not in chains):
             return None
-        seconds += n * (verify_s[k] + (k - 1) * (draft_s or 0.0))
+        seconds += n * (verify_s[k] + (chains[k - 1] if k > 1 else 0.0))
     return (run.tokens - 1) / seconds if seconds > 0 else None
 
 
@@ -373,7 +378,7 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
 
     decode_s = statistics.median(c[0] for c in costs)
     verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
-    draft_s = statistics.median(c[2] for c in costs) if drafter is not None else None
+    chains = {n: statistics.median(c[2][n] for c in costs) for n in costs[0][2]}
 
     base_tps = statistics.median(r.tps for r in runs["mlx-lm"]) if "mlx-lm" in runs else None
     summaries = []
@@ -395,7 +400,7 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
         target=str(target_dir), drafter=str(drafter_dir) if drafter_dir else None, dtype=dtype_name,
         prompt_tokens=len(ids), max_tokens=o.max_tokens, repeats=o.repeats,
         simulate_acceptance=o.simulate_acceptance, decode_step_s=decode_s, verify_s=verify_s,
-        draft_step_s=draft_s, configs=summaries,
+        draft_s=chains, configs=summaries,
     )
 
 
@@ -434,8 +439,11 @@ def format_table(report: BenchReport) -> str:
         "",
         f"decode step {d * 1e3:.2f} ms | verify cost / decode step: {costs}",
     ]
-    if report.draft_step_s is not None:
-        lines.append(f"draft step {report.draft_step_s * 1e3:.2f} ms = {report.draft_step_s / d:.3f} decode steps")
+    if report.draft_s:
+        chain = "  ".join(f"{n}: {v / d:.2f}" for n, v in sorted(report.draft_s.items()))
+        lines.append(f"draft step {report.draft_s[1] * 1e3:.2f} ms = {report.draft_s[1] / d:.3f} decode steps"
+                     f" | draft chain of n steps / decode step: {chain}")
+    lines.append("bound = tokens per round / (verify(K) + draft chain(K-1)), measured costs; effic = tok/s / bound")
     best = report.best
     if best is not None:
         off = report.config("off")

@@ -31,7 +31,7 @@ def test_bench_end_to_end_table_and_json(factory_checkpoints):
         assert c.bound_tps > 0 and c.efficiency > 0
     assert report.config("off").tokens_per_round == 1.0 and report.config("off").acceptance is None
     assert 0 <= report.config("K=3").acceptance <= 1
-    assert set(report.verify_s) >= {1, 2, 3} and report.draft_step_s > 0
+    assert set(report.verify_s) >= {1, 2, 3} and set(report.draft_s) == {1, 2} and report.draft_s[1] > 0
     table = format_table(report)
     for name in names:
         assert f"\n{name} " in table
@@ -63,8 +63,9 @@ def test_parse_block_sizes_and_bound():
         with pytest.raises(ValueError):
             parse_block_sizes(bad)
     run = RunResult("K=3", tps=20.0, tokens=31, rounds=10, drafted=20, accepted=20, block_size_counts={3: 10})
-    # 30 tokens over 10 rounds of (verify 0.1 s + 2 draft steps of 0.01 s)
-    assert bound_tps(run, {1: 0.05, 3: 0.1}, 0.01) == pytest.approx(25.0)
+    # 30 tokens over 10 rounds of (verify 0.1 s + a 2-step draft chain of 0.02 s)
+    assert bound_tps(run, {1: 0.05, 3: 0.1}, {1: 0.015, 2: 0.02}) == pytest.approx(25.0)
+    assert bound_tps(run, {1: 0.05, 3: 0.1}, {1: 0.015}) is None  # a size that was not measured
     assert run.tokens_per_round == 3.0 and run.acceptance == 1.0
 
 
