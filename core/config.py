@@ -51,6 +51,7 @@ class Config:
         return GenerationSettings(
             max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
             block_size=self.block_size, thinking=self.thinking, system_prompt=self.system_prompt,
+            image_budget=self.image_budget,
         )
 
 

@@ -81,5 +81,27 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
     model, config = load_model(path, lazy=True)
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
+    _cpu_safe_experts(model)
     mx.eval(model.parameters())
     return LoadedTarget(path=path, config=config, model=model)
+
+
+def _cpu_safe_experts(model) -> None:
+    """MLX's CPU backend runs the MoE expert matmul (GatherMM) only in float32: a bf16/f16 26B-A4B
+    would fail on its first token. Upcast just the (unquantized) expert weights there; Metal keeps
+    the checkpoint's dtype. Quantized experts use another kernel and work as they are."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if mx.default_device() != mx.cpu:
+        return
+    params = tree_flatten(model.parameters())
+    names = {k for k, _ in params}
+    upcast = [
+        (k, v.astype(mx.float32))
+        for k, v in params
+        if ".switch_glu." in k and k.endswith(".weight") and v.dtype in (mx.bfloat16, mx.float16)
+        and k[: -len("weight")] + "scales" not in names
+    ]
+    if upcast:
+        model.update(tree_unflatten(upcast))

@@ -94,7 +94,8 @@ quit = "Ctrl+X"
     assert config.key_overrides == {"block_size_up": "ctrl+up", "quit": "Ctrl+X"}
     settings = config.generation_settings()
     assert settings == GenerationSettings(max_tokens=300, temperature=1.0, top_p=0.95, top_k=64, seed=7,
-                                          block_size=5, thinking=True, system_prompt="Answer in French.")
+                                          block_size=5, thinking=True, system_prompt="Answer in French.",
+                                          image_budget=560)
     settings.validate()
 
 
