@@ -22,33 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
-
-try:  # the real contract types, once core.engine exists
-    from core.engine import PairingInfo, PairingSpec  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - only while core.engine is being written
-
-    @dataclass(frozen=True)
-    class PairingSpec:  # type: ignore[no-redef]
-        name: str
-        target: str
-        drafter: str | None
-        demo: bool = False
-
-    @dataclass(frozen=True)
-    class PairingInfo:  # type: ignore[no-redef]
-        name: str
-        target_path: str
-        drafter_path: str | None
-        has_vision: bool
-        demo: bool
-        context_length: int
-        vocab_size: int
-        sliding_window: int
-        dtype: str
-        supports_thinking: bool
-
 
 DEFAULT_REPLY = (
     "Speculative decoding lets a small **drafter** propose tokens that the target model checks "
