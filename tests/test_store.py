@@ -19,7 +19,6 @@ from core import paths
 from core.events import TurnStats
 from core.store import (
     DEFAULT_TITLE,
-    FTS_DDL,
     SCHEMA_V1,
     SCHEMA_VERSION,
     Attachment,

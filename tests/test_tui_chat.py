@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -18,6 +17,7 @@ from app.tui.bridge import EventBridge
 from app.tui.fake_engine import FakeEngine, PairingSpec, split_tokens
 from app.tui.screens.help import HelpScreen
 from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage, displayable
+from pilot import ready, until
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -32,18 +32,6 @@ def make_app(engine: FakeEngine | None = None, *, demo: bool = False) -> tuple[G
     engine = engine or FakeEngine()
     spec = PairingSpec("demo (random weights)" if demo else "fake", "target-dir", "drafter-dir", demo=demo)
     return GemmaChatApp(engine, spec), engine
-
-
-async def until(pilot, predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the screen")
-        await pilot.pause(0.02)
-
-
-async def ready(pilot, app: GemmaChatApp) -> None:
-    await until(pilot, lambda: app.chat.loaded)
 
 
 async def send(pilot, app: GemmaChatApp, text: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.conversation import ReplyView, UserMessage
+from pilot import until
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -33,14 +33,6 @@ def make_app(db, engine: FakeEngine | None = None, export_dir=None, **kwargs) ->
     engine = engine or FakeEngine(**kwargs)
     recorder = HistoryRecorder(path=db, export_dir=export_dir)
     return GemmaChatApp(engine, PairingSpec("fake", "target-dir", "drafter-dir"), history=recorder)
-
-
-async def until(pilot, predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the screen")
-        await pilot.pause(0.02)
 
 
 async def flush(app) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import struct
-import time
 import zlib
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.file_picker import FilePicker
 from app.tui.widgets.attachments import AttachmentChip, parse_image_command, user_content
 from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
+from pilot import ready, until
 
 SIZE = (110, 34)
 SAMPLES = assets_dir() / "images"
@@ -69,18 +69,6 @@ def _png_header_only(width: int, height: int) -> bytes:
 def make_app(engine: FakeEngine | None = None) -> tuple[GemmaChatApp, FakeEngine]:
     engine = engine or FakeEngine(replies=["A picture of things."])
     return GemmaChatApp(engine, PairingSpec("fake", "target-dir", "drafter-dir")), engine
-
-
-async def until(pilot, predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the screen")
-        await pilot.pause(0.02)
-
-
-async def ready(pilot, app) -> None:
-    await until(pilot, lambda: app.chat.loaded)
 
 
 async def submit(pilot, app, text: str) -> None:

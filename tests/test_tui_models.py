@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import os
 import socket
-import time
 
 import pytest
 
@@ -27,6 +26,7 @@ from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
+from pilot import until as _until
 
 pytestmark = pytest.mark.anyio
 SIZE = (120, 36)
@@ -87,11 +87,7 @@ def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=N
 
 
 async def until(pilot, predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the screen")
-        await pilot.pause(0.02)
+    await _until(pilot, predicate, timeout)  # downloads and loads get a longer default
 
 
 async def open_models(pilot, app) -> ModelsScreen:

@@ -3,7 +3,6 @@ names the field of a bad value, and applies theme / defaults / block size to the
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.settings import SettingsScreen
+from pilot import until
 
 SIZE = (110, 40)
 pytestmark = pytest.mark.anyio
@@ -40,14 +40,6 @@ def make_app(tmp_path, text: str = CONFIG_TEXT):
     app = GemmaChatApp(engine, PairingSpec("fake", "t", "d"), config.generation_settings(), config=config,
                        history=HistoryRecorder(path=tmp_path / "h.sqlite3"))
     return app, path
-
-
-async def until(pilot, predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the screen")
-        await pilot.pause(0.02)
 
 
 async def open_settings(pilot) -> SettingsScreen:
