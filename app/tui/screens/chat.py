@@ -208,7 +208,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
                 tokens.append(ev)
                 last_t = item.t
                 continue
-            if tokens:
+            # one append per drain: a round summary needs no flush (plain decoding ends a round
+            # per token, and an append per token re-wraps the growing text every time)
+            if tokens and not isinstance(ev, RoundEvent):
                 self._append(tokens, first_t, last_t)
                 tokens = []
             if isinstance(ev, RoundEvent):

@@ -149,6 +149,7 @@ class ReplyView(Vertical):
         self._markdown_dirty = False
         self._markdown_pending = None
         self._summary_count = -1
+        self._summary_len = -1
 
     def compose(self) -> ComposeResult:
         yield self.header
@@ -176,7 +177,10 @@ class ReplyView(Vertical):
     def update_live_summary(self) -> None:
         if self.done is None and self._summary_count != self.token_count:
             self._summary_count = self.token_count
-            self.summary.update(f"streaming… {self.token_count} tokens, {self.draft_count} from drafts")
+            line = f"streaming… {self.token_count} tokens, {self.draft_count} from drafts"
+            # same length, same wrapping: repaint only, no layout of the whole conversation
+            self.summary.update(line, layout=len(line) != self._summary_len)
+            self._summary_len = len(line)
 
     def finish(self, done: TurnDone) -> None:
         self.done = done

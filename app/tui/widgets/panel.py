@@ -1,4 +1,4 @@
-"""The live side panel: pairing, tuning state and speed figures (refreshed at most ~10 Hz)."""
+"""The live side panel: pairing, tuning state and speed figures (refreshed at most ~4 Hz)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from app.tui.live_stats import LiveStats, format_bytes
 
 
 def _set(widget: Static, text: str) -> None:
-    # Static.update lays the screen out again: skip it when nothing changed
-    if getattr(widget, "_shown", None) != text:
+    # Static.update lays the screen out again: skip it when nothing changed, and repaint only
+    # while the line count stays (the panel has a fixed width, so the height follows the lines)
+    old = getattr(widget, "_shown", None)
+    if old != text:
         widget._shown = text
-        widget.update(text)
+        widget.update(text, layout=old is None or old.count("\n") != text.count("\n"))
 
 
 def _num(value: float | None, fmt: str) -> str:
