@@ -40,6 +40,8 @@ def run(args) -> int:
         return fail(str(e))
     except BenchError as e:
         return fail(str(e))
+    except (ValueError, OSError) as e:  # CheckpointError is a ValueError: a bad --model/--drafter
+        return fail(f"{type(e).__name__}: {e}")
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
