@@ -350,8 +350,10 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
             run_mlx_lm(base_model, base_tok, ids, min(8, o.max_tokens))
         else:
             run_ours(target, simulated(0), tokenizer, stops, ids, min(8, o.max_tokens), c)
+    # every size up to the largest asked for: a turn's last rounds shrink to fit max_tokens;
     # auto's rounds get a bound only when it kept to the measured sizes
-    ks = sorted({1} | {k for k in o.block_sizes if k != "auto"}) if drafter is not None else [1]
+    fixed = [k for k in o.block_sizes if k != "auto"]
+    ks = list(range(1, max(fixed + [2]) + 1)) if drafter is not None else [1]
     runs: dict[str, list[RunResult]] = {}
     efficiencies: dict[str, list[float]] = {}
     bounds: dict[str, list[float]] = {}
