@@ -29,8 +29,13 @@ def _ensure_tmux() -> str | None:
         return tmux
     if os.geteuid() != 0:
         pytest.skip("tmux is not installed and installing it needs root")
+    install = ["apt-get", "install", "-y", "-q", "tmux"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        subprocess.run(["apt-get", "install", "-y", "tmux"], check=True, capture_output=True, timeout=180)
+        if subprocess.run(install, capture_output=True, timeout=180, env=env).returncode != 0:
+            # a fresh machine has no package lists yet
+            subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, timeout=300, env=env)
+            subprocess.run(install, check=True, capture_output=True, timeout=180, env=env)
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"tmux is not installed and `apt-get install -y tmux` failed: {e}")
     return shutil.which("tmux") or pytest.skip("apt-get ran but tmux is still missing")
