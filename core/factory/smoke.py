@@ -1,4 +1,5 @@
-"""Real-shape smoke run: build an E2B/E4B-sized random checkpoint, load it with mlx-lm, generate.
+"""Real-shape smoke run: build an E2B/E4B-sized random checkpoint, load it with mlx-lm, generate,
+then generate again with gemma-chat's engine and the matching drafter (block 2) and without it.
 
     python -m core.factory.smoke [--shape E2B] [--dtypes bfloat16,q4] [--root DIR] [--tokens 32]
 
@@ -48,7 +49,35 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
     figures["pair_problems"] = check_pair(read(target_dir), read(out))
     del drafter
     mx.clear_cache()
+    figures.update(_engine_figures(target_dir, out))
     return figures
+
+
+def _engine_figures(target_dir: Path, drafter_dir: Path, max_tokens: int = 4) -> dict:
+    """Generate with gemma-chat's own engine, drafter on (block 2) and off, same prompt."""
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    engine = Engine()
+    try:
+        t0 = time.perf_counter()
+        engine.load(PairingSpec("smoke", str(target_dir), str(drafter_dir)), lambda e: None).result()
+        figures = {"engine_load_s": round(time.perf_counter() - t0, 1)}
+        for name, drafter_on in (("mtp", True), ("plain", False)):
+            settings = GenerationSettings(max_tokens=max_tokens, block_size=2, drafter_enabled=drafter_on,
+                                          ignore_eos=True)
+            done = engine.complete("Hello", settings, lambda e: None).result()
+            if done.error:
+                figures[f"{name}_error"] = done.error
+                continue
+            s = done.stats
+            figures[f"{name}_tokens"] = len(done.token_ids)
+            figures[f"{name}_decode_tps"] = round(s.decode_tps, 3)
+            figures[f"{name}_acceptance"] = round(s.acceptance, 2)
+            figures[f"{name}_peak_mem_gb"] = round(s.peak_memory_bytes / 1e9, 2)
+        return figures
+    finally:
+        engine.close()
 
 
 def _leaves(tree):
