@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 DEMO_LABEL = "demo: tiny random weights"
+DEMO_NAME = "demo (random weights)"  # the pairing name the UI and CLI show
 DEMO_MARKER = "gemma_chat_demo.json"
 DEMO_BUILD = {"variant": "e-style", "layout": "hf", "dtype": "float32", "seed": 0}
 _BUILDING = ".building-"

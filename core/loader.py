@@ -24,17 +24,23 @@ def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -
     if p.is_dir():
         return p.resolve()
     if p.exists():
-        raise CheckpointError(f"{path_or_repo} is not a directory")
+        raise CheckpointError(f"{path_or_repo} is a file, not a checkpoint directory")
     if path_or_repo.count("/") != 1 or path_or_repo.startswith((".", "/", "~")):
-        raise CheckpointError(f"no such checkpoint directory: {path_or_repo}")
+        raise CheckpointError(
+            f"no such checkpoint directory: {path_or_repo} (and not a Hugging Face repo id, owner/name)"
+        )
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         return Path(snapshot_download(path_or_repo, local_files_only=True, cache_dir=cache_dir))
-    except Exception as e:  # LocalEntryNotFoundError, RepositoryNotFoundError, ...
+    except LocalEntryNotFoundError:
         raise CheckpointError(
-            f"{path_or_repo} is not downloaded (run `gemma-chat models download` first): {e}"
-        ) from e
+            f"{path_or_repo} is not downloaded: it is not in the local Hugging Face cache "
+            f"(run `gemma-chat models download {path_or_repo}` first)"
+        ) from None
+    except Exception as e:  # a malformed id, a broken cache
+        raise CheckpointError(f"{path_or_repo}: {e}") from None
 
 
 def read_json(path: Path) -> dict:

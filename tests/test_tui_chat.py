@@ -329,7 +329,7 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         assert chat.prompt.text == "x+-ad" and len(engine.chats) == 1
         engine.allow(1000)
         await until(pilot, lambda: chat.reply is None)
-        await pilot.pause(0.15)
+        await until(pilot, lambda: "Drafter     off" in text_of(chat.panel.tuning))  # panels refresh at 4 Hz
         tuning = text_of(chat.panel.tuning)
         assert "Drafter     off" in tuning and f"{engine.calls[-2].arg} (manual)" in tuning
 
@@ -341,8 +341,9 @@ async def test_panels_show_the_engine_numbers_and_demo_label():
         assert "DEMO — random weights" in text_of(app.chat.panel.pairing)
         await send(pilot, app, "numbers")
         await until(pilot, lambda: app.chat.last_reply is not None)
-        await pilot.pause(0.15)  # the panels refresh at 10 Hz
         stats = engine.turns[-1].stats
+        # the panels refresh at 4 Hz
+        await until(pilot, lambda: f"Decode      {stats.decode_tps:.1f} tok/s" in text_of(app.chat.panel.figures))
         figures = text_of(app.chat.panel.figures)
         assert f"Acceptance  {stats.acceptance * 100:.0f} %" in figures
         assert f"Tok/round   {stats.tokens_per_round:.2f}" in figures
@@ -525,7 +526,7 @@ def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
     assert spec.target == str(snap)
     with pytest.raises(tui.PairingError, match="needs --model"):
         tui.pairing_spec(_args(drafter=str(drafter)))
-    with pytest.raises(tui.PairingError, match="no such directory"):
+    with pytest.raises(tui.PairingError, match="no such checkpoint directory"):
         tui.pairing_spec(_args(model=str(tmp_path / "missing")))
 
 
@@ -613,6 +614,5 @@ async def test_pairing_without_drafter_says_so():
     app = GemmaChatApp(engine, PairingSpec("plain", "target-dir", None))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await pilot.pause(0.15)
-        assert "Drafter     none (plain decoding)" in text_of(app.chat.panel.tuning)
+        await until(pilot, lambda: "Drafter     none (plain decoding)" in text_of(app.chat.panel.tuning))
         assert "no drafter" in text_of(app.chat.panel.status)

@@ -26,10 +26,10 @@ def _pairing(args):
 
     no_draft = getattr(args, "no_draft", False)
     if getattr(args, "demo", False):
-        from core.demo import ensure_demo_pairing
+        from core.demo import DEMO_NAME, ensure_demo_pairing
 
         target, drafter = ensure_demo_pairing()
-        return "demo (random weights)", str(target), None if no_draft else str(drafter), True
+        return DEMO_NAME, str(target), None if no_draft else str(drafter), True
     if getattr(args, "model", None):
         try:
             target = resolve_checkpoint(args.model)

@@ -17,9 +17,10 @@ import os
 import sys
 from pathlib import Path
 
+from core.demo import DEMO_NAME
+
 FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
 FAKE_DELAY_ENV = "GEMMA_CHAT_FAKE_DELAY"
-DEMO_NAME = "demo (random weights)"
 
 
 class PairingError(Exception):
@@ -28,25 +29,12 @@ class PairingError(Exception):
 
 def resolve_checkpoint(value: str) -> str:
     """A local directory, or a repo id resolved to its snapshot in the local Hugging Face cache."""
-    path = Path(value).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    if path.exists():
-        raise PairingError(f"{value} is a file, not a checkpoint directory")
-    if value.count("/") != 1 or value.startswith((".", "/", "~")):
-        raise PairingError(f"{value}: no such directory, and not a Hugging Face repo id (owner/name)")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from core.loader import CheckpointError, resolve_checkpoint as resolve
 
     try:
-        return snapshot_download(value, local_files_only=True)
-    except LocalEntryNotFoundError:
-        raise PairingError(
-            f"{value} is not in the local Hugging Face cache; download it first "
-            f"(`gemma-chat models download {value}`)"
-        ) from None
-    except Exception as e:  # a malformed id, a broken cache
-        raise PairingError(f"{value}: {e}") from None
+        return str(resolve(value))
+    except CheckpointError as e:
+        raise PairingError(str(e)) from None
 
 
 def demo_spec():
