@@ -29,13 +29,21 @@ async def _until(pilot, predicate, timeout: float = 5.0) -> None:
         await pilot.pause(0.02)
 
 
+async def _settle(pilot) -> None:
+    """The panels repaint on their own timer (4 Hz): wait until it has taken the latest numbers."""
+    app = pilot.app
+    app.chat.stats.dirty = True  # whatever changed last, one more panel refresh shows it
+    await _until(pilot, lambda: not app.chat.stats.dirty)
+    await pilot.pause(0.1)  # and the markdown / the frame settle
+
+
 async def _one_turn(pilot) -> None:
     app = pilot.app
     await _until(pilot, lambda: app.chat.loaded)
     app.chat.prompt.text = "What does speculative decoding do?"
     await pilot.press("enter")
     await _until(pilot, lambda: app.chat.last_reply is not None)
-    await pilot.pause(0.25)  # panels (10 Hz) and markdown settle
+    await _settle(pilot)
 
 
 def test_chat_token_view(snap_compare):
@@ -66,7 +74,7 @@ def test_chat_demo_stopped_reply(snap_compare):
         await pilot.press("escape")
         await _until(pilot, lambda: app.chat.reply is None)
         await pilot.press("f8")  # drafter off: shown in the panel
-        await pilot.pause(0.25)
+        await _settle(pilot)
 
     assert snap_compare(make_app(demo=True), terminal_size=SIZE, run_before=run_before)
 
