@@ -159,6 +159,11 @@ def _every(n_layers: int, period: int) -> list[str]:
 
 
 # Real shapes (reference/real-configs.md, high confidence) for the opt-in slow smoke test.
+# The E2B and E4B assistants share their shape (hidden 256, centroid head); only the backbone differs.
+_E_DRAFTER_REAL = {
+    "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 4,
+    "use_ordered_embeddings": True, "num_centroids": 2048, "centroid_intermediate_top_k": 32,
+}
 REAL_SHAPES: dict[str, dict] = {
     "E2B": {
         "text": {
@@ -168,10 +173,7 @@ REAL_SHAPES: dict[str, dict] = {
             "num_kv_shared_layers": 20, "hidden_size_per_layer_input": 256, "use_double_wide_mlp": True,
         },
         "vision": _E_VISION_REAL,
-        "drafter": {
-            "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 4,
-            "use_ordered_embeddings": True, "num_centroids": 2048, "centroid_intermediate_top_k": 32,
-        },
+        "drafter": _E_DRAFTER_REAL,
         "thought_channel": False,
     },
     "E4B": {
@@ -182,10 +184,7 @@ REAL_SHAPES: dict[str, dict] = {
             "num_kv_shared_layers": 18, "hidden_size_per_layer_input": 256, "use_double_wide_mlp": False,
         },
         "vision": _E_VISION_REAL,
-        "drafter": {
-            "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 4,
-            "use_ordered_embeddings": True, "num_centroids": 2048, "centroid_intermediate_top_k": 32,
-        },
+        "drafter": _E_DRAFTER_REAL,
         "thought_channel": False,
     },
 }
