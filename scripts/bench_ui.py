@@ -70,9 +70,12 @@ async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
         original = chat._append
         pushed: list[float] = []
 
+        cpu_at: list[float] = []
+
         def timed_append(tokens, first_t, last_t):
             original(tokens, first_t, last_t)
             applied.append(time.perf_counter())
+            cpu_at.append(time.thread_time())
             counts.append(len(tokens))
 
         chat._append = timed_append
@@ -89,11 +92,11 @@ async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
             return on_event
 
         chat.bridge.listener = stamping_listener
-        cpu0, wall0 = time.thread_time(), time.perf_counter()
         assert chat.send(PROMPT)
         while chat.generating:
             await asyncio.sleep(0.05)  # not pilot.pause: it would force extra screen updates
-        ui_cpu = (time.thread_time() - cpu0) / (time.perf_counter() - wall0)
+        # the UI thread's share of a core from the first token on screen to the last
+        ui_cpu = (cpu_at[-1] - cpu_at[0]) / (applied[-1] - applied[0])
         chat.bridge.listener = listener
     assert sum(counts) == settings.max_tokens, (sum(counts), settings.max_tokens)
     return _rate(applied, counts), _rate(pushed), ui_cpu

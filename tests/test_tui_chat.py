@@ -585,28 +585,82 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     assert summary_line(off) == "4 tokens · 4.0 tok/s · drafter off · 1.00 tok/round"
 
 
-async def test_long_replies_render_in_line_chunks_without_extra_lines(monkeypatch):
-    from app.tui.widgets.conversation import TokenChunk, TokenText
+def _screen_lines(view) -> list[str]:
+    """What the token view draws, row by row, trailing blanks stripped."""
+    return [view.render_line(y).text.rstrip() for y in range(view.size.height)]
 
-    monkeypatch.setattr(TokenText, "CHUNK_TOKENS", 4)
+
+async def test_long_replies_show_exactly_their_lines_and_reserve_rows_only_while_streaming():
     lines = [f"line {i} has some words" for i in range(12)]
     reply = "\n".join(lines[:6]) + "\n\n" + "\n".join(lines[6:])  # a paragraph break too
-    app, engine = make_app(FakeEngine(replies=[reply]))
+    app, engine = make_app(FakeEngine(replies=[reply], step=True))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await send(pilot, app, "lines")
+        await until(pilot, lambda: app.chat.reply is not None)
+        view = app.chat.reply.tokens
+        # streaming: blank rows are reserved below the text, so most appends repaint without a relayout
+        seen: list[tuple[int, int]] = []  # (lines of text, rows of the widget)
+        for _ in range(12):
+            engine.allow(1)
+            rounds = engine.rounds_done
+            await until(pilot, lambda: engine.rounds_done is None or engine.rounds_done > rounds)
+            await until(pilot, lambda: app.chat.bridge.pending() == 0)
+            await pilot.pause(0.15)
+            seen.append((view.line_count, view.size.height))
+        assert all(rows >= min(lines + 1, view.RESERVE_LINES) for lines, rows in seen)
+        assert len({rows for _, rows in seen}) < len({lines for lines, _ in seen})
+        engine.allow(1000)
         await until(pilot, lambda: app.chat.last_reply is not None)
-        await pilot.pause(0.1)
-        view = app.chat.last_reply.tokens
-        chunks = list(view.query(TokenChunk))
-        assert len(chunks) > 3
+        await pilot.pause(0.05)
         # the model is still one span per token, in order
         nonempty = [t for t in engine.tokens if t.text]
         assert [(s.end - s.start) for s in view.text.spans] == [len(t.text) for t in nonempty]
         assert view.text.plain == reply
-        # on screen: exactly the reply's lines, no blank line added or lost at chunk boundaries
-        assert view.size.height == reply.count("\n") + 1
-        assert sum(c.size.height for c in chunks) == reply.count("\n") + 1
+        # finished: exactly the reply's lines on screen, nothing reserved, no blank line added or lost
+        assert view.size.height == view.line_count == reply.count("\n") + 1
+        assert _screen_lines(view) == reply.split("\n")
+
+
+async def test_token_view_wraps_at_the_width_and_keeps_each_tokens_colour():
+    words = " ".join(f"word{i}" for i in range(60))
+    app, engine = make_app(FakeEngine(replies=[words]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "wrap")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.pause(0.05)
+        view = app.chat.last_reply.tokens
+        width = view.size.width
+        rows = _screen_lines(view)
+        assert len(rows) > 3 and all(0 < len(r) <= width for r in rows)
+        assert " ".join(rows) == words  # soft breaks drop the space, nothing else is lost
+        # every token's cells carry its own style: the draft ones underlined and sky blue
+        strips = [view.render_line(y) for y in range(view.size.height)]
+        styled = [(seg.text, seg.style) for strip in strips for seg in strip if seg.text.strip()]
+        drafted = {t.text.strip() for t in engine.tokens if t.from_draft}
+        assert {t.strip() for t, _ in styled} == set(words.split())
+        for text, style in styled:
+            draft_look = bool(style.underline) and style.color.triplet == DRAFT_STYLE.color.triplet
+            target_look = not style.underline and style.color.triplet == TARGET_STYLE.color.triplet
+            assert (draft_look, target_look) == ((True, False) if text.strip() in drafted else (False, True))
+
+
+async def test_resizing_rewraps_a_finished_reply():
+    words = " ".join(f"w{i}" for i in range(80))
+    app, engine = make_app(FakeEngine(replies=[words]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "wrap")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.pause(0.05)
+        view = app.chat.last_reply.tokens
+        wide = view.line_count
+        await pilot.resize_terminal(70, 34)
+        await until(pilot, lambda: view.line_count > wide)
+        await pilot.pause(0.05)
+        assert view.size.height == view.line_count
+        assert " ".join(_screen_lines(view)) == words
 
 
 async def test_pairing_without_drafter_says_so():

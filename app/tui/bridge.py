@@ -2,7 +2,7 @@
 
 The engine calls `push` on its own thread for every event; `push` only appends to a deque (atomic in
 CPython, never blocks), so the engine's timing is not disturbed by the UI. The UI drains the deque
-from a Textual timer at ~12 Hz. Token events are never dropped or merged; load progress is
+from a Textual timer at ~10 Hz. Token events are never dropped or merged; load progress is
 coalesced to its latest value (only the newest fraction matters). Each event carries the turn it
 belongs to, so late events from a cancelled or replaced turn are recognisable, and the monotonic
 time it was pushed, for live rates that do not depend on when the UI happened to drain.
@@ -17,8 +17,8 @@ from typing import Callable
 
 from core.events import LoadProgress
 
-DRAIN_HZ = 12.0
-PANEL_HZ = 4.0
+DRAIN_HZ = 10.0
+PANEL_HZ = 2.5
 MARKDOWN_HZ = 4.0
 
 

@@ -27,7 +27,7 @@ from textual.widgets import Collapsible, Static
 from core.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
 
-from app.tui.widgets.conversation import ReplyView, TokenChunk, UserMessage
+from app.tui.widgets.conversation import ReplyView, UserMessage
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -241,12 +241,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     full = reply.tokens.text
     plain = reply.plain
     kept = full[len(plain) - len(answer):] if answer and plain.endswith(answer) else Text(answer)
-    for chunk in list(reply.tokens.query(TokenChunk)):
-        chunk.remove()
-    reply.tokens._current = None
-    chunk = TokenChunk()
-    chunk.text = kept
-    reply.tokens.mount(chunk)
+    reply.tokens.set_text(kept)
     reply.chunks = [answer]
     reply._markdown_dirty = True
     if thinking:

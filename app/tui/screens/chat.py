@@ -106,6 +106,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         self._last_markdown = 0.0
+        self._last_panels = 0.0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
         self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
         self.conversation = VerticalScroll(id="conversation")
@@ -129,8 +130,10 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.panel.show_status("loading…")
         self.panel.show(self.stats)
         self._load_future = self.engine.load(self.spec, self.bridge.listener(0))
-        self.set_interval(1 / DRAIN_HZ, self._drain, name="drain")
-        self.set_interval(1 / PANEL_HZ, self._refresh_panels, name="panels")
+        # One timer for everything that repaints while a reply streams: each screen update costs
+        # about the same however little changed (Textual re-composites every widget whose clip
+        # meets the changed rows), so the panels ride on a drain tick rather than adding frames.
+        self.set_interval(1 / DRAIN_HZ, self._tick, name="drain")
         self.prompt.focus()
 
     # -- sending ----------------------------------------------------------------------------------
@@ -176,6 +179,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         reply = ReplyView()
         self.reply = reply
         self.prompt.live = True
+        self.prompt.cursor_blink = False  # a blinking cursor repaints twice a second while the reply streams
         self.conversation.mount(reply)
         self.conversation.anchor()
         self.stats.start_turn(time.monotonic())
@@ -273,6 +277,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             return
         self.reply = None
         self.prompt.live = False
+        self.prompt.cursor_blink = True
         self._turn_future = None
         reply.finish(done)
         self.stats.on_done(done.stats)
@@ -298,17 +303,20 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             reply.flush_markdown()
 
     # -- periodic panel / markdown refresh --------------------------------------------------------
+    def _tick(self) -> None:
+        self._drain()
+        now = time.monotonic()
+        if now - self._last_panels >= 1 / PANEL_HZ - 0.5 / DRAIN_HZ:
+            self._last_panels = now
+            self._refresh_panels()
+        if self.view_mode == "rendered" and self.reply is not None and now - self._last_markdown >= 1 / MARKDOWN_HZ:
+            self._last_markdown = now
+            self.reply.flush_markdown()
+
     def _refresh_panels(self) -> None:
         if self.stats.dirty:
             self.stats.dirty = False
             self.panel.show(self.stats)
-            if self.reply is not None:
-                self.reply.update_live_summary()
-        if self.view_mode == "rendered" and self.reply is not None:
-            now = time.monotonic()
-            if now - self._last_markdown >= 1 / MARKDOWN_HZ:
-                self._last_markdown = now
-                self.reply.flush_markdown()
 
     # -- actions ----------------------------------------------------------------------------------
     def run_named_action(self, action: str) -> None:

@@ -8,10 +8,17 @@ Rendered view: the same text as Markdown, refreshed at a lower rate while stream
 
 from __future__ import annotations
 
+import re
+from bisect import bisect_right
+
+from rich.cells import cell_len, get_character_cell_size
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Region, Size
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
@@ -50,85 +57,220 @@ class UserMessage(Static):
         self.message_text = text
 
 
-class TokenChunk(Widget):
-    """A run of whole lines of a reply. Only the last chunk of a streaming reply grows, so only it
-    is re-wrapped and re-rendered per drain; sealed chunks keep Textual's render cache."""
+class TokenText(Widget):
+    """A reply's tokens, one span per token, drawn line by line (Textual's line API).
 
-    DEFAULT_CSS = "TokenChunk { height: auto; }"
-
-    def __init__(self, crop_start: bool = False) -> None:
-        super().__init__()
-        self.text = Text()
-        self.token_count = 0
-        self.crop_start = crop_start  # starts with the line break that the widget boundary already makes
-        self.crop_end = False  # ends with it
-
-    def grow(self) -> None:
-        """Text was appended: repaint; lay the conversation out again only if the line count changed
-        (a layout re-arranges and repaints every visible message, a repaint only this chunk)."""
-        self.refresh()
-        width = self.content_size.width
-        if width and self.get_content_height(self.content_size, self.content_size, width) == self.content_size.height:
-            return
-        self.refresh(layout=True)
-
-    def render(self) -> Text:
-        if not (self.crop_start or self.crop_end):
-            return self.text
-        t = self.text.copy()
-        if self.crop_end:
-            t.right_crop(1)
-        return t[1:] if self.crop_start else t
-
-
-class TokenText(Vertical):
-    """A reply's tokens, one span per token, in chunks split at line breaks once they hold
-    CHUNK_TOKENS tokens (a reply with no line breaks stays one chunk)."""
+    Streaming cost is what this widget is about: a reply grows at up to a few hundred tokens a
+    second while the engine shares the GIL with the UI. Greedy word wrap is prefix-stable (text
+    appended at the end only moves the last wrapped line and what follows), so an append re-wraps
+    from the start of the last line only, renders just the lines it touched, and repaints only
+    those rows. While streaming, the widget also reserves RESERVE_LINES blank rows below the text,
+    so the conversation is laid out again (and, when following, scrolled: every visible row moves)
+    once per few lines instead of once per line: half the visible conversation at a time, at least
+    RESERVE_LINES (a relayout costs about four times a repaint of the rows that changed).
+    """
 
     DEFAULT_CSS = "TokenText { height: auto; }"
-    CHUNK_TOKENS = 96
+    RESERVE_LINES = 8
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._current: TokenChunk | None = None
+        self._text = Text()
+        self._span_starts: list[int] = []  # span.start of every span, for bisect
+        self._lines: list[tuple[int, int]] = []  # (start, end) offsets of each wrapped line
+        self._wrap_width = 0
+        self._strips: dict[int, Strip] = {}  # rendered lines, by line number
+        self._reserved = 0  # rows reserved while streaming (0: none, height follows the text)
+        self._base_style: Style | None = None  # self.rich_style, which walks the DOM: kept until styles change
 
     @property
     def text(self) -> Text:
         """The whole reply as one Text (spans exactly as appended)."""
-        out = Text()
-        for chunk in self.query(TokenChunk):
-            out.append_text(chunk.text)
-        return out
+        return self._text
 
-    def _chunk(self, crop_start: bool = False) -> TokenChunk:
-        if self._current is None:
-            self._current = TokenChunk(crop_start)
-            self.mount(self._current)
-        return self._current
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
 
-    def _seal(self, chunk: TokenChunk) -> None:
-        chunk.grow()
-        self._current = None
+    def set_text(self, text: Text) -> None:
+        """Replace everything (a finished reply whose thinking moved out of the token view)."""
+        self._text = text.copy()
+        self._span_starts = [span.start for span in self._text.spans]
+        self._rewrap_all()
+        self._reserved = 0
+        self.refresh(layout=True)
 
     def append_tokens(self, tokens: list[TokenEvent]) -> None:
-        chunk = self._chunk()
+        append, starts = self._text.append, self._span_starts
         for tok in tokens:
-            full = chunk.token_count >= self.CHUNK_TOKENS
-            if full and tok.text.startswith("\n"):  # the break opens the next chunk
-                self._seal(chunk)
-                chunk = self._chunk(crop_start=True)
-            chunk.text.append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
-            chunk.token_count += 1
-            if chunk.token_count >= self.CHUNK_TOKENS and tok.text.endswith("\n"):  # it closes this one
-                chunk.crop_end = True
-                self._seal(chunk)
-                chunk = self._chunk()
-        chunk.grow()
+            if tok.text:
+                starts.append(len(self._text))
+                append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+        self._grew()
 
     def append_plain(self, text: str) -> None:
-        chunk = self._chunk()
-        chunk.text.append(displayable(text))
-        chunk.grow()
+        self._text.append(displayable(text))
+        self._grew()
+
+    def end_stream(self) -> None:
+        """The reply is complete: give back the reserved rows."""
+        if self._reserved:
+            self._reserved = 0
+            self.refresh(layout=True)
+
+    # -- wrapping -----------------------------------------------------------------------------------
+    def _rewrap_all(self) -> None:
+        self._strips.clear()
+        self._lines = wrap_lines(self._text.plain, 0, self._wrap_width) if self._wrap_width else []
+
+    def _grew(self) -> None:
+        width = self._wrap_width
+        if not width:  # not laid out yet: the first layout wraps everything
+            self.refresh(layout=True)
+            return
+        lines = self._lines
+        old_height = len(lines)
+        first = max(old_height - 1, 0)
+        start = lines[first][0] if lines else 0
+        lines[first:] = wrap_lines(self._text.plain, start, width)
+        for y in [y for y in self._strips if y >= first]:
+            del self._strips[y]
+        height = len(lines)
+        if self._reserved < height:
+            # Grow in steps, not line by line (see the class docstring); end_stream gives the rows back.
+            self._reserved = height + max(self.RESERVE_LINES, self._viewport_height() // 2) - 1
+            self.refresh(layout=True)
+        else:
+            self.refresh(Region(0, first, width, max(height, old_height) - first))
+
+    def _viewport_height(self) -> int:
+        """Rows of the scrolling conversation this reply is in (0 outside one)."""
+        for node in self.ancestors:
+            if isinstance(node, Widget) and node.is_scrollable:
+                return node.scrollable_content_region.height
+        return 0
+
+    # -- Textual's side ----------------------------------------------------------------------------
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return container.width
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._wrap_width:
+            self._wrap_width = width
+            self._rewrap_all()
+            if self._reserved:
+                self._reserved = max(self._reserved, len(self._lines))
+        return max(len(self._lines), self._reserved)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._base_style = None
+
+    def selection_updated(self, selection) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    def get_selection(self, selection) -> tuple[str, str] | None:
+        plain = self._text.plain
+        return selection.extract("\n".join(plain[a:b] for a, b in self._lines)), "\n"
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_size.width
+        if width != self._wrap_width:  # resized without a layout pass through us (should not happen)
+            self._wrap_width = width
+            self._rewrap_all()
+        style = self._base_style
+        if style is None:
+            style = self._base_style = self.rich_style
+        if y >= len(self._lines):
+            return Strip.blank(width, style)
+        strip = self._strips.get(y)
+        if strip is None:
+            strip = self._render_wrapped_line(y, style).crop_extend(0, width, style).apply_offsets(0, y)
+            self._strips[y] = strip
+        return strip
+
+    def _render_wrapped_line(self, y: int, style: Style) -> Strip:
+        start, end = self._lines[y]
+        plain, spans = self._text.plain, self._text.spans
+        segments: list[Segment] = []
+        pos = start
+        i = max(bisect_right(self._span_starts, start) - 1, 0)
+        while i < len(spans) and spans[i].start < end:
+            span = spans[i]
+            i += 1
+            a, b = max(span.start, start), min(span.end, end)
+            if a >= b:
+                continue
+            if a > pos:
+                segments.append(Segment(_cells(plain[pos:a]), style))
+            segments.append(Segment(_cells(plain[a:b]), style + span.style))
+            pos = b
+        if pos < end:
+            segments.append(Segment(_cells(plain[pos:end]), style))
+        selection = self.text_selection
+        strip = Strip(segments)
+        if selection is not None and (span_x := selection.get_span(y)) is not None:
+            x0, x1 = span_x
+            x1 = strip.cell_length if x1 == -1 else x1
+            sel = self.screen.get_component_rich_style("screen--selection")
+            strip = Strip.join([strip.crop(0, x0), strip.crop(x0, x1).apply_style(sel), strip.crop(x1)])
+        return strip
+
+
+TAB_CELLS = 4
+
+
+def _cells(text: str) -> str:
+    return text.replace("\t", " " * TAB_CELLS)
+
+
+def _char_cells(ch: str) -> int:
+    return TAB_CELLS if ch == "\t" else get_character_cell_size(ch)
+
+
+_PIECE = re.compile(r"[ \t]*[^ \t]+|[ \t]+")
+
+
+def wrap_lines(text: str, start: int, width: int) -> list[tuple[int, int]]:
+    """Greedy word wrap of text[start:] (start must begin a line) into (start, end) offsets, one per
+    screen line; hard line breaks end lines and are not part of them. Spaces at a soft break are
+    dropped, spaces before the first word of a paragraph are kept (indentation), trailing spaces
+    hang past the edge, and a word wider than the line is folded."""
+    lines: list[tuple[int, int]] = []
+    width = max(width, 1)
+    para = start
+    while True:
+        nl = text.find("\n", para)
+        stop = len(text) if nl < 0 else nl
+        _wrap_paragraph(text, para, stop, width, lines)
+        if nl < 0:
+            return lines
+        para = nl + 1
+
+
+def _wrap_paragraph(text: str, start: int, stop: int, width: int, lines: list[tuple[int, int]]) -> None:
+    line_start, col = start, 0
+    for m in _PIECE.finditer(text, start, stop):
+        a, b = m.span()
+        piece = text[a:b]
+        w = cell_len(piece) if "\t" not in piece else sum(map(_char_cells, piece))
+        lead = len(piece) - len(piece.lstrip(" \t"))  # spaces in front of the word
+        if col + w <= width or lead == len(piece):  # fits, or only spaces (they hang)
+            col += w
+            continue
+        if col > 0:  # break before the word, dropping the spaces in front of it
+            lines.append((line_start, a))
+            line_start, col = a + lead, 0
+        # fold what does not fit on an empty line
+        for i in range(line_start, b):
+            cw = _char_cells(text[i])
+            if col + cw > width and col > 0:
+                lines.append((line_start, i))
+                line_start, col = i, 0
+            col += cw
+    lines.append((line_start, stop))
 
 
 class ReplyView(Vertical):
@@ -139,7 +281,8 @@ class ReplyView(Vertical):
         self.tokens = TokenText(classes="reply-tokens")
         self.markdown = Markdown("", classes="reply-markdown")
         self.header = Static("gemma", classes="reply-header", markup=False)
-        self.summary = Static("…", classes="reply-summary", markup=False)
+        # the live figures are in the side panel; repainting a count here would cost a frame's worth
+        self.summary = Static("streaming…", classes="reply-summary", markup=False)
         self.chunks: list[str] = []
         self.token_count = 0
         self.draft_count = 0
@@ -148,8 +291,6 @@ class ReplyView(Vertical):
         self.error: str | None = None
         self._markdown_dirty = False
         self._markdown_pending = None
-        self._summary_count = -1
-        self._summary_len = -1
 
     def compose(self) -> ComposeResult:
         yield self.header
@@ -174,16 +315,9 @@ class ReplyView(Vertical):
         self.draft_count += sum(1 for t in tokens if t.from_draft)
         self._markdown_dirty = True
 
-    def update_live_summary(self) -> None:
-        if self.done is None and self._summary_count != self.token_count:
-            self._summary_count = self.token_count
-            line = f"streaming… {self.token_count} tokens, {self.draft_count} from drafts"
-            # same length, same wrapping: repaint only, no layout of the whole conversation
-            self.summary.update(line, layout=len(line) != self._summary_len)
-            self._summary_len = len(line)
-
     def finish(self, done: TurnDone) -> None:
         self.done = done
+        self.tokens.end_stream()
         stats = done.stats
         if stats.stop_reason == "error":
             self.error = done.error or "generation failed"
@@ -192,6 +326,7 @@ class ReplyView(Vertical):
             self.summary.update("the message was not sent; it is back in the prompt")
             return
         self._take_final_text(done.text)
+        self.tokens.end_stream()  # the unattributed tail may have reserved rows again
         self.stopped = stats.stop_reason == "cancelled"
         label = "gemma  ■ stopped" if self.stopped else "gemma"
         if stats.stop_reason == "max_tokens":

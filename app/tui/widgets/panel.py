@@ -1,11 +1,12 @@
-"""The live side panel: pairing, tuning state and speed figures (refreshed at most ~4 Hz)."""
+"""The live side panel: pairing, tuning state and speed figures (refreshed at most ~2.5 Hz, on a drain tick)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Sparkline, Static
+from textual.widget import Widget
+from textual.widgets import Static
 
 from app.tui.live_stats import LiveStats, format_bytes
 
@@ -23,6 +24,45 @@ def _num(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def spark_rows(data: list[float], width: int, height: int) -> list[str]:
+    """The last `width` values as columns of block characters, `height` rows tall, scaled so the
+    largest value fills the column (eighths of a row per step). Empty columns are spaces."""
+    data = data[-width:] if width > 0 else []
+    top = max(data, default=0.0)
+    levels = [round(v / top * height * 8) if top > 0 else 0 for v in data]
+    rows = []
+    for r in range(height):
+        floor = (height - 1 - r) * 8
+        rows.append("".join(BARS[min(max(level - floor, 0), 8)] for level in levels))
+    return rows
+
+
+class RoundSparkline(Widget):
+    """Tokens emitted per round, most recent on the right, drawn as block characters (Textual's
+    Sparkline blends a colour per bar and costs ~20x more per repaint, while a reply streams)."""
+
+    DEFAULT_CSS = "RoundSparkline { height: 3; color: $accent; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._data: list[float] = []
+
+    @property
+    def data(self) -> list[float]:
+        return self._data
+
+    @data.setter
+    def data(self, values: list[float]) -> None:
+        self._data = list(values)
+        self.refresh()
+
+    def render(self) -> Text:
+        return Text("\n".join(spark_rows(self._data, self.content_size.width, self.content_size.height)))
+
+
 class StatsPanel(Vertical):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -30,7 +70,7 @@ class StatsPanel(Vertical):
         self.status = Static("", id="panel-status", markup=False)
         self.tuning = Static("", id="panel-tuning", markup=False)
         self.figures = Static("", id="panel-figures", markup=False)
-        self.spark = Sparkline([], id="panel-spark")
+        self.spark = RoundSparkline(id="panel-spark")
 
     def compose(self) -> ComposeResult:
         yield self.pairing
