@@ -194,3 +194,28 @@ def test_thinking_and_system_prompt_reach_the_template(engine):
         sizes[key] = events[0].prompt_tokens
     assert engine.info.supports_thinking
     assert sizes["thinking"] > sizes["plain"] and sizes["system"] > sizes["plain"]
+
+
+def test_loaded_pairing_is_frozen_for_the_gc_and_a_replaced_one_is_reclaimed():
+    """After a load the long-lived heap is frozen, so full collections (which hold the GIL while the
+    UI and the engine share it) only scan young objects; loading another pairing thaws it first, so
+    the previous model is reclaimed even where its objects form reference cycles."""
+    import gc
+    import weakref
+
+    eng = Engine()
+    try:
+        eng.load(_spec("e-style"), None).result(timeout=120)
+        assert gc.get_freeze_count() > 10_000
+        first = eng._state.target
+        first.cycle = first  # a reference cycle: only the cyclic collector can free it
+        gone = weakref.ref(first)
+        del first
+        eng.load(_spec("dense-style"), None).result(timeout=120)
+        assert gone() is None
+        assert gc.get_freeze_count() > 10_000
+        done, _ = _chat(eng, [{"role": "user", "content": "hi"}], max_tokens=3, ignore_eos=True)
+        assert done.error is None and len(done.token_ids) == 3
+    finally:
+        eng.close()
+        gc.unfreeze()
