@@ -16,7 +16,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import ScrollableContainer, Vertical
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -146,7 +146,7 @@ class TokenText(Widget):
     def _viewport_height(self) -> int:
         """Rows of the scrolling conversation this reply is in (0 outside one)."""
         for node in self.ancestors:
-            if isinstance(node, Widget) and node.is_scrollable:
+            if isinstance(node, ScrollableContainer):
                 return node.scrollable_content_region.height
         return 0
 
