@@ -670,3 +670,14 @@ async def test_pairing_without_drafter_says_so():
         await ready(pilot, app)
         await until(pilot, lambda: "Drafter     none (plain decoding)" in text_of(app.chat.panel.tuning))
         assert "no drafter" in text_of(app.chat.panel.status)
+
+
+def test_sparkline_rows_scale_to_the_largest_round_and_keep_the_latest():
+    from app.tui.widgets.panel import spark_rows
+
+    assert spark_rows([], 5, 2) == ["", ""]
+    assert spark_rows([0.0, 0.0], 5, 1) == ["  "]
+    # three rows: the largest value fills its column, half of it fills a row and a half
+    assert spark_rows([4.0, 2.0, 1.0], 10, 3) == ["█  ", "█▄ ", "██▆"]
+    # wider than the panel: the most recent rounds, the newest on the right
+    assert spark_rows([1.0, 8.0, 8.0, 4.0], 2, 1) == ["█▄"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from core.events import PrefillDone, RoundEvent, TurnStats
 
-SPARK_ROUNDS = 40
+SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
 
 
 @dataclass
