@@ -106,7 +106,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         self._last_markdown = 0.0
-        self._last_panels = 0.0
+        self._ticks = 0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
         self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
         self.conversation = VerticalScroll(id="conversation")
@@ -305,10 +305,10 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
     # -- periodic panel / markdown refresh --------------------------------------------------------
     def _tick(self) -> None:
         self._drain()
-        now = time.monotonic()
-        if now - self._last_panels >= 1 / PANEL_HZ - 0.5 / DRAIN_HZ:
-            self._last_panels = now
+        self._ticks += 1
+        if self._ticks % round(DRAIN_HZ / PANEL_HZ) == 0:
             self._refresh_panels()
+        now = time.monotonic()
         if self.view_mode == "rendered" and self.reply is not None and now - self._last_markdown >= 1 / MARKDOWN_HZ:
             self._last_markdown = now
             self.reply.flush_markdown()
