@@ -1,6 +1,7 @@
 """Do tokens reach the screen as fast as the engine makes them? (issue "Chat screen")
 
     .venv/bin/python scripts/bench_ui.py [--tokens 600] [--repeats 8] [--block-size auto] [--model DIR --drafter DIR]
+    .venv/bin/python scripts/bench_ui.py --ui-cost [--round-s 0.02]
 
 Interleaved, on the same engine and pairing (default: the demo pairing):
 - headless: `Engine.chat` alone, counting TokenEvents as the engine emits them;
@@ -105,15 +106,62 @@ async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
     return _rate(applied, counts), _rate(pushed), ui_cpu
 
 
+async def ui_cost_run(tokens: int, round_s: float, size: tuple[int, int]) -> tuple[float, float, float]:
+    """The UI's own cost, without an engine to share the CPU with: the scripted fake engine streams a
+    long reply (paragraphs of words, ~2.6 tokens a round, sleeping `round_s` per round) into the
+    real chat screen. (idle UI CPU share, UI CPU share while streaming, tokens/s)."""
+    from app.tui.app import GemmaChatApp
+    from app.tui.fake_engine import FakeEngine, PairingSpec
+    from core.settings import GenerationSettings
+
+    words = ("the", "sea", "was", "calm", "and", "a", "ship", "sailed", "into", "night,", "while", "stars")
+    reply = "".join(" " + words[(i * 7) % len(words)] + ("\n\n" if i % 40 == 39 else "") for i in range(tokens))
+    engine = FakeEngine(replies=[reply], delay_s=round_s)
+    app = GemmaChatApp(engine, PairingSpec("fake (scripted)", "t", "d"),
+                       GenerationSettings(max_tokens=tokens, ignore_eos=True))
+    try:
+        async with app.run_test(headless=True, size=size):
+            chat = app.chat
+            while not chat.loaded:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            await asyncio.sleep(2.0)
+            idle = (time.thread_time() - cpu0) / (time.perf_counter() - wall0)
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            assert chat.send("go")
+            while chat.generating:
+                await asyncio.sleep(0.05)
+            wall = time.perf_counter() - wall0
+            busy = (time.thread_time() - cpu0) / wall
+    finally:
+        engine.close()
+    return idle, busy, len(engine.tokens) / wall
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=600)
-    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--tokens", type=int, help="per run (default 600; --ui-cost: 1200)")
+    p.add_argument("--repeats", type=int, help="interleaved pairs (default 8; --ui-cost: 3 runs)")
     p.add_argument("--block-size", default="auto")
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--model")
     p.add_argument("--drafter")
+    p.add_argument("--ui-cost", action="store_true",
+                   help="measure only the UI thread's CPU share, with the scripted fake engine (no MLX): "
+                        "a steadier figure than the ratio on a noisy machine")
+    p.add_argument("--round-s", type=float, default=0.02, help="--ui-cost: seconds per fake round")
     a = p.parse_args()
+
+    if a.ui_cost:
+        tokens = a.tokens or 1200
+        results = [asyncio.run(ui_cost_run(tokens, a.round_s, (120, 40))) for _ in range(a.repeats or 3)]
+        for idle, busy, rate in results:
+            print(f"fake engine {rate:.0f} tok/s | UI thread CPU idle {idle:.1%}, streaming {busy:.1%}", file=sys.stderr)
+        print(f"UI thread CPU while streaming ~{statistics.median(r[2] for r in results):.0f} tok/s "
+              f"(120x40, {tokens} tokens): median {statistics.median(r[1] for r in results):.1%} of one core "
+              f"(idle {statistics.median(r[0] for r in results):.1%})")
+        return 0
 
     from core.engine import Engine, PairingSpec
     from core.settings import GenerationSettings
@@ -125,6 +173,7 @@ def main() -> int:
 
         target, drafter = ensure_demo_pairing()
         spec = PairingSpec("demo (random weights)", str(target), None if a.no_draft else str(drafter), demo=True)
+    a.tokens, a.repeats = a.tokens or 600, a.repeats or 8
     block = a.block_size if a.block_size == "auto" else int(a.block_size)
     settings = GenerationSettings(max_tokens=a.tokens, ignore_eos=True, block_size=block,
                                   drafter_enabled=not a.no_draft)
