@@ -585,6 +585,15 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     assert summary_line(off) == "4 tokens · 4.0 tok/s · drafter off · 1.00 tok/round"
 
 
+async def _finished_reply(pilot, app, prompt: str):
+    """Send `prompt`, let the reply finish, return its token view."""
+    await ready(pilot, app)
+    await send(pilot, app, prompt)
+    await until(pilot, lambda: app.chat.last_reply is not None)
+    await pilot.pause(0.05)
+    return app.chat.last_reply.tokens
+
+
 def _screen_lines(view) -> list[str]:
     """What the token view draws, row by row, trailing blanks stripped."""
     return [view.render_line(y).text.rstrip() for y in range(view.size.height)]
@@ -626,11 +635,7 @@ async def test_token_view_wraps_at_the_width_and_keeps_each_tokens_colour():
     words = " ".join(f"word{i}" for i in range(60))
     app, engine = make_app(FakeEngine(replies=[words]))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        await send(pilot, app, "wrap")
-        await until(pilot, lambda: app.chat.last_reply is not None)
-        await pilot.pause(0.05)
-        view = app.chat.last_reply.tokens
+        view = await _finished_reply(pilot, app, "wrap")
         width = view.size.width
         rows = _screen_lines(view)
         assert len(rows) > 3 and all(0 < len(r) <= width for r in rows)
@@ -650,11 +655,7 @@ async def test_resizing_rewraps_a_finished_reply():
     words = " ".join(f"w{i}" for i in range(80))
     app, engine = make_app(FakeEngine(replies=[words]))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        await send(pilot, app, "wrap")
-        await until(pilot, lambda: app.chat.last_reply is not None)
-        await pilot.pause(0.05)
-        view = app.chat.last_reply.tokens
+        view = await _finished_reply(pilot, app, "wrap")
         wide = view.line_count
         await pilot.resize_terminal(70, 34)
         await until(pilot, lambda: view.line_count > wide)

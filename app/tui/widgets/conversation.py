@@ -154,12 +154,15 @@ class TokenText(Widget):
     def get_content_width(self, container: Size, viewport: Size) -> int:
         return container.width
 
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+    def _wrap_to(self, width: int) -> None:
         if width != self._wrap_width:
             self._wrap_width = width
             self._rewrap_all()
             if self._reserved:
                 self._reserved = max(self._reserved, len(self._lines))
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        self._wrap_to(width)
         return max(len(self._lines), self._reserved)
 
     def notify_style_update(self) -> None:
@@ -177,9 +180,7 @@ class TokenText(Widget):
 
     def render_line(self, y: int) -> Strip:
         width = self.content_size.width
-        if width != self._wrap_width:  # resized without a layout pass through us (should not happen)
-            self._wrap_width = width
-            self._rewrap_all()
+        self._wrap_to(width)  # a no-op after layout, which wraps to this width first
         style = self._base_style
         if style is None:
             style = self._base_style = self.rich_style
@@ -255,7 +256,7 @@ def _wrap_paragraph(text: str, start: int, stop: int, width: int, lines: list[tu
     for m in _PIECE.finditer(text, start, stop):
         a, b = m.span()
         piece = text[a:b]
-        w = cell_len(piece) if "\t" not in piece else sum(map(_char_cells, piece))
+        w = cell_len(_cells(piece))
         lead = len(piece) - len(piece.lstrip(" \t"))  # spaces in front of the word
         if col + w <= width or lead == len(piece):  # fits, or only spaces (they hang)
             col += w
