@@ -12,14 +12,23 @@ Model
 
 Estimates
 - alpha: accepted and rejected drafts counted with exponential forgetting (`alpha_decay` per
-  round), plus `alpha_prior_weight` pseudo-drafts at `alpha_prior`. A round with n of K-1 drafts
-  accepted is n successes and, if n < K-1, one failure.
+  round), plus `alpha_prior_weight` pseudo-drafts at `alpha_prior` that fade with the same decay
+  as drafting rounds are observed (a prior that never faded kept alpha >= 0.1 with a drafter that
+  never agrees, enough to keep drafting). A round with n of K-1 drafts accepted is n successes
+  and, if n < K-1, one failure.
 - times: per-K exponential moving averages of the measured round time (or of the verify time and
   the per-step draft time when the caller measures them apart), then a line through the
   per-K averages, pulled toward a prior slope when few block sizes have been tried (a ridge
-  fit), so it can extrapolate to sizes it has not tried.
-- K = 1 means no drafting. When K = 1 keeps winning, every `probe_every` rounds one round at
-  `probe_k` measures acceptance again, so the controller can come back when drafting pays.
+  fit), so it can extrapolate to sizes it has not tried. A block size not run lately counts less
+  (its weight halves every `time_half_life` rounds): otherwise a K = 1 time taken in a slow moment
+  of the machine stays, K = 1 looks dear for ever and the controller never leaves drafting.
+- K = 1 means no drafting. When K = 1 keeps winning, one round at `probe_k` measures acceptance
+  again after `probe_every` K = 1 rounds, so the controller can come back when drafting pays. A
+  probe is not free (it also breaks the pipelined plain decoding): each probe that accepts nothing
+  doubles the wait before the next, up to `probe_every_max`; a probe that accepts anything, or
+  drafting winning again, resets it. With a drafter that never agrees (the random-weight demo
+  pairing) probing every 16 rounds cost ~20 % of plain decoding; backed off, auto runs within
+  noise of K = 1 there.
 
 Pure Python, deterministic: the same observations give the same choices.
 """
@@ -44,15 +53,19 @@ class AutoBlockConfig:
     alpha_prior_weight: float = 2.0  # in drafts
     alpha_decay: float = 0.9  # per observed round
     time_ewma: float = 0.25  # weight of a new time measurement
+    time_half_life: float = 64.0  # rounds after which a block size's time counts half
     draft_cost_prior: float = 0.15  # one draft step / one target step, before any measurement
     verify_slope_prior: float = 0.03  # extra verify cost per extra token / one target step
-    probe_every: int = 16  # K = 1 rounds between probes
+    probe_every: int = 16  # K = 1 rounds before a probe
+    probe_every_max: int = 256  # the wait after failed probes doubles up to this
     probe_k: int = 2
     hysteresis: float = 0.03  # relative gain needed to move away from the current K
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
             raise ValueError("need 1 <= k_min <= k_max")
+        if not 1 <= self.probe_every <= self.probe_every_max:
+            raise ValueError("need 1 <= probe_every <= probe_every_max")
         if not 0.0 <= self.alpha_prior <= 1.0 or not 0.0 < self.alpha_decay <= 1.0:
             raise ValueError("alpha_prior must be in [0, 1] and alpha_decay in (0, 1]")
 
@@ -61,10 +74,12 @@ class AutoBlockConfig:
 class _Ewma:
     value: float = 0.0
     count: int = 0
+    last: int = 0  # the controller's round count at the last update
 
-    def add(self, x: float, weight: float) -> None:
+    def add(self, x: float, weight: float, now: int = 0) -> None:
         self.value = x if self.count == 0 else (1.0 - weight) * self.value + weight * x
         self.count += 1
+        self.last = now
 
 
 @dataclass
@@ -84,6 +99,9 @@ class AutoBlock:
     _draft_step: _Ewma = field(default_factory=_Ewma)
     _current: int | None = None
     _k1_streak: int = 0
+    _probe_wait: int = 0  # K = 1 rounds before the next probe (0: not set yet, probe_every)
+    _probing: bool = False  # the last choice was a probe
+    _draft_rounds: int = 0  # rounds with drafts observed (fades the alpha prior)
     rounds: int = 0
 
     # -- estimates ----------------------------------------------------------------------
@@ -91,19 +109,19 @@ class AutoBlock:
     @property
     def alpha(self) -> float:
         c = self.config
-        return (self._accepted + c.alpha_prior * c.alpha_prior_weight) / (
-            self._accepted + self._rejected + c.alpha_prior_weight
-        )
+        prior = c.alpha_prior_weight * c.alpha_decay ** min(self._draft_rounds, 400)
+        return (self._accepted + c.alpha_prior * prior) / (self._accepted + self._rejected + prior)
 
     def round_time(self, k: int) -> float:
         """Predicted seconds for a round of block size k (relative units before any timing)."""
         c = self.config
         if self._verify_time:
-            a, b = _line(self._verify_time, c.verify_slope_prior, c.time_ewma)
+            a, b = _line(self._verify_time, c.verify_slope_prior, c, self.rounds, min_ratio=0.01)
             step = self._draft_step.value if self._draft_step.count else c.draft_cost_prior * a
             return a + (b + step) * (k - 1)
         if self._round_time:
-            a, b = _line(self._round_time, c.draft_cost_prior + c.verify_slope_prior, c.time_ewma)
+            # a round of K > 1 also drafts: it costs at least a few % more than a plain step
+            a, b = _line(self._round_time, c.draft_cost_prior + c.verify_slope_prior, c, self.rounds, min_ratio=0.05)
             return a + b * (k - 1)
         return 1.0 + (c.draft_cost_prior + c.verify_slope_prior) * (k - 1)
 
@@ -129,14 +147,22 @@ class AutoBlock:
         c = self.config
         k = self.best()
         self._current = k
+        self._probing = False
         if k == 1 and c.k_max >= 2:
             self._k1_streak += 1
-            if self._k1_streak > c.probe_every:
+            if self._k1_streak > self.probe_wait:
                 self._k1_streak = 0
+                self._probing = True
                 return max(2, min(c.probe_k, c.k_max))
         else:
             self._k1_streak = 0
+            self._probe_wait = c.probe_every  # drafting pays again: probe eagerly next time
         return k
+
+    @property
+    def probe_wait(self) -> int:
+        """K = 1 rounds before the next probe."""
+        return self._probe_wait or self.config.probe_every
 
     def observe(
         self,
@@ -156,30 +182,36 @@ class AutoBlock:
         if k < 1 or not 0 <= accepted <= k - 1:
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
         self.rounds += 1
+        if self._probing and k > 1:
+            self._probing = False
+            self._probe_wait = c.probe_every if accepted else min(2 * self.probe_wait, c.probe_every_max)
         if k > 1:
+            self._draft_rounds += 1
             self._accepted = self._accepted * c.alpha_decay + accepted
             self._rejected = self._rejected * c.alpha_decay + (1 if accepted < k - 1 else 0)
         if verify_s is not None:
-            self._verify_time.setdefault(k, _Ewma()).add(verify_s, c.time_ewma)
+            self._verify_time.setdefault(k, _Ewma()).add(verify_s, c.time_ewma, self.rounds)
             if k > 1 and draft_s is not None:
-                self._draft_step.add(draft_s / (k - 1), c.time_ewma)
+                self._draft_step.add(draft_s / (k - 1), c.time_ewma, self.rounds)
         total = round_s if round_s is not None else (
             verify_s + (draft_s or 0.0) if verify_s is not None else None
         )
         if total is not None:
-            self._round_time.setdefault(k, _Ewma()).add(total, c.time_ewma)
+            self._round_time.setdefault(k, _Ewma()).add(total, c.time_ewma, self.rounds)
 
 
-def _line(points: dict[int, _Ewma], prior_ratio: float, ewma: float) -> tuple[float, float]:
+def _line(points: dict[int, _Ewma], prior_ratio: float, config: AutoBlockConfig, now: int,
+          min_ratio: float) -> tuple[float, float]:
     """Intercept a = time at K=1 and slope b per extra token, from per-K averages.
 
     Weighted least squares (weight = rounds averaged, capped at the EWMA's effective sample
-    size) with
-    a ridge pull toward the prior slope prior_ratio * a, worth one round one block size away.
+    size, halved every `time_half_life` rounds since the block size was last run) with a ridge
+    pull toward the prior slope prior_ratio * a, worth one round one block size away. The slope
+    is kept >= min_ratio * a.
     """
-    cap = (2.0 - ewma) / ewma
+    cap = (2.0 - config.time_ewma) / config.time_ewma
     ks = sorted(points)
-    w = [min(points[k].count, cap) for k in ks]
+    w = [min(points[k].count, cap) * 0.5 ** ((now - points[k].last) / config.time_half_life) for k in ks]
     t = [points[k].value for k in ks]
     x = [k - 1 for k in ks]
     sw = sum(w)
@@ -187,13 +219,13 @@ def _line(points: dict[int, _Ewma], prior_ratio: float, ewma: float) -> tuple[fl
     mt = sum(wi * ti for wi, ti in zip(w, t)) / sw
     sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
     sxt = sum(wi * (xi - mx) * (ti - mt) for wi, xi, ti in zip(w, x, t))
-    # the prior slope, with `a` guessed from the smallest block seen under the prior ratio
-    a_guess = t[0] / (1.0 + prior_ratio * x[0])
+    # the prior slope, with `a` guessed from the (weighted) mean point under the prior ratio
+    a_guess = mt / (1.0 + prior_ratio * mx)
     prior_slope = prior_ratio * a_guess
     slope = (sxt + prior_slope) / (sxx + 1.0)
     intercept = mt - slope * mx
     if intercept <= 0:  # noise on tiny timings: fall back to the prior shape
         intercept, slope = a_guess, prior_slope
     # a verify or draft step is never free; keep the slope from going to zero or below
-    slope = max(slope, 0.01 * intercept)
+    slope = max(slope, min_ratio * intercept)
     return intercept, slope
