@@ -1,6 +1,6 @@
 """Do tokens reach the screen as fast as the engine makes them? (issue "Chat screen")
 
-    .venv/bin/python scripts/bench_ui.py [--tokens 600] [--repeats 8] [--block-size auto] [--model DIR --drafter DIR]
+    .venv/bin/python scripts/bench_ui.py [--tokens 600] [--repeats 8] [--block-size auto] [--floor] [--model DIR --drafter DIR]
     .venv/bin/python scripts/bench_ui.py --ui-cost [--round-s 0.02]
 
 Interleaved, on the same engine and pairing (default: the demo pairing):
@@ -11,7 +11,10 @@ Interleaved, on the same engine and pairing (default: the demo pairing):
 Both rates are (tokens after the first) / (first to last token), EOS ignored, fixed max tokens.
 Also shown: the engine's own rate while the UI runs (from the bridge's push stamps), which
 tells contention (the engine slowed down) from drain latency, and the UI thread's share of a core
-between the first and the last token on screen.
+between the first and the last token on screen. `--floor` adds a third run to each repeat: a bare
+Textual app that shows only the token view, drained the same way: what painting at the drain
+rate costs the engine on this machine whatever the rest of the UI does. The order of the runs
+rotates from one repeat to the next.
 Single runs of the demo pairing vary by +-20 % on a shared 2-core machine (an occasional run is
 half as fast), so the figure to read is the median of the per-repeat ratios over many repeats.
 """
@@ -106,6 +109,51 @@ async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
     return _rate(applied, counts), _rate(pushed), ui_cpu
 
 
+async def floor_run(engine, settings) -> tuple[float, float]:
+    """The floor any Textual UI pays here: a bare Textual app whose only widget is the chat's token
+    view (`TokenText`, in a scrolling container), fed through the same `EventBridge` drained at the
+    same `DRAIN_HZ`; no panels, prompt, footer or reply chrome. (rate on screen, the UI thread's
+    CPU share while streaming)."""
+    from core.events import TokenEvent
+    from textual.app import App
+    from textual.containers import VerticalScroll
+
+    from app.tui.bridge import DRAIN_HZ, EventBridge
+    from app.tui.widgets.conversation import TokenText
+
+    bridge = EventBridge()
+    applied: list[float] = []
+    counts: list[int] = []
+    cpu_at: list[float] = []
+
+    class Floor(App):
+        def compose(self):
+            with VerticalScroll():
+                yield TokenText()
+
+        def on_mount(self) -> None:
+            self.set_interval(1 / DRAIN_HZ, self.drain)
+
+        def drain(self) -> None:
+            tokens = [s.event for s in bridge.drain() if isinstance(s.event, TokenEvent)]
+            if tokens:
+                self.query_one(TokenText).append_tokens(tokens)
+                applied.append(time.perf_counter())
+                cpu_at.append(time.thread_time())
+                counts.append(len(tokens))
+
+    engine.reset().result()
+    app = Floor()
+    async with app.run_test(headless=True, size=(120, 40)):
+        fut = engine.chat([{"role": "user", "content": PROMPT}], settings, bridge.listener(1))
+        while not fut.done() or bridge.pending():
+            await asyncio.sleep(0.05)
+        assert fut.result().error is None
+        await asyncio.sleep(2 / DRAIN_HZ)  # the last drain
+    assert sum(counts) == settings.max_tokens, (sum(counts), settings.max_tokens)
+    return _rate(applied, counts), (cpu_at[-1] - cpu_at[0]) / (applied[-1] - applied[0])
+
+
 async def ui_cost_run(tokens: int, round_s: float, size: tuple[int, int]) -> tuple[float, float, float]:
     """The UI's own cost, without an engine to share the CPU with: the scripted fake engine streams a
     long reply (paragraphs of words, ~2.6 tokens a round, sleeping `round_s` per round) into the
@@ -151,6 +199,9 @@ def main() -> int:
                    help="measure only the UI thread's CPU share, with the scripted fake engine (no MLX): "
                         "a steadier figure than the ratio on a noisy machine")
     p.add_argument("--round-s", type=float, default=0.02, help="--ui-cost: seconds per fake round")
+    p.add_argument("--floor", action="store_true",
+                   help="also run, interleaved, a bare Textual app showing only the token view at the same "
+                        "drain rate: what any Textual UI costs the engine on this machine")
     a = p.parse_args()
 
     if a.ui_cost:
@@ -181,15 +232,27 @@ def main() -> int:
     try:
         engine.load(spec, None).result()
         headless_run(engine, GenerationSettings(max_tokens=16, ignore_eos=True))  # warm-up
-        heads, screens, under_ui, cpus = [], [], [], []
+        heads, screens, under_ui, cpus, floors, floor_cpus = [], [], [], [], [], []
         for rep in range(a.repeats):
-            heads.append(headless_run(engine, settings))
-            screen, engine_rate, cpu = asyncio.run(ui_run(engine, spec, settings))
+            # the order within a repeat rotates: the machine drifts in phases of seconds
+            runs = ["headless", "ui"] + (["floor"] if a.floor else [])
+            runs = runs[rep % len(runs):] + runs[: rep % len(runs)]
+            for run in runs:
+                if run == "headless":
+                    heads.append(headless_run(engine, settings))
+                elif run == "floor":
+                    rate, cpu = asyncio.run(floor_run(engine, settings))
+                    floors.append(rate)
+                    floor_cpus.append(cpu)
+                else:
+                    screen, engine_rate, cpu = asyncio.run(ui_run(engine, spec, settings))
             screens.append(screen)
             cpus.append(cpu)
             under_ui.append(engine_rate)
             print(f"repeat {rep + 1}: headless {heads[-1]:.1f} tok/s | on screen {screen:.1f} tok/s "
-                  f"| engine under the UI {engine_rate:.1f} tok/s | UI thread CPU {cpu:.0%}", file=sys.stderr, flush=True)
+                  f"| engine under the UI {engine_rate:.1f} tok/s | UI thread CPU {cpu:.0%}"
+                  + (f" | bare Textual floor {floors[-1]:.1f} tok/s, UI CPU {floor_cpus[-1]:.0%}" if floors else ""),
+                  file=sys.stderr, flush=True)
     finally:
         engine.close()
     h, s, u = statistics.median(heads), statistics.median(screens), statistics.median(under_ui)
@@ -202,6 +265,12 @@ def main() -> int:
     print(f"median of the per-repeat ratios (screen / headless): {paired:.3f}  "
           f"(all: {' '.join(f'{r:.2f}' for r in ratios)})")
     print(f"UI thread CPU while streaming {statistics.median(cpus):.0%} of one core")
+    if floors:
+        f = statistics.median(floors)
+        fr = sorted(x / y for x, y in zip(floors, heads))
+        print(f"bare Textual floor  {f:8.1f} tok/s  ({f / h:.3f}x headless; median of per-repeat ratios "
+              f"{statistics.median(fr):.3f}; all: {' '.join(f'{r:.2f}' for r in fr)}) | its UI thread CPU "
+              f"{statistics.median(floor_cpus):.0%} of one core")
     return 0
 
 
