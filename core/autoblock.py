@@ -99,17 +99,20 @@ class AutoBlock:
     _draft_step: _Ewma = field(default_factory=_Ewma)
     _current: int | None = None
     _k1_streak: int = 0
-    _probe_wait: int = 0  # K = 1 rounds before the next probe (0: not set yet, probe_every)
+    _probe_wait: int = field(init=False)  # K = 1 rounds before the next probe
     _probing: bool = False  # the last choice was a probe
     _draft_rounds: int = 0  # rounds with drafts observed (fades the alpha prior)
     rounds: int = 0
+
+    def __post_init__(self) -> None:
+        self._probe_wait = self.config.probe_every
 
     # -- estimates ----------------------------------------------------------------------
 
     @property
     def alpha(self) -> float:
         c = self.config
-        prior = c.alpha_prior_weight * c.alpha_decay ** min(self._draft_rounds, 400)
+        prior = c.alpha_prior_weight * c.alpha_decay**self._draft_rounds
         return (self._accepted + c.alpha_prior * prior) / (self._accepted + self._rejected + prior)
 
     def round_time(self, k: int) -> float:
@@ -162,7 +165,7 @@ class AutoBlock:
     @property
     def probe_wait(self) -> int:
         """K = 1 rounds before the next probe."""
-        return self._probe_wait or self.config.probe_every
+        return self._probe_wait
 
     def observe(
         self,
@@ -184,7 +187,7 @@ class AutoBlock:
         self.rounds += 1
         if self._probing and k > 1:
             self._probing = False
-            self._probe_wait = c.probe_every if accepted else min(2 * self.probe_wait, c.probe_every_max)
+            self._probe_wait = c.probe_every if accepted else min(2 * self._probe_wait, c.probe_every_max)
         if k > 1:
             self._draft_rounds += 1
             self._accepted = self._accepted * c.alpha_decay + accepted
