@@ -23,17 +23,31 @@ def _block_size(value: str) -> int | str:
 
 
 def _add_pairing_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="PATH_OR_REPO", help="target checkpoint: a local directory or a Hugging Face repo id")
-    p.add_argument("--drafter", metavar="PATH_OR_REPO", help="assistant (MTP) drafter checkpoint: a local directory or a repo id")
+    p.add_argument(
+        "--model", metavar="PATH_OR_REPO", help="target checkpoint: a local directory or a Hugging Face repo id"
+    )
+    p.add_argument(
+        "--drafter", metavar="PATH_OR_REPO", help="assistant (MTP) drafter checkpoint: a local directory or a repo id"
+    )
     p.add_argument("--pairing", metavar="NAME", help="a downloaded catalogue pairing (see `gemma-chat models list`)")
-    p.add_argument("--offline", action="store_true", help="never touch the network; use only what is in the local cache")
+    p.add_argument(
+        "--offline", action="store_true", help="never touch the network; use only what is in the local cache"
+    )
 
 
 def _add_drafter_convention_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter-position", choices=["P-1", "P"], default="P-1",
-                   help="RoPE position of the drafter's query: the last cached position (P-1, default) or the bonus token's (P, as HF)")
-    p.add_argument("--drafter-window", choices=["W", "W+1"], default="W",
-                   help="keys the drafter's sliding layers see: |q-k| < W (default) or the last W+1 (as HF)")
+    p.add_argument(
+        "--drafter-position",
+        choices=["P-1", "P"],
+        default="P-1",
+        help="RoPE position of the drafter's query: the last cached position (P-1, default) or the bonus token's (P, as HF)",
+    )
+    p.add_argument(
+        "--drafter-window",
+        choices=["W", "W+1"],
+        default="W",
+        help="keys the drafter's sliding layers see: |q-k| < W (default) or the last W+1 (as HF)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     _add_pairing_args(parser)
-    parser.add_argument("--demo", action="store_true", help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate headlessly and print the answer (or JSON events)")
@@ -53,11 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="the user message")
     src.add_argument("--messages", metavar="FILE.json", help="a JSON list of chat messages ({role, content})")
-    g.add_argument("--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)")
-    g.add_argument("--image-budget", type=int, default=None, metavar="N",
-                   help="soft tokens per image: 70, 140, 280, 560 or 1120 (default: the checkpoint's)")
+    g.add_argument(
+        "--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)"
+    )
+    g.add_argument(
+        "--image-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="soft tokens per image: 70, 140, 280, 560 or 1120 (default: the checkpoint's)",
+    )
     g.add_argument("--system", metavar="TEXT", help="system prompt")
-    g.add_argument("--block-size", type=_block_size, default="auto", metavar="K|auto", help="tokens verified per round (drafts + 1), or auto (default)")
+    g.add_argument(
+        "--block-size",
+        type=_block_size,
+        default="auto",
+        metavar="K|auto",
+        help="tokens verified per round (drafts + 1), or auto (default)",
+    )
     g.add_argument("--temp", type=float, default=0.0, metavar="T", help="temperature; 0 is greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, metavar="P")
     g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 disables top-k")
@@ -77,8 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=128, metavar="N")
     b.add_argument("--block-sizes", default="2,3,4,5,6,auto", metavar="LIST")
     b.add_argument("--repeats", type=int, default=3, metavar="N", help="interleaved repetitions of every run")
-    b.add_argument("--simulate-acceptance", type=float, default=None, metavar="ALPHA",
-                   help="replace each draft by the target's greedy token with probability ALPHA (synthetic checkpoints)")
+    b.add_argument(
+        "--simulate-acceptance",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="replace each draft by the target's greedy token with probability ALPHA (synthetic checkpoints)",
+    )
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--json", action="store_true")
     _add_drafter_convention_args(b)
@@ -89,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--json", action="store_true")
     ml.add_argument("--offline", action="store_true")
     md = msub.add_parser("download", help="download a pairing into the Hugging Face cache")
-    md.add_argument("name", metavar="NAME", help="a catalogue pairing (see `models list`) or one repository id owner/name")
+    md.add_argument(
+        "name", metavar="NAME", help="a catalogue pairing (see `models list`) or one repository id owner/name"
+    )
     md.add_argument("--offline", action="store_true")
     mr = msub.add_parser("rm", help="remove a pairing's files from the Hugging Face cache")
     mr.add_argument("name", metavar="NAME")

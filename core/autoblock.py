@@ -196,15 +196,14 @@ class AutoBlock:
             self._verify_time.setdefault(k, _Ewma()).add(verify_s, c.time_ewma, self.rounds)
             if k > 1 and draft_s is not None:
                 self._draft_step.add(draft_s / (k - 1), c.time_ewma, self.rounds)
-        total = round_s if round_s is not None else (
-            verify_s + (draft_s or 0.0) if verify_s is not None else None
-        )
+        total = round_s if round_s is not None else (verify_s + (draft_s or 0.0) if verify_s is not None else None)
         if total is not None:
             self._round_time.setdefault(k, _Ewma()).add(total, c.time_ewma, self.rounds)
 
 
-def _line(points: dict[int, _Ewma], prior_ratio: float, config: AutoBlockConfig, now: int,
-          min_ratio: float) -> tuple[float, float]:
+def _line(
+    points: dict[int, _Ewma], prior_ratio: float, config: AutoBlockConfig, now: int, min_ratio: float
+) -> tuple[float, float]:
     """Intercept a = time at K=1 and slope b per extra token, from per-K averages.
 
     Weighted least squares (weight = rounds averaged, capped at the EWMA's effective sample

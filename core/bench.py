@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -200,15 +200,24 @@ def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int,
         if isinstance(e, TokenEvent):
             clock.tick()
 
-    settings = GenerationSettings(max_tokens=max_tokens, ignore_eos=True, block_size=block or 1,
-                                  drafter_enabled=block is not None)
+    settings = GenerationSettings(
+        max_tokens=max_tokens, ignore_eos=True, block_size=block or 1, drafter_enabled=block is not None
+    )
     decoder = Decoder(target, drafter if block is not None else None, Detokenizer(tokenizer), stops)
     controls = Controls(settings.block_size, settings.drafter_enabled)
     result = decoder.run(target.make_cache(), Prompt(list(ids)), settings, emit, controls)
     s = result.stats
     name = "off" if block is None else ("auto" if block == "auto" else f"K={block}")
-    return RunResult(name, clock.tps, len(result.token_ids), s.rounds, s.drafted, s.accepted,
-                     dict(s.block_size_counts), list(result.token_ids))
+    return RunResult(
+        name,
+        clock.tps,
+        len(result.token_ids),
+        s.rounds,
+        s.drafted,
+        s.accepted,
+        dict(s.block_size_counts),
+        list(result.token_ids),
+    )
 
 
 def run_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> RunResult:
@@ -259,6 +268,7 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
             logits, H = target.forward(block[:k], cache, logits="all")
             mx.eval(mx.argmax(logits, axis=-1), H)
             cache.trim_to(P)
+
         return go
 
     verify_s = {k: _timed(verify(k), repeats) for k in sorted(set([1] + ks))}
@@ -270,6 +280,7 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
             def go():
                 drafts, _ = drafter.draft(target, cache, b, h, n)
                 mx.eval(drafts)
+
             return go
 
         chains = {n: _timed(chain(n), repeats) for n in sorted({1} | {k - 1 for k in ks if k > 1})}
@@ -298,8 +309,9 @@ def _config_names(block_sizes, with_drafter: bool, baseline: bool) -> list:
     return out
 
 
-def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
-              progress: Callable[[str], None] | None = None) -> BenchReport:
+def run_bench(
+    target_dir, drafter_dir, options: BenchOptions | None = None, progress: Callable[[str], None] | None = None
+) -> BenchReport:
     """Load the pairing, run every configuration interleaved, measure the costs; see the module doc."""
     import mlx.core as mx
 
@@ -332,6 +344,7 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
     # the teacher: plain greedy decoding by the target alone
     say("teacher run")
     teacher = run_ours(target, None, tokenizer, stops, ids, o.max_tokens, None)
+
     def simulated(rep):
         if o.simulate_acceptance is None:
             return drafter
@@ -375,8 +388,10 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
             say(f"repeat {rep + 1}/{o.repeats} {r.config}: {r.tps:.1f} tok/s")
             runs.setdefault(r.config, []).append(r)
             if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != teacher.token_ids:
-                raise BenchError(f"{r.config} with simulated acceptance changed the greedy output "
-                                 f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})")
+                raise BenchError(
+                    f"{r.config} with simulated acceptance changed the greedy output "
+                    f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})"
+                )
 
     decode_s = statistics.median(c[0] for c in costs)
     verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
@@ -390,19 +405,32 @@ def run_bench(target_dir, drafter_dir, options: BenchOptions | None = None,
         acceptance = sum(r.accepted for r in rs) / drafted if drafted else None
         rounds = sum(r.rounds for r in rs)
         tpr = sum(r.tokens - 1 for r in rs) / rounds if rounds else None
-        summaries.append(ConfigSummary(
-            config=name, tps=tps, tps_runs=[r.tps for r in rs], acceptance=acceptance, tokens_per_round=tpr,
-            bound_tps=statistics.median(bounds[name]) if bounds.get(name) else None,
-            efficiency=statistics.median(efficiencies[name]) if efficiencies.get(name) else None,
-            vs_baseline=tps / base_tps if base_tps else None,
-            matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
-        ))
+        summaries.append(
+            ConfigSummary(
+                config=name,
+                tps=tps,
+                tps_runs=[r.tps for r in rs],
+                acceptance=acceptance,
+                tokens_per_round=tpr,
+                bound_tps=statistics.median(bounds[name]) if bounds.get(name) else None,
+                efficiency=statistics.median(efficiencies[name]) if efficiencies.get(name) else None,
+                vs_baseline=tps / base_tps if base_tps else None,
+                matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
+            )
+        )
     mx.clear_cache()
     return BenchReport(
-        target=str(target_dir), drafter=str(drafter_dir) if drafter_dir else None, dtype=dtype_name,
-        prompt_tokens=len(ids), max_tokens=o.max_tokens, repeats=o.repeats,
-        simulate_acceptance=o.simulate_acceptance, decode_step_s=decode_s, verify_s=verify_s,
-        draft_s=chains, configs=summaries,
+        target=str(target_dir),
+        drafter=str(drafter_dir) if drafter_dir else None,
+        dtype=dtype_name,
+        prompt_tokens=len(ids),
+        max_tokens=o.max_tokens,
+        repeats=o.repeats,
+        simulate_acceptance=o.simulate_acceptance,
+        decode_step_s=decode_s,
+        verify_s=verify_s,
+        draft_s=chains,
+        configs=summaries,
     )
 
 
@@ -443,8 +471,10 @@ def format_table(report: BenchReport) -> str:
     ]
     if report.draft_s:
         chain = "  ".join(f"{n}: {v / d:.2f}" for n, v in sorted(report.draft_s.items()))
-        lines.append(f"draft step {report.draft_s[1] * 1e3:.2f} ms = {report.draft_s[1] / d:.3f} decode steps"
-                     f" | draft chain of n steps / decode step: {chain}")
+        lines.append(
+            f"draft step {report.draft_s[1] * 1e3:.2f} ms = {report.draft_s[1] / d:.3f} decode steps"
+            f" | draft chain of n steps / decode step: {chain}"
+        )
     lines.append("bound = tokens per round / (verify(K) + draft chain(K-1)), measured costs; effic = tok/s / bound")
     best = report.best
     if best is not None:

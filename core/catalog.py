@@ -1,9 +1,9 @@
 """The pairing catalogue (core/data/catalog.toml) with local status, memory fit, and resolution.
 
-    list_entries()             every pairing + local status (ready/partial/missing) + size + fit
-    get_pairing(name)          one pairing (KeyError with a helpful message)
-    resolve_pairing(name)      local snapshot paths for the engine, never the network
-    start_pairing_download()   core.download.start_download for a pairing's two repositories
+list_entries()             every pairing + local status (ready/partial/missing) + size + fit
+get_pairing(name)          one pairing (KeyError with a helpful message)
+resolve_pairing(name)      local snapshot paths for the engine, never the network
+start_pairing_download()   core.download.start_download for a pairing's two repositories
 """
 
 from __future__ import annotations
@@ -86,15 +86,30 @@ def _family(key: str, raw: dict) -> Family:
     arch = {
         k: raw[k]
         for k in (
-            "hidden_size", "vocab_size", "num_hidden_layers", "num_kv_shared_layers", "full_attention_layers",
-            "num_key_value_heads", "num_global_key_value_heads", "head_dim", "global_head_dim",
-            "sliding_window", "attention_k_eq_v",
+            "hidden_size",
+            "vocab_size",
+            "num_hidden_layers",
+            "num_kv_shared_layers",
+            "full_attention_layers",
+            "num_key_value_heads",
+            "num_global_key_value_heads",
+            "head_dim",
+            "global_head_dim",
+            "sliding_window",
+            "attention_k_eq_v",
         )
     }
     arch["num_global_key_value_heads"] = arch["num_global_key_value_heads"] or None
     return Family(
-        key, raw["label"], float(raw["params_b"]), arch, bool(raw["vision"]), raw["drafter"],
-        int(raw["drafter_bytes"]), int(raw["block_size"]), raw.get("confidence", ""),
+        key,
+        raw["label"],
+        float(raw["params_b"]),
+        arch,
+        bool(raw["vision"]),
+        raw["drafter"],
+        int(raw["drafter_bytes"]),
+        int(raw["block_size"]),
+        raw.get("confidence", ""),
     )
 
 
@@ -108,8 +123,14 @@ def parse_catalog(text: str) -> Catalog:
             raise ValueError(f"catalogue pairing {raw['name']!r}: unknown family {raw['family']!r}")
         pairings.append(
             Pairing(
-                raw["name"], families[raw["family"]], raw["target"], raw["quant"], int(raw["download_bytes"]),
-                bool(raw.get("confirmed", False)), raw.get("source", ""), context,
+                raw["name"],
+                families[raw["family"]],
+                raw["target"],
+                raw["quant"],
+                int(raw["download_bytes"]),
+                bool(raw.get("confirmed", False)),
+                raw.get("source", ""),
+                context,
             )
         )
     names = [p.name for p in pairings]
@@ -201,8 +222,12 @@ def list_entries(
         mem = p.memory()
         out.append(
             CatalogEntry(
-                p, _status(local[p.target_repo], local[p.drafter_repo]), local[p.target_repo],
-                local[p.drafter_repo], mem, fit.check_fit(mem.total_bytes, machine),
+                p,
+                _status(local[p.target_repo], local[p.drafter_repo]),
+                local[p.target_repo],
+                local[p.drafter_repo],
+                mem,
+                fit.check_fit(mem.total_bytes, machine),
             )
         )
     return out
@@ -254,7 +279,9 @@ def start_pairing_download(
     p = get_pairing(name)
     local = hfcache.statuses(list(p.repos), cache_dir=cache_dir)
     # A copy cached under another spelling of the same repo id is used as is.
-    repos = [local[r].cached_id if local[r].complete and local[r].cached_id else r for r in (p.drafter_repo, p.target_repo)]
+    repos = [
+        local[r].cached_id if local[r].complete and local[r].cached_id else r for r in (p.drafter_repo, p.target_repo)
+    ]
     return start_download(repos, offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
 
 

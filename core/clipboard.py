@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 ESC = "\x1b"
 BEL = "\x07"
@@ -60,8 +60,14 @@ def system_copy(text: str, *, timeout: float = 2.0, env: Mapping[str, str] | Non
         try:
             # stdout/stderr to DEVNULL: xclip and wl-copy fork a child that keeps serving the
             # selection; a pipe held open by it would make us wait for the whole timeout.
-            result = subprocess.run(argv, input=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    timeout=timeout, env=None if env is None else dict(env))
+            result = subprocess.run(
+                argv,
+                input=data,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+                env=None if env is None else dict(env),
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if result.returncode == 0:

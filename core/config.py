@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import tempfile
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from core import paths
 from core.keymap import ACTION_NAMES, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
@@ -49,8 +50,14 @@ class Config:
     def generation_settings(self) -> GenerationSettings:
         s = self.sampling
         return GenerationSettings(
-            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
-            block_size=self.block_size, thinking=self.thinking, system_prompt=self.system_prompt,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            seed=s.seed,
+            block_size=self.block_size,
+            thinking=self.thinking,
+            system_prompt=self.system_prompt,
             image_budget=self.image_budget,
         )
 
@@ -324,7 +331,7 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
     return config
 
 
-DEFAULT_CONFIG_TEXT = '''\
+DEFAULT_CONFIG_TEXT = """\
 # gemma-chat settings. Every key is optional; delete a line to get the default back.
 
 # default_pairing = "E2B"        # the pairing to open at start (see `gemma-chat models list`)
@@ -345,7 +352,7 @@ max_tokens = 2048
 [keys]
 # Override any binding; run the app and press F1 for the list of actions.
 # block_size_up = "ctrl+up"
-'''
+"""
 
 
 def write_default_config(path: str | Path | None = None) -> Path:

@@ -59,8 +59,14 @@ def is_demo_checkpoint(path) -> bool:
 
 
 def _marker(version: str, target: str, drafter: str) -> dict:
-    return {"label": DEMO_LABEL, "random_weights": True, "version": version,
-            "target": target, "drafter": drafter, **DEMO_BUILD}
+    return {
+        "label": DEMO_LABEL,
+        "random_weights": True,
+        "version": version,
+        "target": target,
+        "drafter": drafter,
+        **DEMO_BUILD,
+    }
 
 
 def _complete(root: Path, version: str) -> tuple[Path, Path] | None:
@@ -79,7 +85,7 @@ def _complete(root: Path, version: str) -> tuple[Path, Path] | None:
 
 def _builder_alive(name: str) -> bool:
     try:
-        pid = int(name[len(_BUILDING):].split("-")[0])
+        pid = int(name[len(_BUILDING) :].split("-")[0])
         os.kill(pid, 0)
     except (ValueError, IndexError, ProcessLookupError):
         return False

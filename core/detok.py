@@ -17,7 +17,7 @@ that are not valid UTF-8 both give U+FFFD, though not always the same number of 
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 

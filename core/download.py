@@ -31,9 +31,9 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 # Only what the engine reads: configs, weights, tokenizer, chat template.
 DEFAULT_ALLOW_PATTERNS: tuple[str, ...] = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model")
@@ -273,7 +273,10 @@ def classify_error(exc: BaseException, repo_id: str = "", endpoint: str | None =
             "or use --offline with a pairing that is already downloaded.",
         )
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return DownloadError("disk_full", f"the disk filled up while downloading {repo}: free some space and retry (the download resumes).")
+        return DownloadError(
+            "disk_full",
+            f"the disk filled up while downloading {repo}: free some space and retry (the download resumes).",
+        )
     if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
         return DownloadError("network", f"{repo}: a file arrived truncated ({exc}); retry, the download resumes.")
     return DownloadError("error", f"{repo}: {type(exc).__name__}: {exc}")
@@ -661,7 +664,9 @@ def start_download(
     """
     cache_dir = str(Path(cache_dir or default_cache_dir()).expanduser())
     repo_ids = tuple(dict.fromkeys(repo_ids))
-    local = {r: local_snapshot(r, cache_dir=cache_dir, revision=revision, allow_patterns=allow_patterns) for r in repo_ids}
+    local = {
+        r: local_snapshot(r, cache_dir=cache_dir, revision=revision, allow_patterns=allow_patterns) for r in repo_ids
+    }
     missing = [r for r, p in local.items() if p is None]
     if not missing:
         return DownloadHandle(final=DownloadFinished({r: str(p) for r, p in local.items()}, from_cache=True))

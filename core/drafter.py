@@ -44,7 +44,7 @@ class DrafterConfig:
     raw: dict
 
     @classmethod
-    def from_dict(cls, config: dict) -> "DrafterConfig":
+    def from_dict(cls, config: dict) -> DrafterConfig:
         if config.get("model_type") != "gemma4_assistant":
             raise CheckpointError(
                 f"not a Gemma 4 assistant drafter (model_type {config.get('model_type')!r}, expected 'gemma4_assistant')"

@@ -23,9 +23,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from core.events import LoadProgress, TurnDone, TurnStats
 from core.settings import GenerationSettings
@@ -117,7 +117,9 @@ class Engine:
         """Render `messages` with the checkpoint's chat template and generate the reply."""
         return self._submit("chat", (list(messages), settings, on_event), settings)
 
-    def complete(self, prompt: str | list[int], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+    def complete(
+        self, prompt: str | list[int], settings: GenerationSettings, on_event: Callable
+    ) -> concurrent.futures.Future:
         """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
         return self._submit("complete", (prompt, settings, on_event), settings)
 
@@ -395,13 +397,17 @@ class Engine:
 
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
         try:
-            result = st.decoder.run(st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start)
+            result = st.decoder.run(
+                st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start
+            )
         except TurnError:
             raise  # refused before touching the cache
         except BaseException:
             self._reset_conversation(st)  # a failure mid-forward leaves the cache in an unknown state
             raise
-        st.token_log.extend(result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)])
+        st.token_log.extend(
+            result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)]
+        )
         live = {s.key for s in st.token_log.images}
         for k in list(st.soft_tokens):
             if k not in live:

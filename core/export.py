@@ -39,14 +39,19 @@ def code_blocks(text: str) -> list[CodeBlock]:
         closed = False
         while i < len(lines):
             close = _FENCE.match(lines[i])
-            if close and close.group(2)[0] == fence[0] and len(close.group(2)) >= len(fence) and not close.group(3).strip():
+            if (
+                close
+                and close.group(2)[0] == fence[0]
+                and len(close.group(2)) >= len(fence)
+                and not close.group(3).strip()
+            ):
                 closed = True
                 i += 1
                 break
             line = lines[i]
             # content lines lose up to the opening fence's indent
             strip = len(line) - len(line.lstrip(" "))
-            body.append(line[min(indent, strip):])
+            body.append(line[min(indent, strip) :])
             i += 1
         blocks.append(CodeBlock(lang=info.split()[0] if info else "", code="\n".join(body), closed=closed))
     return blocks

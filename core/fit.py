@@ -119,10 +119,15 @@ def machine_memory() -> MachineMemory:
         wired = _sysctl("iogpu.wired_limit_mb")
         wired_mb = int(wired) if wired and wired.isdigit() else None
         if wired_mb:
-            return MachineMemory(total, wired_mb * 1024 * 1024, f"GPU wired limit iogpu.wired_limit_mb={wired_mb}", wired_mb)
+            return MachineMemory(
+                total, wired_mb * 1024 * 1024, f"GPU wired limit iogpu.wired_limit_mb={wired_mb}", wired_mb
+            )
         budget = int(total * 0.75) if total else None
         return MachineMemory(
-            total, budget, "about 3/4 of RAM (Metal's default GPU working set; raise it with sysctl iogpu.wired_limit_mb)", wired_mb
+            total,
+            budget,
+            "about 3/4 of RAM (Metal's default GPU working set; raise it with sysctl iogpu.wired_limit_mb)",
+            wired_mb,
         )
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -155,11 +160,15 @@ def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitRep
         return FitReport("ok", needed_bytes, budget, f"needs about {need} of {have} ({machine.note})")
     if needed_bytes <= budget:
         return FitReport(
-            "tight", needed_bytes, budget,
+            "tight",
+            needed_bytes,
+            budget,
             f"tight: needs about {need} of {have} ({machine.note}); close other apps or use a smaller pairing",
         )
     return FitReport(
-        "wont_fit", needed_bytes, budget,
+        "wont_fit",
+        needed_bytes,
+        budget,
         f"will not fit: needs about {need} but only {have} is usable ({machine.note}); pick a smaller or quantized pairing",
     )
 
@@ -177,7 +186,8 @@ def estimate_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CO
     return estimate(weights, cfg.get("text_config") or cfg, context)
 
 
-def check_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT,
-                      machine: MachineMemory | None = None) -> FitReport:
+def check_checkpoints(
+    target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT, machine: MachineMemory | None = None
+) -> FitReport:
     """The fit warning to show before loading a custom pair."""
     return check_fit(estimate_checkpoints(target_dir, drafter_dir, context).total_bytes, machine)

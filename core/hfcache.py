@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from core.download import DEFAULT_ALLOW_PATTERNS, default_cache_dir, local_snapshot
 
@@ -41,7 +41,7 @@ def _repo_folders(cache: Path) -> dict[str, tuple[str, Path]]:
         return out
     for entry in cache.iterdir():
         if entry.is_dir() and entry.name.startswith("models--"):
-            repo_id = entry.name[len("models--"):].replace("--", "/")
+            repo_id = entry.name[len("models--") :].replace("--", "/")
             out[repo_id.lower()] = (repo_id, entry)
     return out
 

@@ -72,7 +72,9 @@ class ImageProcessorConfig:
             for key in ("max_soft_tokens", "patch_size", "pooling_kernel_size"):
                 if key not in found and src.get(key) is not None:
                     found[key] = src[key]
-        found.setdefault("max_soft_tokens", (config or {}).get("vision_soft_tokens_per_image") or DEFAULT_MAX_SOFT_TOKENS)
+        found.setdefault(
+            "max_soft_tokens", (config or {}).get("vision_soft_tokens_per_image") or DEFAULT_MAX_SOFT_TOKENS
+        )
         found.setdefault("patch_size", vision.get("patch_size", 16))
         found.setdefault("pooling_kernel_size", vision.get("pooling_kernel_size", 3))
         if max_soft_tokens is not None:
@@ -106,7 +108,9 @@ def check_max_soft_tokens(max_soft_tokens: int) -> int:
     return max_soft_tokens
 
 
-def target_size(height: int, width: int, max_soft_tokens: int, patch_size: int = 16, pooling_kernel_size: int = 3) -> tuple[int, int]:
+def target_size(
+    height: int, width: int, max_soft_tokens: int, patch_size: int = 16, pooling_kernel_size: int = 3
+) -> tuple[int, int]:
     """(H, W) the Gemma 4 processor resizes a `height` x `width` image to."""
     if height <= 0 or width <= 0:
         raise ImageError(f"The image has no pixels ({width}x{height}).")
@@ -127,7 +131,9 @@ def target_size(height: int, width: int, max_soft_tokens: int, patch_size: int =
     return new_h, new_w
 
 
-def soft_token_count(height: int, width: int, max_soft_tokens: int, patch_size: int = 16, pooling_kernel_size: int = 3) -> int:
+def soft_token_count(
+    height: int, width: int, max_soft_tokens: int, patch_size: int = 16, pooling_kernel_size: int = 3
+) -> int:
     """Soft tokens (placeholders in the prompt) for an image of this size at this budget."""
     unit = patch_size * pooling_kernel_size
     h, w = target_size(height, width, max_soft_tokens, patch_size, pooling_kernel_size)
@@ -202,7 +208,9 @@ def _open(fp, label, max_pixels, Image, UnidentifiedImageError):
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f"Image{label} is too large to decode safely ({exc}).") from exc
     except UnidentifiedImageError as exc:
-        raise ImageError(f"File{label} is not an image Pillow can read." if label else "The data is not an image Pillow can read.") from exc
+        raise ImageError(
+            f"File{label} is not an image Pillow can read." if label else "The data is not an image Pillow can read."
+        ) from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise ImageError(f"Cannot read image{label}: {exc}") from exc
 
@@ -213,7 +221,11 @@ def _to_rgb(image):
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
         # Deep grayscale (16-bit PNG/TIFF, float TIFF): Pillow's convert("RGB") would clip at 255.
         values = np.asarray(image, dtype=np.float64)
-        top = 1.0 if image.mode == "F" and values.max(initial=0) <= 1.0 else (255.0 if values.max(initial=0) <= 255 else 65535.0)
+        top = (
+            1.0
+            if image.mode == "F" and values.max(initial=0) <= 1.0
+            else (255.0 if values.max(initial=0) <= 255 else 65535.0)
+        )
         gray = np.clip(np.rint(values * (255.0 / top)), 0, 255).astype(np.uint8)
         return Image.fromarray(gray, "L").convert("RGB")
     has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None

@@ -12,9 +12,9 @@ Scope says where a binding should live:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from difflib import get_close_matches
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,36 @@ SCOPES: dict[str, str] = {a.name: a.scope for a in ACTIONS}
 MODIFIERS = ("ctrl", "shift", "alt", "meta", "super", "hyper")
 # Characters people write in a config, as Textual names them (Textual derives these from Unicode names).
 CHAR_NAMES = {
-    "+": "plus", "-": "minus", ",": "comma", ".": "full_stop", "/": "slash", "\\": "backslash",
-    "=": "equals_sign", "?": "question_mark", ";": "semicolon", ":": "colon", "[": "left_square_bracket",
-    "]": "right_square_bracket", "'": "apostrophe", "`": "grave_accent", "@": "at", "_": "underscore",
-    "!": "exclamation_mark", "#": "number_sign", "*": "asterisk", " ": "space",
+    "+": "plus",
+    "-": "minus",
+    ",": "comma",
+    ".": "full_stop",
+    "/": "slash",
+    "\\": "backslash",
+    "=": "equals_sign",
+    "?": "question_mark",
+    ";": "semicolon",
+    ":": "colon",
+    "[": "left_square_bracket",
+    "]": "right_square_bracket",
+    "'": "apostrophe",
+    "`": "grave_accent",
+    "@": "at",
+    "_": "underscore",
+    "!": "exclamation_mark",
+    "#": "number_sign",
+    "*": "asterisk",
+    " ": "space",
 }
 # Two names, one key: the terminal sends the same bytes (Textual's own aliases).
-ALIASES = {"ctrl+m": "enter", "ctrl+i": "tab", "ctrl+left_square_bracket": "escape", "ctrl+space": "ctrl+at",
-           "esc": "escape", "return": "enter"}
+ALIASES = {
+    "ctrl+m": "enter",
+    "ctrl+i": "tab",
+    "ctrl+left_square_bracket": "escape",
+    "ctrl+space": "ctrl+at",
+    "esc": "escape",
+    "return": "enter",
+}
 _BASE_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -129,7 +151,7 @@ def resolve_keys(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     for action in ACTION_NAMES:
         value = overrides.get(action, DEFAULT_KEYS[action])
         if not isinstance(value, str):
-            problems.append(f"{action} must be a key string like \"ctrl+r\", got {value!r}")
+            problems.append(f'{action} must be a key string like "ctrl+r", got {value!r}')
             continue
         try:
             keys = split_keys(value)

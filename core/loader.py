@@ -106,7 +106,9 @@ def _cpu_safe_experts(model) -> None:
     upcast = [
         (k, v.astype(mx.float32))
         for k, v in params
-        if ".switch_glu." in k and k.endswith(".weight") and v.dtype in (mx.bfloat16, mx.float16)
+        if ".switch_glu." in k
+        and k.endswith(".weight")
+        and v.dtype in (mx.bfloat16, mx.float16)
         and k[: -len("weight")] + "scales" not in names
     ]
     if upcast:

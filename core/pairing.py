@@ -33,7 +33,9 @@ def text_config(cfg: dict) -> dict:
     return cfg.get("text_config") or cfg
 
 
-def check_pair(target_cfg: dict, drafter_cfg: dict, target_name: str = "the target", drafter_name: str = "the drafter") -> list[str]:
+def check_pair(
+    target_cfg: dict, drafter_cfg: dict, target_name: str = "the target", drafter_name: str = "the drafter"
+) -> list[str]:
     """Problems with using `drafter_cfg` to draft for `target_cfg` (empty: compatible)."""
     problems: list[str] = []
     t_type = target_cfg.get("model_type")

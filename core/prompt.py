@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
 
 Message = dict[str, Any]
 

@@ -20,9 +20,7 @@ import secrets
 import mlx.core as mx
 
 
-def transform_logits(
-    logits: mx.array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> mx.array:
+def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> mx.array:
     """Raw logits [..., V] -> log-probabilities [..., V] of the sampling distribution.
 
     Order: divide by `temperature`, keep the top-k, keep the top-p nucleus of what is left,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 
@@ -140,8 +140,12 @@ class Decoder:
                 emb, mask = prompt.embeddings[a:b], prompt.embedding_mask[a:b]
             spans = [(s + prompt.start, e + prompt.start) for s, e in rel_spans if s < b and e > a]
             logits, hidden = tg.forward(
-                prompt.ids[a:b], cache, embeddings=emb, embedding_mask=mask,
-                bidirectional=spans or None, logits="last" if last else None,
+                prompt.ids[a:b],
+                cache,
+                embeddings=emb,
+                embedding_mask=mask,
+                bidirectional=spans or None,
+                logits="last" if last else None,
             )
             if not last:
                 mx.eval(hidden)  # bound the graph (and memory) per chunk

@@ -25,10 +25,11 @@ import mimetypes
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from core import paths
 
@@ -123,7 +124,7 @@ class Attachment:
     id: int | None = None
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Attachment":
+    def from_file(cls, path: str | Path) -> Attachment:
         p = Path(path).expanduser().resolve()
         digest = hashlib.sha256()
         size = 0
@@ -296,7 +297,7 @@ class Store:
         with self._lock:
             self._con.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -369,8 +370,16 @@ class Store:
             cur = con.execute(
                 "INSERT INTO chats (title, created_at, updated_at, pairing, target_id, drafter_id, params_json,"
                 " system_prompt) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (title or DEFAULT_TITLE, now, now, pairing, target_id, drafter_id, _json_dumps(dict(params or {})),
-                 system_prompt),
+                (
+                    title or DEFAULT_TITLE,
+                    now,
+                    now,
+                    pairing,
+                    target_id,
+                    drafter_id,
+                    _json_dumps(dict(params or {})),
+                    system_prompt,
+                ),
             )
             return int(cur.lastrowid)
 
@@ -401,8 +410,12 @@ class Store:
         `params` replaces the stored dict (merge on the caller's side if you mean to)."""
         sets: list[str] = []
         values: list[Any] = []
-        for column, value in (("pairing", pairing), ("target_id", target_id), ("drafter_id", drafter_id),
-                              ("system_prompt", system_prompt)):
+        for column, value in (
+            ("pairing", pairing),
+            ("target_id", target_id),
+            ("drafter_id", drafter_id),
+            ("system_prompt", system_prompt),
+        ):
             if value is not _UNSET:
                 sets.append(f"{column} = ?")
                 values.append(value)
@@ -430,8 +443,13 @@ class Store:
     @staticmethod
     def _summary(row: sqlite3.Row) -> ChatSummary:
         return ChatSummary(
-            id=row["id"], title=row["title"], created_at=row["created_at"], updated_at=row["updated_at"],
-            pairing=row["pairing"], pinned=bool(row["pinned"]), message_count=row["message_count"],
+            id=row["id"],
+            title=row["title"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            pairing=row["pairing"],
+            pinned=bool(row["pinned"]),
+            message_count=row["message_count"],
         )
 
     def list_chats(self, limit: int | None = None) -> list[ChatSummary]:
@@ -496,9 +514,7 @@ class Store:
             row = self._con.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
             if row is None:
                 raise ChatNotFound(chat_id)
-            msg_rows = self._con.execute(
-                "SELECT * FROM messages WHERE chat_id = ? ORDER BY seq", (chat_id,)
-            ).fetchall()
+            msg_rows = self._con.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY seq", (chat_id,)).fetchall()
             att_rows = self._con.execute(
                 "SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id"
                 " WHERE m.chat_id = ? ORDER BY a.id",
@@ -511,17 +527,31 @@ class Store:
             )
         messages = [
             Message(
-                id=m["id"], chat_id=chat_id, seq=m["seq"], role=m["role"], content=m["content"],
-                thinking=m["thinking"], stats=json.loads(m["stats_json"]) if m["stats_json"] else None,
-                stopped=bool(m["stopped"]), created_at=m["created_at"], attachments=by_message.get(m["id"], []),
+                id=m["id"],
+                chat_id=chat_id,
+                seq=m["seq"],
+                role=m["role"],
+                content=m["content"],
+                thinking=m["thinking"],
+                stats=json.loads(m["stats_json"]) if m["stats_json"] else None,
+                stopped=bool(m["stopped"]),
+                created_at=m["created_at"],
+                attachments=by_message.get(m["id"], []),
             )
             for m in msg_rows
         ]
         return Chat(
-            id=row["id"], title=row["title"], created_at=row["created_at"], updated_at=row["updated_at"],
-            pairing=row["pairing"], target_id=row["target_id"], drafter_id=row["drafter_id"],
-            params=json.loads(row["params_json"] or "{}"), system_prompt=row["system_prompt"],
-            pinned=bool(row["pinned"]), messages=messages,
+            id=row["id"],
+            title=row["title"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            pairing=row["pairing"],
+            target_id=row["target_id"],
+            drafter_id=row["drafter_id"],
+            params=json.loads(row["params_json"] or "{}"),
+            system_prompt=row["system_prompt"],
+            pinned=bool(row["pinned"]),
+            messages=messages,
         )
 
     # messages
@@ -551,8 +581,16 @@ class Store:
             cur = con.execute(
                 "INSERT INTO messages (chat_id, seq, role, content, thinking, stats_json, stopped, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, seq, role, content, thinking,
-                 _json_dumps(stats_dict) if stats_dict is not None else None, int(stopped), now),
+                (
+                    chat_id,
+                    seq,
+                    role,
+                    content,
+                    thinking,
+                    _json_dumps(stats_dict) if stats_dict is not None else None,
+                    int(stopped),
+                    now,
+                ),
             )
             message_id = int(cur.lastrowid)
             saved: list[Attachment] = []

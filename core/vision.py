@@ -184,7 +184,10 @@ class VisionAttention(nn.Module):
         if block >= n:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0)
         else:
-            parts = [mx.fast.scaled_dot_product_attention(q[:, :, i : i + block], k, v, scale=1.0) for i in range(0, n, block)]
+            parts = [
+                mx.fast.scaled_dot_product_attention(q[:, :, i : i + block], k, v, scale=1.0)
+                for i in range(0, n, block)
+            ]
             out = mx.concatenate(parts, axis=2)
         return self.o_proj(out[0].transpose(1, 0, 2).reshape(n, -1))
 
@@ -288,7 +291,9 @@ def pooling_order(position_ids: np.ndarray, k: int) -> np.ndarray:
     order = np.argsort(cell, kind="stable")
     _, counts = np.unique(cell, return_counts=True)
     if not (counts == k * k).all():
-        raise ValueError(f"patch positions do not tile {k}x{k} pooling cells (image sides must be multiples of {k} patches)")
+        raise ValueError(
+            f"patch positions do not tile {k}x{k} pooling cells (image sides must be multiples of {k} patches)"
+        )
     return order.reshape(-1, k * k).astype(np.int32)
 
 
@@ -359,7 +364,9 @@ class VisionEncoder(nn.Module):
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_weights(cls, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype | None = None) -> VisionEncoder | None:
+    def from_weights(
+        cls, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype | None = None
+    ) -> VisionEncoder | None:
         """Build from a checkpoint config.json dict and its weights (any layout; non-vision keys ignored).
 
         Returns None when the weights hold no vision tower. A linear is quantized when
@@ -417,9 +424,7 @@ def vision_weight_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
-        names = {
-            f for k, f in weight_map.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)
-        }
+        names = {f for k, f in weight_map.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
         return [model_dir / f for f in sorted(names)]
     return sorted(model_dir.glob("*.safetensors"))
 

@@ -60,9 +60,8 @@ def headless_run(engine, settings) -> float:
 
 async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
     """(screen rate, engine rate while the UI ran, the UI thread's CPU share while streaming)."""
-    from core.events import TokenEvent
-
     from app.tui.app import GemmaChatApp
+    from core.events import TokenEvent
 
     engine.reset().result()
     app = GemmaChatApp(engine, spec, settings)
@@ -114,12 +113,12 @@ async def floor_run(engine, settings) -> tuple[float, float]:
     view (`TokenText`, in a scrolling container), fed through the same `EventBridge` drained at the
     same `DRAIN_HZ`; no panels, prompt, footer or reply chrome. (rate on screen, the UI thread's
     CPU share while streaming)."""
-    from core.events import TokenEvent
     from textual.app import App
     from textual.containers import VerticalScroll
 
     from app.tui.bridge import DRAIN_HZ, EventBridge
     from app.tui.widgets.conversation import TokenText
+    from core.events import TokenEvent
 
     bridge = EventBridge()
     applied: list[float] = []
@@ -165,8 +164,9 @@ async def ui_cost_run(tokens: int, round_s: float, size: tuple[int, int]) -> tup
     words = ("the", "sea", "was", "calm", "and", "a", "ship", "sailed", "into", "night,", "while", "stars")
     reply = "".join(" " + words[(i * 7) % len(words)] + ("\n\n" if i % 40 == 39 else "") for i in range(tokens))
     engine = FakeEngine(replies=[reply], delay_s=round_s)
-    app = GemmaChatApp(engine, PairingSpec("fake (scripted)", "t", "d"),
-                       GenerationSettings(max_tokens=tokens, ignore_eos=True))
+    app = GemmaChatApp(
+        engine, PairingSpec("fake (scripted)", "t", "d"), GenerationSettings(max_tokens=tokens, ignore_eos=True)
+    )
     try:
         async with app.run_test(headless=True, size=size):
             chat = app.chat
@@ -195,23 +195,33 @@ def main() -> int:
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--model")
     p.add_argument("--drafter")
-    p.add_argument("--ui-cost", action="store_true",
-                   help="measure only the UI thread's CPU share, with the scripted fake engine (no MLX): "
-                        "a steadier figure than the ratio on a noisy machine")
+    p.add_argument(
+        "--ui-cost",
+        action="store_true",
+        help="measure only the UI thread's CPU share, with the scripted fake engine (no MLX): "
+        "a steadier figure than the ratio on a noisy machine",
+    )
     p.add_argument("--round-s", type=float, default=0.02, help="--ui-cost: seconds per fake round")
-    p.add_argument("--floor", action="store_true",
-                   help="also run, interleaved, a bare Textual app showing only the token view at the same "
-                        "drain rate: what any Textual UI costs the engine on this machine")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run, interleaved, a bare Textual app showing only the token view at the same "
+        "drain rate: what any Textual UI costs the engine on this machine",
+    )
     a = p.parse_args()
 
     if a.ui_cost:
         tokens = a.tokens or 1200
         results = [asyncio.run(ui_cost_run(tokens, a.round_s, (120, 40))) for _ in range(a.repeats or 3)]
         for idle, busy, rate in results:
-            print(f"fake engine {rate:.0f} tok/s | UI thread CPU idle {idle:.1%}, streaming {busy:.1%}", file=sys.stderr)
-        print(f"UI thread CPU while streaming ~{statistics.median(r[2] for r in results):.0f} tok/s "
-              f"(120x40, {tokens} tokens): median {statistics.median(r[1] for r in results):.1%} of one core "
-              f"(idle {statistics.median(r[0] for r in results):.1%})")
+            print(
+                f"fake engine {rate:.0f} tok/s | UI thread CPU idle {idle:.1%}, streaming {busy:.1%}", file=sys.stderr
+            )
+        print(
+            f"UI thread CPU while streaming ~{statistics.median(r[2] for r in results):.0f} tok/s "
+            f"(120x40, {tokens} tokens): median {statistics.median(r[1] for r in results):.1%} of one core "
+            f"(idle {statistics.median(r[0] for r in results):.1%})"
+        )
         return 0
 
     from core.engine import Engine, PairingSpec
@@ -226,8 +236,9 @@ def main() -> int:
         spec = PairingSpec("demo (random weights)", str(target), None if a.no_draft else str(drafter), demo=True)
     a.tokens, a.repeats = a.tokens or 600, a.repeats or 8
     block = a.block_size if a.block_size == "auto" else int(a.block_size)
-    settings = GenerationSettings(max_tokens=a.tokens, ignore_eos=True, block_size=block,
-                                  drafter_enabled=not a.no_draft)
+    settings = GenerationSettings(
+        max_tokens=a.tokens, ignore_eos=True, block_size=block, drafter_enabled=not a.no_draft
+    )
     engine = Engine()
     try:
         engine.load(spec, None).result()
@@ -236,7 +247,7 @@ def main() -> int:
         for rep in range(a.repeats):
             # the order within a repeat rotates: the machine drifts in phases of seconds
             runs = ["headless", "ui"] + (["floor"] if a.floor else [])
-            runs = runs[rep % len(runs):] + runs[: rep % len(runs)]
+            runs = runs[rep % len(runs) :] + runs[: rep % len(runs)]
             for run in runs:
                 if run == "headless":
                     heads.append(headless_run(engine, settings))
@@ -249,10 +260,13 @@ def main() -> int:
             screens.append(screen)
             cpus.append(cpu)
             under_ui.append(engine_rate)
-            print(f"repeat {rep + 1}: headless {heads[-1]:.1f} tok/s | on screen {screen:.1f} tok/s "
-                  f"| engine under the UI {engine_rate:.1f} tok/s | UI thread CPU {cpu:.0%}"
-                  + (f" | bare Textual floor {floors[-1]:.1f} tok/s, UI CPU {floor_cpus[-1]:.0%}" if floors else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"repeat {rep + 1}: headless {heads[-1]:.1f} tok/s | on screen {screen:.1f} tok/s "
+                f"| engine under the UI {engine_rate:.1f} tok/s | UI thread CPU {cpu:.0%}"
+                + (f" | bare Textual floor {floors[-1]:.1f} tok/s, UI CPU {floor_cpus[-1]:.0%}" if floors else ""),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         engine.close()
     h, s, u = statistics.median(heads), statistics.median(screens), statistics.median(under_ui)
@@ -262,15 +276,19 @@ def main() -> int:
     print(f"headless engine     {h:8.1f} tok/s")
     print(f"engine under the UI {u:8.1f} tok/s  ({u / h:.3f}x headless)")
     print(f"tokens on screen    {s:8.1f} tok/s  ({s / h:.3f}x headless)")
-    print(f"median of the per-repeat ratios (screen / headless): {paired:.3f}  "
-          f"(all: {' '.join(f'{r:.2f}' for r in ratios)})")
+    print(
+        f"median of the per-repeat ratios (screen / headless): {paired:.3f}  "
+        f"(all: {' '.join(f'{r:.2f}' for r in ratios)})"
+    )
     print(f"UI thread CPU while streaming {statistics.median(cpus):.0%} of one core")
     if floors:
         f = statistics.median(floors)
         fr = sorted(x / y for x, y in zip(floors, heads))
-        print(f"bare Textual floor  {f:8.1f} tok/s  ({f / h:.3f}x headless; median of per-repeat ratios "
-              f"{statistics.median(fr):.3f}; all: {' '.join(f'{r:.2f}' for r in fr)}) | its UI thread CPU "
-              f"{statistics.median(floor_cpus):.0%} of one core")
+        print(
+            f"bare Textual floor  {f:8.1f} tok/s  ({f / h:.3f}x headless; median of per-repeat ratios "
+            f"{statistics.median(fr):.3f}; all: {' '.join(f'{r:.2f}' for r in fr)}) | its UI thread CPU "
+            f"{statistics.median(floor_cpus):.0%} of one core"
+        )
     return 0
 
 

@@ -48,8 +48,9 @@ class FactoryCheckpoints:
             self._built[key] = build_drafter(self._key_dir(*key), variant, dtype, seed)
         return self._built[key]
 
-    def pairing(self, variant: str = "e-style", layout: str = "hf", dtype: str = "float32",
-                seed: int = 0) -> tuple[Path, Path]:
+    def pairing(
+        self, variant: str = "e-style", layout: str = "hf", dtype: str = "float32", seed: int = 0
+    ) -> tuple[Path, Path]:
         return self.target(variant, layout, dtype, seed), self.drafter(variant, dtype, seed)
 
 

@@ -16,8 +16,8 @@ request is recorded in `hub.requests` as (method, path, range header).
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,7 +59,7 @@ class FakeHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(_Handler):
@@ -78,7 +78,7 @@ class FakeHub:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -203,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
         start = 0
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
-            start = int(rng[len("bytes="):].split("-")[0] or 0)
+            start = int(rng[len("bytes=") :].split("-")[0] or 0)
         status = 206 if start else 200
         if start > len(data):
             return self._error(416, None, "Range not satisfiable")

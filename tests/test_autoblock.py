@@ -16,8 +16,16 @@ def test_expected_tokens():
     assert expected_tokens(5, 0.0) == 1.0
 
 
-def _simulate(ctl: AutoBlock, alpha: float, t_target: float, t_draft: float, rounds: int, seed: int = 0,
-              split: bool = False, verify_slope: float = 0.02):
+def _simulate(
+    ctl: AutoBlock,
+    alpha: float,
+    t_target: float,
+    t_draft: float,
+    rounds: int,
+    seed: int = 0,
+    split: bool = False,
+    verify_slope: float = 0.02,
+):
     """Run rounds against a synthetic model; returns the chosen block sizes and tokens/second."""
     rng = random.Random(seed)
     chosen, tokens, seconds = [], 0, 0.0

@@ -6,8 +6,16 @@ import json
 import pytest
 
 from app.cli import main
-from core.bench import (BenchOptions, RunResult, SimulatedDrafter, bound_tps, format_table, parse_block_sizes,
-                        run_bench, run_ours)
+from core.bench import (
+    BenchOptions,
+    RunResult,
+    SimulatedDrafter,
+    bound_tps,
+    format_table,
+    parse_block_sizes,
+    run_bench,
+    run_ours,
+)
 from core.drafter import load_drafter
 from core.loader import load_tokenizer
 from core.target import load_target
@@ -18,8 +26,9 @@ N = 24
 
 def test_bench_end_to_end_table_and_json(factory_checkpoints):
     target, drafter = factory_checkpoints.pairing("e-style")
-    report = run_bench(target, drafter, BenchOptions(max_tokens=6, repeats=1, block_sizes=[2, 3, "auto"],
-                                                     cost_repeats=1))
+    report = run_bench(
+        target, drafter, BenchOptions(max_tokens=6, repeats=1, block_sizes=[2, 3, "auto"], cost_repeats=1)
+    )
     names = [c.config for c in report.configs]
     assert all(c.bound_tps for c in report.configs[1:4])  # the last rounds shrink: their sizes are measured too
     assert names == ["mlx-lm", "off", "K=2", "K=3", "auto"]
@@ -44,8 +53,24 @@ def test_bench_end_to_end_table_and_json(factory_checkpoints):
 
 def test_bench_cli_json_with_simulated_acceptance(factory_checkpoints, capsys):
     target, drafter = factory_checkpoints.pairing("e-style")
-    rc = main(["bench", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "8", "--repeats", "1",
-               "--block-sizes", "4", "--simulate-acceptance", "1", "--json"])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--block-sizes",
+            "4",
+            "--simulate-acceptance",
+            "1",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["simulate_acceptance"] == 1.0
     k4 = next(c for c in out["configs"] if c["config"] == "K=4")

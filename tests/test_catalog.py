@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub, FakeRepo, put_in_cache
 
 from core import catalog, fit, hfcache, pairing
 from core.download import local_snapshot
-from fakehub import FakeHub, FakeRepo, put_in_cache
 
 PACK = Path(__file__).parent / "data" / "pack" / "models"
 FAMILIES = ("e-style", "moe-style", "dense-style")
@@ -54,7 +54,9 @@ def test_catalogue_rejects_a_pairing_with_an_unknown_family():
         catalog.parse_catalog(text)
 
 
-@pytest.mark.parametrize("name, sliding, full", [("e2b", 13, 14), ("e4b", 22, 23), ("26b-a4b", 28, 29), ("31b", 58, 59)])
+@pytest.mark.parametrize(
+    "name, sliding, full", [("e2b", 13, 14), ("e4b", 22, 23), ("26b-a4b", 28, 29), ("31b", 58, 59)]
+)
 def test_producer_layers_match_the_design_notes(name, sliding, full):
     arch = catalog.get_pairing(name).family.arch
     assert fit.producer_layers(arch) == {"sliding_attention": sliding, "full_attention": full}
@@ -86,7 +88,9 @@ def test_list_entries_orders_memory_by_size_and_flags_what_does_not_fit(tmp_path
     m = fit.MachineMemory(total_bytes=24 * 10**9, budget_bytes=24 * 10**9, note="test")
     entries = {e.pairing.name: e for e in catalog.list_entries(cache_dir=tmp_path, machine=m)}
     assert all(e.status == "missing" for e in entries.values())
-    assert entries["e2b-4bit"].memory.total_bytes < entries["e2b"].memory.total_bytes < entries["31b"].memory.total_bytes
+    assert (
+        entries["e2b-4bit"].memory.total_bytes < entries["e2b"].memory.total_bytes < entries["31b"].memory.total_bytes
+    )
     assert entries["e2b-4bit"].fit.level == "ok" and entries["31b"].fit.level == "wont_fit"
     d = entries["31b"].as_dict()
     assert d["memory_bytes"] > d["download_bytes"] and d["vision"] is True and d["fit"] == "wont_fit"
@@ -103,7 +107,10 @@ def test_each_pack_pair_is_valid(family):
 def test_cross_family_pair_says_what_differs():
     problems = pairing.check_pair(_cfg("e-style-target"), _cfg("moe-style-assistant"))
     assert any("hidden size 80" in p and "hidden size 96" in p for p in problems)
-    assert any(p.startswith("sliding-window K/V heads differ: the drafter expects 2, the target's layer 1 has 1") for p in problems)
+    assert any(
+        p.startswith("sliding-window K/V heads differ: the drafter expects 2, the target's layer 1 has 1")
+        for p in problems
+    )
     # one sentence per problem, no duplicates
     assert len(problems) == len(set(problems))
 
@@ -142,7 +149,9 @@ def test_validate_pair_by_local_path(tmp_path):
 def test_validate_pair_by_repo_id_fetches_only_configs(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     repos = {
-        "org/t": FakeRepo({"config.json": (PACK / "e-style-target" / "config.json").read_bytes(), "model.safetensors": b"x" * 1000}),
+        "org/t": FakeRepo(
+            {"config.json": (PACK / "e-style-target" / "config.json").read_bytes(), "model.safetensors": b"x" * 1000}
+        ),
         "org/d": FakeRepo({"config.json": (PACK / "e-style-assistant" / "config.json").read_bytes()}),
     }
     with pytest.raises(pairing.PairingError, match="offline: org/t is not in the Hugging Face cache"):
@@ -176,8 +185,14 @@ def test_repo_status_missing_partial_complete_and_case_insensitive(tmp_path):
 
 
 def test_sharded_snapshot_missing_a_shard_is_not_complete(tmp_path):
-    index = json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
-    files = {"config.json": b"{}", "model.safetensors.index.json": index.encode(), "model-00001-of-00002.safetensors": b"1"}
+    index = json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    )
+    files = {
+        "config.json": b"{}",
+        "model.safetensors.index.json": index.encode(),
+        "model-00001-of-00002.safetensors": b"1",
+    }
     put_in_cache(tmp_path, "org/sharded", files)
     assert local_snapshot("org/sharded", cache_dir=tmp_path) is None
     assert hfcache.repo_status("org/sharded", cache_dir=tmp_path).state == "partial"
@@ -208,7 +223,11 @@ def test_resolve_pairing_gives_local_paths_or_says_what_to_run(tmp_path):
 
 def test_fit_of_local_checkpoints_counts_their_weights_and_kv(tmp_path):
     est = fit.estimate_checkpoints(PACK / "dense-style-target", PACK / "dense-style-assistant", context=100)
-    weights = sum(p.stat().st_size for d in ("dense-style-target", "dense-style-assistant") for p in (PACK / d).glob("*.safetensors"))
+    weights = sum(
+        p.stat().st_size
+        for d in ("dense-style-target", "dense-style-assistant")
+        for p in (PACK / d).glob("*.safetensors")
+    )
     assert est.weights_bytes == weights
     assert est.kv_bytes == fit.kv_cache_bytes(_cfg("dense-style-target")["text_config"], 100) > 0
     tiny = fit.MachineMemory(1000, 1000, "tiny")
@@ -217,7 +236,9 @@ def test_fit_of_local_checkpoints_counts_their_weights_and_kv(tmp_path):
 
 def test_other_local_checkpoints_lists_custom_gemma4_repos_only(tmp_path):
     put_in_cache(tmp_path, "me/my-gemma4", {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w"})
-    put_in_cache(tmp_path, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"})
+    put_in_cache(
+        tmp_path, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"}
+    )
     put_in_cache(tmp_path, "me/llama", {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w"})
     put_in_cache(tmp_path, catalog.get_pairing("e2b").target_repo, FILES)
     found = {c.status.repo_id: c.model_type for c in catalog.other_local_checkpoints(cache_dir=tmp_path)}

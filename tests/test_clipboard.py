@@ -17,7 +17,7 @@ TEXT = "héllo\nworld ✓"
 def test_osc52_plain():
     seq = osc52(TEXT, tmux=False)
     assert seq == "\x1b]52;c;" + base64.b64encode(TEXT.encode()).decode() + "\x07"
-    assert base64.b64decode(seq[len("\x1b]52;c;"):-1]).decode() == TEXT
+    assert base64.b64decode(seq[len("\x1b]52;c;") : -1]).decode() == TEXT
 
 
 def test_osc52_tmux_passthrough():
@@ -90,7 +90,7 @@ def test_falls_through_failing_and_hanging_tools(bin_dir):
 
 def test_forking_tool_does_not_block(bin_dir):
     # xclip forks a child that keeps serving the selection with the parent's stdout/stderr open
-    out = fake(bin_dir, "pbcopy", 'cat > OUT; (sleep 1.5 &) ; exit 0')
+    out = fake(bin_dir, "pbcopy", "cat > OUT; (sleep 1.5 &) ; exit 0")
     start = time.monotonic()
     assert system_copy("x", env=env_with(bin_dir), timeout=3)
     assert time.monotonic() - start < 1.0  # a pipe kept open by the child would hold us for 1.5 s

@@ -64,7 +64,9 @@ def test_missing_file_gives_defaults(tmp_path):
 
 
 def test_full_file(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 default_pairing = "E4B"
 block_size = 5
 system_prompt = "Answer in French."
@@ -81,21 +83,34 @@ seed = 7
 [keys]
 block_size_up = "ctrl+up"
 quit = "Ctrl+X"
-""")
+""",
+    )
     config = load_config(p)
     assert (config.default_pairing, config.block_size, config.system_prompt) == ("E4B", 5, "Answer in French.")
     assert config.thinking and config.offline and config.theme == "nord" and config.image_budget == 560
     assert config.sampling.temperature == 1.0 and isinstance(config.sampling.temperature, float)
     assert (config.sampling.top_p, config.sampling.top_k, config.sampling.max_tokens, config.sampling.seed) == (
-        0.95, 64, 300, 7)
+        0.95,
+        64,
+        300,
+        7,
+    )
     assert config.keys["block_size_up"] == "ctrl+up"
     assert config.keys["quit"] == "ctrl+x"
     assert config.keys["send"] == DEFAULT_KEYS["send"]
     assert config.key_overrides == {"block_size_up": "ctrl+up", "quit": "Ctrl+X"}
     settings = config.generation_settings()
-    assert settings == GenerationSettings(max_tokens=300, temperature=1.0, top_p=0.95, top_k=64, seed=7,
-                                          block_size=5, thinking=True, system_prompt="Answer in French.",
-                                          image_budget=560)
+    assert settings == GenerationSettings(
+        max_tokens=300,
+        temperature=1.0,
+        top_p=0.95,
+        top_k=64,
+        seed=7,
+        block_size=5,
+        thinking=True,
+        system_prompt="Answer in French.",
+        image_budget=560,
+    )
     settings.validate()
 
 
@@ -178,8 +193,13 @@ def test_save_keeps_comments_and_changes_only_given_keys(tmp_path):
     p = write(tmp_path, USER_FILE)
     config = save_config({"sampling": {"temperature": 0.3}, "block_size": 4, "keys.stop": "ctrl+g"}, p)
     text = p.read_text()
-    for comment in ("# My gemma-chat setup", "# easy on the eyes", "# warm but not silly", "# tuned by hand",
-                    "# muscle memory"):
+    for comment in (
+        "# My gemma-chat setup",
+        "# easy on the eyes",
+        "# warm but not silly",
+        "# tuned by hand",
+        "# muscle memory",
+    ):
         assert comment in text
     assert "temperature = 0.3  # tuned by hand" in text
     assert 'theme = "nord"   # easy on the eyes' in text
@@ -217,9 +237,24 @@ def test_save_defaults_to_env_path(tmp_path):
 def test_default_keymap_is_consistent():
     names = [a.name for a in ACTIONS]
     assert len(names) == len(set(names))
-    for required in ("send", "newline", "stop", "regenerate", "toggle_view", "block_size_up", "block_size_down",
-                     "toggle_auto", "toggle_drafter", "help", "palette", "quit", "attach_image", "models",
-                     "chats", "settings"):
+    for required in (
+        "send",
+        "newline",
+        "stop",
+        "regenerate",
+        "toggle_view",
+        "block_size_up",
+        "block_size_down",
+        "toggle_auto",
+        "toggle_drafter",
+        "help",
+        "palette",
+        "quit",
+        "attach_image",
+        "models",
+        "chats",
+        "settings",
+    ):
         assert required in DEFAULT_KEYS
     assert (DEFAULT_KEYS["block_size_up"], DEFAULT_KEYS["block_size_down"]) == ("plus", "minus")
     assert (DEFAULT_KEYS["toggle_auto"], DEFAULT_KEYS["toggle_drafter"], DEFAULT_KEYS["help"]) == ("a", "d", "f1")

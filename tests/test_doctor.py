@@ -28,7 +28,11 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     text = out.stdout
     for section in ("MLX", "packages", "Hugging Face", "gemma-chat paths", "memory", "pairings", "terminal"):
         assert f"\n{section}\n" in f"\n{text}"
-    lines = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if line.startswith("  ") and len(line.split()) > 1}
+    lines = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in text.splitlines()
+        if line.startswith("  ") and len(line.split()) > 1
+    }
     assert lines["mlx"] == metadata.version("mlx")
     assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
     assert lines["textual"] == metadata.version("textual")

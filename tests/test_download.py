@@ -8,9 +8,9 @@ import socket
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub, FakeRepo, etag_of, tiny_disk
 
 from core import download as dl
-from fakehub import FakeHub, FakeRepo, etag_of, tiny_disk
 
 BIG = 4 * 1024 * 1024
 
@@ -100,7 +100,11 @@ def test_cancel_mid_file_then_resume_from_the_partial_bytes(tmp_path):
         events = []
         for ev in handle.events(timeout=60):
             events.append(ev)
-            if isinstance(ev, dl.DownloadProgress) and ev.filename == "model.safetensors" and ev.file_done >= 2 * dl.CHUNK_BYTES:
+            if (
+                isinstance(ev, dl.DownloadProgress)
+                and ev.filename == "model.safetensors"
+                and ev.file_done >= 2 * dl.CHUNK_BYTES
+            ):
                 # (progress counts a chunk just before writing it: the first one is on disk by now)
                 handle.cancel()
         assert isinstance(handle.result, dl.DownloadCancelled) and events[-1] is handle.result
@@ -145,7 +149,12 @@ def test_not_enough_disk_is_refused_with_numbers_before_any_byte(tmp_path):
 
 
 def test_check_disk_space_counts_partial_bytes_and_margin():
-    plan = dl.RepoPlan("o/m", "c" * 40, (dl.FilePlan("a.safetensors", 10 * 10**9, False), dl.FilePlan("b.json", 5, True)), partial_bytes=4 * 10**9)
+    plan = dl.RepoPlan(
+        "o/m",
+        "c" * 40,
+        (dl.FilePlan("a.safetensors", 10 * 10**9, False), dl.FilePlan("b.json", 5, True)),
+        partial_bytes=4 * 10**9,
+    )
     needed, free = dl.check_disk_space([plan], "/x", lambda p: 7 * 10**9)
     assert needed == 6 * 10**9 and free == 7 * 10**9
     with pytest.raises(dl.DownloadError) as err:

@@ -96,7 +96,9 @@ def test_sampling_logits_exclude_non_candidates():
     finite = np.isfinite(full)
     assert finite.sum() == dr.cfg.centroid_top_k * dr.vocab_size // dr.cfg.num_centroids
     assert full.argmax() == int(dr.greedy_token(y).item())
-    drafts, lp = dr.draft(tg, cache, mx.array([5]), hidden, 4, temperature=0.8, keys=list(mx.random.split(mx.random.key(3), 4)))
+    drafts, lp = dr.draft(
+        tg, cache, mx.array([5]), hidden, 4, temperature=0.8, keys=list(mx.random.split(mx.random.key(3), 4))
+    )
     lp = np.array(lp)
     assert lp.shape == (4, dr.vocab_size)
     for j, d in enumerate(drafts.tolist()):
@@ -135,10 +137,16 @@ def test_quantized_drafter_loads_and_drafts(tmp_path):
 
     src = f"{PACK}/moe-style-assistant"
     dr = load_drafter(src)
-    nn.quantize(dr, group_size=32, bits=4,
-                class_predicate=lambda p, m: isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % 32 == 0)
-    weights = {("model." + k if k.startswith(("layers.", "embed_tokens.", "norm.")) else k): v
-               for k, v in tree_flatten(dr.parameters())}
+    nn.quantize(
+        dr,
+        group_size=32,
+        bits=4,
+        class_predicate=lambda p, m: isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.shape[-1] % 32 == 0,
+    )
+    weights = {
+        ("model." + k if k.startswith(("layers.", "embed_tokens.", "norm.")) else k): v
+        for k, v in tree_flatten(dr.parameters())
+    }
     assert any(k.endswith(".scales") for k in weights)
     mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
     cfg = json.load(open(f"{src}/config.json"))

@@ -71,7 +71,10 @@ def test_multiturn_reuse_equals_full_reprefill(engine):
         for turn in range(3):
             done = fresh.chat(history, GenerationSettings(max_tokens=30), None).result(timeout=120)
             assert done.token_ids == replies[turn]
-            history += [{"role": "assistant", "content": done.text}, {"role": "user", "content": f"Say more, part {turn}."}]
+            history += [
+                {"role": "assistant", "content": done.text},
+                {"role": "user", "content": f"Say more, part {turn}."},
+            ]
     finally:
         fresh.close()
 
@@ -105,12 +108,17 @@ def test_cancel_and_live_controls_mid_turn(engine):
             elif e.round == 5:
                 engine.cancel()
 
-    done = engine.chat(msgs, GenerationSettings(block_size=2, max_tokens=60, ignore_eos=True), on_event).result(timeout=120)
+    done = engine.chat(msgs, GenerationSettings(block_size=2, max_tokens=60, ignore_eos=True), on_event).result(
+        timeout=120
+    )
     assert done.stats.stop_reason == "cancelled" and done.stats.rounds == 5
     assert [r.block_size for r in rounds] == [2, 5, 5, 1, 1]
     # the cache stayed consistent: a follow-up turn equals the same turn from scratch
-    follow = [{"role": "user", "content": "Explain how a dictionary lookup works."},
-              {"role": "assistant", "content": done.text}, {"role": "user", "content": "Shorter."}]
+    follow = [
+        {"role": "user", "content": "Explain how a dictionary lookup works."},
+        {"role": "assistant", "content": done.text},
+        {"role": "user", "content": "Shorter."},
+    ]
     x, _ = _chat(engine, follow, max_tokens=10, block_size=4)
     engine.reset().result()
     y, _ = _chat(engine, follow, max_tokens=10, block_size=1)
@@ -136,7 +144,9 @@ def test_errors_become_turn_done(engine):
 
 
 def test_complete_without_template(engine):
-    done = engine.complete("def reverse(items):", GenerationSettings(max_tokens=6, ignore_eos=True), None).result(timeout=60)
+    done = engine.complete("def reverse(items):", GenerationSettings(max_tokens=6, ignore_eos=True), None).result(
+        timeout=60
+    )
     assert done.error is None and len(done.token_ids) == 6
 
 
@@ -146,7 +156,9 @@ def test_load_errors_and_no_model():
         done = eng.chat([{"role": "user", "content": "hi"}], GenerationSettings(), None).result(timeout=30)
         assert done.stats.stop_reason == "error" and "no model" in done.error
         with pytest.raises(EngineError, match="backbone_hidden_size"):
-            eng.load(PairingSpec("bad", f"{PACK}/e-style-target", f"{PACK}/moe-style-assistant"), None).result(timeout=60)
+            eng.load(PairingSpec("bad", f"{PACK}/e-style-target", f"{PACK}/moe-style-assistant"), None).result(
+                timeout=60
+            )
         with pytest.raises(EngineError, match="not a Gemma 4 assistant"):
             eng.load(PairingSpec("bad", f"{PACK}/e-style-target", f"{PACK}/e-style-target"), None).result(timeout=60)
         with pytest.raises(EngineError, match="no such checkpoint"):
@@ -163,10 +175,18 @@ def test_image_chat_matches_hf_reference():
     eng = Engine()
     try:
         eng.load(_spec("moe-style"), None).result(timeout=120)
-        msgs = [{"role": "user", "content": [
-            {"type": "image", "path": "tests/data/pack/references/images/test_image.png"},
-            {"type": "text", "text": "Describe this picture in one sentence."}]}]
-        done = eng.chat(msgs, GenerationSettings(max_tokens=30, ignore_eos=True, block_size=3), None).result(timeout=120)
+        msgs = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "path": "tests/data/pack/references/images/test_image.png"},
+                    {"type": "text", "text": "Describe this picture in one sentence."},
+                ],
+            }
+        ]
+        done = eng.chat(msgs, GenerationSettings(max_tokens=30, ignore_eos=True, block_size=3), None).result(
+            timeout=120
+        )
         assert done.error is None
         assert list(done.token_ids) == meta["hf"]["greedy_ids"]
         # a second turn keeps the image in the cache (no vision or prefill work for it)
@@ -180,8 +200,11 @@ def test_image_chat_matches_hf_reference():
 
 def test_callbacks_run_on_one_engine_thread_and_close_is_prompt(engine):
     threads = set()
-    engine.chat([{"role": "user", "content": "hi"}], GenerationSettings(max_tokens=5),
-                lambda e: threads.add(threading.current_thread().name)).result(timeout=60)
+    engine.chat(
+        [{"role": "user", "content": "hi"}],
+        GenerationSettings(max_tokens=5),
+        lambda e: threads.add(threading.current_thread().name),
+    ).result(timeout=60)
     assert threads == {"gemma-chat-engine"}
 
 

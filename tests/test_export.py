@@ -20,22 +20,53 @@ def _private_dirs(tmp_path, monkeypatch):
 
 
 def fixture_chat() -> Chat:
-    stats = TurnStats(decode_tokens=42, decode_s=2.0, ttft_s=0.25, rounds=15, drafted=45, accepted=27,
-                      stop_reason="eos").as_dict()
+    stats = TurnStats(
+        decode_tokens=42, decode_s=2.0, ttft_s=0.25, rounds=15, drafted=45, accepted=27, stop_reason="eos"
+    ).as_dict()
     return Chat(
-        id=1, title="Reverse a list", created_at=T0, updated_at=T0 + 60,
-        pairing="E2B", target_id="google/gemma-4-E2B-it", drafter_id="google/gemma-4-E2B-it-assistant",
+        id=1,
+        title="Reverse a list",
+        created_at=T0,
+        updated_at=T0 + 60,
+        pairing="E2B",
+        target_id="google/gemma-4-E2B-it",
+        drafter_id="google/gemma-4-E2B-it-assistant",
         params={"temperature": 0.0, "block_size": "auto", "thinking": False, "seed": None},
         system_prompt="Be brief.",
         messages=[
-            Message(1, 1, 0, "user", "How do I reverse a list in Python?\nShow code.", created_at=T0,
-                    attachments=[Attachment("/home/me/My Pictures/list (1).png", "ab", 10, "image/png"),
-                                 Attachment("/tmp/b.jpg", "cd", 20, "image/jpeg")]),
-            Message(2, 1, 1, "assistant", "Use slicing:\n\n```python\nxs[::-1]\n```\n", thinking="Easy one.",
-                    stats=stats, created_at=T0 + 1),
+            Message(
+                1,
+                1,
+                0,
+                "user",
+                "How do I reverse a list in Python?\nShow code.",
+                created_at=T0,
+                attachments=[
+                    Attachment("/home/me/My Pictures/list (1).png", "ab", 10, "image/png"),
+                    Attachment("/tmp/b.jpg", "cd", 20, "image/jpeg"),
+                ],
+            ),
+            Message(
+                2,
+                1,
+                1,
+                "assistant",
+                "Use slicing:\n\n```python\nxs[::-1]\n```\n",
+                thinking="Easy one.",
+                stats=stats,
+                created_at=T0 + 1,
+            ),
             Message(3, 1, 2, "user", "And in place?", created_at=T0 + 2),
-            Message(4, 1, 3, "assistant", "Call `xs.reverse()`, which", stopped=True,
-                    stats={"decode_tokens": 5, "drafter_enabled": False, "decode_tps": 10.0}, created_at=T0 + 3),
+            Message(
+                4,
+                1,
+                3,
+                "assistant",
+                "Call `xs.reverse()`, which",
+                stopped=True,
+                stats={"decode_tokens": 5, "drafter_enabled": False, "decode_tps": 10.0},
+                created_at=T0 + 3,
+            ),
         ],
     )
 
@@ -142,7 +173,7 @@ def test_code_blocks():
     blocks = code_blocks(REPLY)
     assert [(b.lang, b.closed) for b in blocks] == [("python", True), ("bash", True)]
     assert blocks[0].code == "def rev(xs):\n    return xs[::-1]"
-    assert last_code_block(REPLY) == 'echo hi\n```\nnot a fence end: the block opened with tildes'
+    assert last_code_block(REPLY) == "echo hi\n```\nnot a fence end: the block opened with tildes"
 
 
 def test_last_code_block_edge_cases():

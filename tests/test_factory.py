@@ -18,9 +18,11 @@ import pytest
 from core import factory
 
 VARIANTS = ("e-style", "moe-style", "dense-style")
-BUILDS = [(v, layout, dtype) for v in VARIANTS
-          for layout, dtype in (("hf", "float32"), ("hf", "bfloat16"), ("mlx", "float32"),
-                                ("mlx", "bfloat16"), ("mlx", "q4"))]
+BUILDS = [
+    (v, layout, dtype)
+    for v in VARIANTS
+    for layout, dtype in (("hf", "float32"), ("hf", "bfloat16"), ("mlx", "float32"), ("mlx", "bfloat16"), ("mlx", "q4"))
+]
 PROMPT = [2, 21, 300, 301, 302, 303, 304, 305, 306, 307] * 3  # 30 tokens: past the window of 16
 
 
@@ -111,8 +113,9 @@ def test_mlx_lm_generates_with_tokenizer(factory_checkpoints):
     model, tokenizer = mlx_lm.load(str(d))
     cfg = _config(d)
     assert set(cfg["eos_token_id"]) <= set(tokenizer.eos_token_ids)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
-                                           add_generation_prompt=True, enable_thinking=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], add_generation_prompt=True, enable_thinking=False
+    )
     out = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=6)]
     assert 1 <= len(out) <= 6
     assert all(0 <= t < cfg["vocab_size"] for t in out)
@@ -140,10 +143,12 @@ def test_tokenizer_ids_and_chat_template(factory_checkpoints, variant, layout):
         {"role": "user", "content": "Sure?"},
     ]
     thinking = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=True)
-    assert thinking == ("<bos><|turn>system\n<|think|>Be brief.<turn|>\n"
-                        "<|turn>user\n<|image|>What is this?<turn|>\n"
-                        "<|turn>model\nA cat.<turn|>\n"
-                        "<|turn>user\nSure?<turn|>\n<|turn>model\n")
+    assert thinking == (
+        "<bos><|turn>system\n<|think|>Be brief.<turn|>\n"
+        "<|turn>user\n<|image|>What is this?<turn|>\n"
+        "<|turn>model\nA cat.<turn|>\n"
+        "<|turn>user\nSure?<turn|>\n<|turn>model\n"
+    )
     plain = tok.apply_chat_template(messages[1:2], add_generation_prompt=True, tokenize=False, enable_thinking=False)
     channel = "<|channel>thought\n<channel|>" if variant != "e-style" else ""
     assert plain == "<bos><|turn>user\n<|image|>What is this?<turn|>\n<|turn>model\n" + channel
@@ -153,27 +158,45 @@ def test_tokenizer_ids_and_chat_template(factory_checkpoints, variant, layout):
 
 # -- the reference pack's scheme ---------------------------------------------------------------
 
+
 def _dims(config: dict) -> dict[str, int]:
     """Named dimensions of a target or drafter config, to compare what each tensor axis means."""
     t = config["text_config"]
     hd, ghd = t["head_dim"], t["global_head_dim"]
     kv, gkv = t["num_key_value_heads"], t["num_global_key_value_heads"] or t["num_key_value_heads"]
     out = {
-        "one": 1, "hidden": t["hidden_size"], "inter": t["intermediate_size"], "inter2": 2 * t["intermediate_size"],
-        "q_s": t["num_attention_heads"] * hd, "q_f": t["num_attention_heads"] * ghd,
-        "kv_s": kv * hd, "kv_f": (gkv if t["attention_k_eq_v"] else kv) * ghd,
-        "hd": hd, "ghd": ghd, "vocab": t["vocab_size"],
+        "one": 1,
+        "hidden": t["hidden_size"],
+        "inter": t["intermediate_size"],
+        "inter2": 2 * t["intermediate_size"],
+        "q_s": t["num_attention_heads"] * hd,
+        "q_f": t["num_attention_heads"] * ghd,
+        "kv_s": kv * hd,
+        "kv_f": (gkv if t["attention_k_eq_v"] else kv) * ghd,
+        "hd": hd,
+        "ghd": ghd,
+        "vocab": t["vocab_size"],
     }
     if t["hidden_size_per_layer_input"]:
-        out.update(ple=t["hidden_size_per_layer_input"], ple_all=t["num_hidden_layers"] * t["hidden_size_per_layer_input"],
-                   ple_vocab=t["vocab_size_per_layer_input"])
+        out.update(
+            ple=t["hidden_size_per_layer_input"],
+            ple_all=t["num_hidden_layers"] * t["hidden_size_per_layer_input"],
+            ple_vocab=t["vocab_size_per_layer_input"],
+        )
     if t["enable_moe_block"]:
         out.update(experts=t["num_experts"], moe=t["moe_intermediate_size"], moe2=2 * t["moe_intermediate_size"])
     if "vision_config" in config:
         v = config["vision_config"]
-        out.update(v_hidden=v["hidden_size"], v_inter=v["intermediate_size"], v_hd=v["head_dim"],
-                   v_q=v["num_attention_heads"] * v["head_dim"], v_kv=v["num_key_value_heads"] * v["head_dim"],
-                   v_patch=3 * v["patch_size"] ** 2, v_pos=v["position_embedding_size"], two=2)
+        out.update(
+            v_hidden=v["hidden_size"],
+            v_inter=v["intermediate_size"],
+            v_hd=v["head_dim"],
+            v_q=v["num_attention_heads"] * v["head_dim"],
+            v_kv=v["num_key_value_heads"] * v["head_dim"],
+            v_patch=3 * v["patch_size"] ** 2,
+            v_pos=v["position_embedding_size"],
+            two=2,
+        )
     if "backbone_hidden_size" in config:
         out.update(backbone=config["backbone_hidden_size"], backbone2=2 * config["backbone_hidden_size"])
         if config["use_ordered_embeddings"]:
@@ -200,7 +223,9 @@ def _compare_scheme(pack: Path, ours: Path, ignore_keys=("dtype",)):
         assert pw[name].ndim == ow[name].ndim, name
         assert pw[name].dtype == ow[name].dtype or (pw[name].dtype == mx.float32 and ow[name].dtype == mx.float32), name
         for axis, (p_roles, o_roles) in enumerate(zip(_roles(pw[name].shape, pdims), _roles(ow[name].shape, odims))):
-            assert p_roles & o_roles, f"{name} axis {axis}: pack {pw[name].shape} {p_roles} vs ours {ow[name].shape} {o_roles}"
+            assert p_roles & o_roles, (
+                f"{name} axis {axis}: pack {pw[name].shape} {p_roles} vs ours {ow[name].shape} {o_roles}"
+            )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -209,8 +234,14 @@ def test_scheme_matches_reference_pack(factory_checkpoints, pack_dir, variant):
     _compare_scheme(pack_dir / f"{variant}-target", target)
     _compare_scheme(pack_dir / f"{variant}-assistant", drafter)
     pc, oc = _config(pack_dir / f"{variant}-target"), _config(target)
-    for key in ("layer_types", "attention_k_eq_v", "use_bidirectional_attention", "use_double_wide_mlp",
-                "enable_moe_block", "final_logit_softcapping"):
+    for key in (
+        "layer_types",
+        "attention_k_eq_v",
+        "use_bidirectional_attention",
+        "use_double_wide_mlp",
+        "enable_moe_block",
+        "final_logit_softcapping",
+    ):
         assert pc["text_config"][key] == oc["text_config"][key], key
     for key in ("use_clipped_linears", "standardize"):
         assert pc["vision_config"][key] == oc["vision_config"][key], key
@@ -240,8 +271,16 @@ def test_drafter_fits_its_target(factory_checkpoints, variant):
     tc, dc = _config(target), _config(drafter)
     tt, dt = tc["text_config"], dc["text_config"]
     assert dc["backbone_hidden_size"] == tt["hidden_size"]
-    for key in ("vocab_size", "head_dim", "global_head_dim", "num_key_value_heads", "num_global_key_value_heads",
-                "attention_k_eq_v", "sliding_window", "rope_parameters"):
+    for key in (
+        "vocab_size",
+        "head_dim",
+        "global_head_dim",
+        "num_key_value_heads",
+        "num_global_key_value_heads",
+        "attention_k_eq_v",
+        "sliding_window",
+        "rope_parameters",
+    ):
         assert dt[key] == tt[key], key
     assert dt["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
     w = mx.load(str(drafter / "model.safetensors"))
@@ -259,6 +298,7 @@ def test_drafter_fits_its_target(factory_checkpoints, variant):
 
 
 # -- determinism and edges ---------------------------------------------------------------------
+
 
 def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
@@ -324,10 +364,10 @@ def test_larger_vocab_gets_filler_tokens(tmp_path):
 
 
 def test_overrides_and_refusals(tmp_path):
-    spec = factory.resolve_spec("e-style", config_overrides={"num_hidden_layers": 4, "num_kv_shared_layers": 2,
-                                                             "drafter": {"hidden_size": 128}})
-    assert spec["text"]["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention",
-                                           "full_attention"]
+    spec = factory.resolve_spec(
+        "e-style", config_overrides={"num_hidden_layers": 4, "num_kv_shared_layers": 2, "drafter": {"hidden_size": 128}}
+    )
+    assert spec["text"]["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     assert spec["drafter"]["hidden_size"] == 128
     assert factory.VARIANTS["e-style"]["text"]["num_hidden_layers"] == 6  # not mutated
     assert factory.resolve_spec(full_config="E2B")["text"]["hidden_size"] == 1536
@@ -346,7 +386,11 @@ def test_real_shape_configs_match_reference_facts():
     e2b = text_config(factory.resolve_spec(full_config="E2B"))
     assert [i for i, t in enumerate(e2b["layer_types"]) if t == "full_attention"] == list(range(4, 35, 5))
     assert (e2b["hidden_size"], e2b["num_hidden_layers"], e2b["num_kv_shared_layers"], e2b["vocab_size"]) == (
-        1536, 35, 20, 262144)
+        1536,
+        35,
+        20,
+        262144,
+    )
     e4b = text_config(factory.resolve_spec(full_config="E4B"))
     assert [i for i, t in enumerate(e4b["layer_types"]) if t == "full_attention"] == list(range(5, 42, 6))
     assert (e4b["hidden_size"], e4b["num_key_value_heads"], e4b["num_kv_shared_layers"]) == (2560, 2, 18)

@@ -20,7 +20,17 @@ def _json_lines(text):
 
 def test_json_stream_matches_reference_greedy(capsys):
     ref = json.load(open(f"{REFS}/text/moe-style.json"))["prompts"]["short"]
-    rc = main(["generate", *_pair("moe-style"), "--prompt", "How do I reverse a list in place?", "--json", "--block-size", "4"])
+    rc = main(
+        [
+            "generate",
+            *_pair("moe-style"),
+            "--prompt",
+            "How do I reverse a list in place?",
+            "--json",
+            "--block-size",
+            "4",
+        ]
+    )
     lines = _json_lines(capsys.readouterr().out)
     assert rc == 0
     tokens, final = lines[:-1], lines[-1]
@@ -44,8 +54,20 @@ def test_plain_prints_answer_and_summary(capsys):
 
 
 def test_no_draft_no_template_and_max_tokens(capsys):
-    rc = main(["generate", *_pair("e-style"), "--no-draft", "--no-template", "--prompt", "def reverse(items):",
-               "--max-tokens", "7", "--ignore-eos", "--json"])
+    rc = main(
+        [
+            "generate",
+            *_pair("e-style"),
+            "--no-draft",
+            "--no-template",
+            "--prompt",
+            "def reverse(items):",
+            "--max-tokens",
+            "7",
+            "--ignore-eos",
+            "--json",
+        ]
+    )
     lines = _json_lines(capsys.readouterr().out)
     assert rc == 0 and len(lines) == 8
     s = lines[-1]["stats"]
@@ -58,8 +80,20 @@ def test_no_draft_no_template_and_max_tokens(capsys):
 
 def test_image_prompt_matches_hf(capsys):
     meta = json.load(open(f"{REFS}/images/dense-style.json"))
-    rc = main(["generate", *_pair("dense-style"), "--image", f"{REFS}/images/test_image.png", "--prompt",
-               "Describe this picture in one sentence.", "--ignore-eos", "--max-tokens", "30", "--json"])
+    rc = main(
+        [
+            "generate",
+            *_pair("dense-style"),
+            "--image",
+            f"{REFS}/images/test_image.png",
+            "--prompt",
+            "Describe this picture in one sentence.",
+            "--ignore-eos",
+            "--max-tokens",
+            "30",
+            "--json",
+        ]
+    )
     lines = _json_lines(capsys.readouterr().out)
     assert rc == 0
     assert [t["id"] for t in lines[:-1]] == meta["hf"]["greedy_ids"]
@@ -101,14 +135,28 @@ def test_errors_are_one_json_line_and_status_1(argv, message, capsys):
 
 
 def test_demo_uses_the_demo_pairing(monkeypatch, capsys):
-    import core.demo
-
     from pathlib import Path
 
-    monkeypatch.setattr(core.demo, "ensure_demo_pairing",
-                        lambda cache_dir=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")))
-    rc = main(["generate", "--demo", "--prompt", "How do I reverse a list in place?", "--max-tokens", "12",
-               "--block-size", "3", "--json"])
+    import core.demo
+
+    monkeypatch.setattr(
+        core.demo,
+        "ensure_demo_pairing",
+        lambda cache_dir=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
+    )
+    rc = main(
+        [
+            "generate",
+            "--demo",
+            "--prompt",
+            "How do I reverse a list in place?",
+            "--max-tokens",
+            "12",
+            "--block-size",
+            "3",
+            "--json",
+        ]
+    )
     lines = _json_lines(capsys.readouterr().out)
     ref = json.load(open(f"{REFS}/text/e-style.json"))["prompts"]["short"]
     assert rc == 0 and [t["id"] for t in lines[:-1]] == ref["greedy_no_eos_stop"]["ids"][:12]

@@ -108,8 +108,14 @@ def _pattern(w=40, h=30):
 
 @pytest.mark.parametrize(
     "fmt,kwargs,lossless",
-    [("PNG", {}, True), ("BMP", {}, True), ("TIFF", {}, True), ("WEBP", {"lossless": True}, True),
-     ("JPEG", {"quality": 95}, False), ("GIF", {}, False)],
+    [
+        ("PNG", {}, True),
+        ("BMP", {}, True),
+        ("TIFF", {}, True),
+        ("WEBP", {"lossless": True}, True),
+        ("JPEG", {"quality": 95}, False),
+        ("GIF", {}, False),
+    ],
 )
 def test_common_formats(tmp_path, fmt, kwargs, lossless):
     src = _pattern()
@@ -201,4 +207,3 @@ def test_sample_assets_preprocess():
     for f in files:
         im = preprocess_image(f, max_soft_tokens=70)
         assert 0 < im.num_soft_tokens <= 70
-

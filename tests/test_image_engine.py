@@ -69,7 +69,9 @@ def _count_encodes(eng):
 def _assemble(family):
     d = f"{PACK}/{family}-target"
     tok = load_tokenizer(d)
-    ids = prompt_mod.encode_messages(tok, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE}]}])
+    ids = prompt_mod.encode_messages(
+        tok, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": DESCRIBE}]}]
+    )
     im = preprocess_image(TEST_IMAGE, ImageProcessorConfig.from_model_dir(d))
     ids, spans = prompt_mod.expand_images(ids, [im.num_soft_tokens], prompt_mod.image_token_ids(d))
     soft = load_vision(d).encode_image(im)
@@ -91,8 +93,14 @@ def _prefill_last_logits(tg, ids, spans, soft, *, chunk=16, bidirectional=True):
     logits = None
     for s, e in chunks:
         bi = [(a, b) for a, b in spans if a < e and b > s] if bidirectional else None
-        logits, _ = tg.forward(ids[s:e], cache, embeddings=emb[s:e], embedding_mask=mask[s:e],
-                               bidirectional=bi or None, logits="last" if e == len(ids) else None)
+        logits, _ = tg.forward(
+            ids[s:e],
+            cache,
+            embeddings=emb[s:e],
+            embedding_mask=mask[s:e],
+            bidirectional=bi or None,
+            logits="last" if e == len(ids) else None,
+        )
     return np.array(logits[0])
 
 
@@ -202,8 +210,12 @@ def test_reprefill_keeps_encoded_images(monkeypatch):
         a, _ = _chat(eng, msgs, max_tokens=6, image_budget=70)
         st = eng._state
         monkeypatch.setattr(type(st.cache), "can_trim_to", lambda self, n: False)
-        b, ev = _chat(eng, msgs + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "More."}],
-                      max_tokens=6, image_budget=70)
+        b, ev = _chat(
+            eng,
+            msgs + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "More."}],
+            max_tokens=6,
+            image_budget=70,
+        )
         assert b.error is None and ev[0].reused_tokens == 0
         assert len(encodes) == 1
         # a new budget is a new image: encoded again, and the old soft tokens are let go
@@ -223,8 +235,10 @@ def _strip_vision(src, dst):
     del cfg["vision_config"]
     (dst / "config.json").write_text(json.dumps(cfg))
     w = mx.load(str(dst / "model.safetensors"))
-    mx.save_safetensors(str(dst / "model.safetensors"),
-                        {k: v for k, v in w.items() if "vision_tower" not in k and "embed_vision" not in k})
+    mx.save_safetensors(
+        str(dst / "model.safetensors"),
+        {k: v for k, v in w.items() if "vision_tower" not in k and "embed_vision" not in k},
+    )
     return dst
 
 
@@ -270,8 +284,12 @@ def _quantize_vision_in_place(target_dir):
     """Quantize the mlx-layout checkpoint's vision linears (4-bit, group 32) as a converter without
     skip_vision would, and write them back under the same names."""
     enc = load_vision(target_dir)
-    nn.quantize(enc, group_size=32, bits=4,
-                class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[1] % 32 == 0)
+    nn.quantize(
+        enc,
+        group_size=32,
+        bits=4,
+        class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[1] % 32 == 0,
+    )
     files = sorted(target_dir.glob("*.safetensors"))
     weights = {}
     for f in files:
@@ -311,19 +329,48 @@ def test_quantized_vision_tower_in_a_q4_pairing(factory_checkpoints, tmp_path):
 
 REAL_VISION = {
     # (vision_config, text hidden): E2B/E4B and 26B/31B towers at their real widths, one layer deep
-    "E-series": ({"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "head_dim": 64,
-                  "position_embedding_size": 10240, "use_clipped_linears": True, "standardize": False}, 1536),
-    "26B/31B": ({"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16, "head_dim": 72,
-                 "position_embedding_size": 10240, "use_clipped_linears": False, "standardize": True}, 2816),
+    "E-series": (
+        {
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_attention_heads": 12,
+            "head_dim": 64,
+            "position_embedding_size": 10240,
+            "use_clipped_linears": True,
+            "standardize": False,
+        },
+        1536,
+    ),
+    "26B/31B": (
+        {
+            "hidden_size": 1152,
+            "intermediate_size": 4304,
+            "num_attention_heads": 16,
+            "head_dim": 72,
+            "position_embedding_size": 10240,
+            "use_clipped_linears": False,
+            "standardize": True,
+        },
+        2816,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(REAL_VISION))
 def test_real_shape_vision_towers_run_float_and_quantized(name):
     v, text_hidden = REAL_VISION[name]
-    config = {"text_config": {"hidden_size": text_hidden}, "vision_config": {
-        **v, "num_hidden_layers": 1, "num_key_value_heads": v["num_attention_heads"], "patch_size": 16,
-        "pooling_kernel_size": 3, "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 100.0}}}
+    config = {
+        "text_config": {"hidden_size": text_hidden},
+        "vision_config": {
+            **v,
+            "num_hidden_layers": 1,
+            "num_key_value_heads": v["num_attention_heads"],
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_theta": 100.0},
+        },
+    }
     cfg = VisionConfig.from_model_config(config)
     enc = VisionEncoder(cfg)
     # a 6 x 6 patch crop of a real image (4 soft tokens): the widths are real, the CPU time small
@@ -334,10 +381,15 @@ def test_real_shape_vision_towers_run_float_and_quantized(name):
     float_out = enc.encode(pixels, pos)
     assert float_out.shape == (4, text_hidden) and bool(mx.isfinite(float_out).all())
     # the same weights 4-bit in the mlx-community layout, loaded through the .scales predicate
-    nn.quantize(enc, group_size=64, bits=4,
-                class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[1] % 64 == 0)
-    loaded = VisionEncoder.from_weights({**config, "quantization": {"bits": 4, "group_size": 64}},
-                                        dict(tree_flatten(enc.parameters())))
+    nn.quantize(
+        enc,
+        group_size=64,
+        bits=4,
+        class_predicate=lambda p, m: isinstance(m, nn.Linear) and m.weight.shape[1] % 64 == 0,
+    )
+    loaded = VisionEncoder.from_weights(
+        {**config, "quantization": {"bits": 4, "group_size": 64}}, dict(tree_flatten(enc.parameters()))
+    )
     mlp = loaded.vision_tower.encoder.layers[0].mlp
     assert isinstance(loaded.vision_tower.encoder.layers[0].self_attn.q_proj.linear, nn.QuantizedLinear)
     # 4304 is not a multiple of 64: the 26B/31B down projection stays float, as converters leave it
@@ -358,8 +410,24 @@ def test_generate_with_two_images(capsys):
 
     d = f"{PACK}/e-style-target"
     pair = ["--model", d, "--drafter", f"{PACK}/e-style-assistant"]
-    args = ["generate", *pair, "--image", TEST_IMAGE, "--image", THIRD_IMAGE, "--image-budget", "70",
-            "--prompt", "Compare the two pictures.", "--max-tokens", "12", "--ignore-eos", "--json", "--block-size", "4"]
+    args = [
+        "generate",
+        *pair,
+        "--image",
+        TEST_IMAGE,
+        "--image",
+        THIRD_IMAGE,
+        "--image-budget",
+        "70",
+        "--prompt",
+        "Compare the two pictures.",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--json",
+        "--block-size",
+        "4",
+    ]
     assert main(args) == 0
     lines = _json_lines(capsys.readouterr().out)
     stats = lines[-1]["stats"]
@@ -373,7 +441,7 @@ def test_generate_with_two_images(capsys):
     assert [t["id"] for t in _json_lines(capsys.readouterr().out)[:-1]] == drafted
     # a budget outside the supported ones is refused
     i = args.index("--image-budget") + 1
-    assert main([*args[:i], "300", *args[i + 1:]]) == 1
+    assert main([*args[:i], "300", *args[i + 1 :]]) == 1
     assert "image budget must be one of" in _json_lines(capsys.readouterr().out)[-1]["error"]
 
 
@@ -387,9 +455,21 @@ def test_drafter_conventions_reach_the_drafter(monkeypatch, capsys):
     seen = []
     real = Drafter.configure
     monkeypatch.setattr(Drafter, "configure", lambda self, **kw: (seen.append(kw), real(self, **kw))[1])
-    base = ["generate", "--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/e-style-assistant",
-            "--prompt", "Explain how a dictionary lookup works.", "--max-tokens", "40", "--ignore-eos",
-            "--block-size", "4", "--json"]
+    base = [
+        "generate",
+        "--model",
+        f"{PACK}/e-style-target",
+        "--drafter",
+        f"{PACK}/e-style-assistant",
+        "--prompt",
+        "Explain how a dictionary lookup works.",
+        "--max-tokens",
+        "40",
+        "--ignore-eos",
+        "--block-size",
+        "4",
+        "--json",
+    ]
     runs = {}
     for flags in ([], ["--drafter-position", "P", "--drafter-window", "W+1"]):
         assert main([*base, *flags]) == 0

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub, FakeRepo, put_in_cache
 
 from app.cli import main
 from core import catalog
-from fakehub import FakeHub, FakeRepo, put_in_cache
 
 PACK = Path(__file__).parent / "data" / "pack" / "models"
 FILES = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w" * 5000}
@@ -36,16 +36,20 @@ def hf_cache(tmp_path, monkeypatch):
 def _pairing_repos(name: str) -> dict[str, FakeRepo]:
     p = catalog.get_pairing(name)
     return {
-        p.target_repo: FakeRepo({
-            "config.json": (PACK / "e-style-target" / "config.json").read_bytes(),
-            "model.safetensors": os.urandom(300_000),
-            "tokenizer.json": (PACK / "e-style-target" / "tokenizer.json").read_bytes(),
-            "README.md": b"card",
-        }),
-        p.drafter_repo: FakeRepo({
-            "config.json": (PACK / "e-style-assistant" / "config.json").read_bytes(),
-            "model.safetensors": os.urandom(50_000),
-        }),
+        p.target_repo: FakeRepo(
+            {
+                "config.json": (PACK / "e-style-target" / "config.json").read_bytes(),
+                "model.safetensors": os.urandom(300_000),
+                "tokenizer.json": (PACK / "e-style-target" / "tokenizer.json").read_bytes(),
+                "README.md": b"card",
+            }
+        ),
+        p.drafter_repo: FakeRepo(
+            {
+                "config.json": (PACK / "e-style-assistant" / "config.json").read_bytes(),
+                "model.safetensors": os.urandom(50_000),
+            }
+        ),
     }
 
 
@@ -54,7 +58,11 @@ def test_list_json_in_a_fresh_process_shows_local_status(hf_cache):
     put_in_cache(hf_cache, p.target_repo, FILES)
     put_in_cache(hf_cache, p.drafter_repo, FILES)
     out = subprocess.run(
-        [sys.executable, "-m", "app", "models", "list", "--json"], capture_output=True, text=True, timeout=60, env=os.environ
+        [sys.executable, "-m", "app", "models", "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ,
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -126,7 +134,9 @@ def test_unknown_pairing_name(hf_cache, capsys):
 
 
 def test_list_shows_custom_local_checkpoints(hf_cache, capsys):
-    put_in_cache(hf_cache, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"})
+    put_in_cache(
+        hf_cache, "me/my-drafter", {"config.json": b'{"model_type": "gemma4_assistant"}', "model.safetensors": b"w"}
+    )
     assert main(["models", "list"]) == 0
     assert "me/my-drafter  drafter  complete" in capsys.readouterr().out
     assert main(["models", "list", "--json"]) == 0
@@ -135,7 +145,9 @@ def test_list_shows_custom_local_checkpoints(hf_cache, capsys):
 
 
 def test_download_a_single_repository_by_id(hf_cache, capsys, monkeypatch):
-    repo = FakeRepo({"config.json": (PACK / "moe-style-assistant" / "config.json").read_bytes(), "model.safetensors": b"d" * 4000})
+    repo = FakeRepo(
+        {"config.json": (PACK / "moe-style-assistant" / "config.json").read_bytes(), "model.safetensors": b"d" * 4000}
+    )
     with FakeHub(repos={"me/custom-drafter": repo}) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         assert main(["models", "download", "me/custom-drafter"]) == 0

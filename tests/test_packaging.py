@@ -29,7 +29,14 @@ HYGIENE = textwrap.dedent(
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["generate", "--help"], ["bench", "--help"], ["models", "--help"], ["doctor", "--help"], ["--version"]],
+    [
+        ["--help"],
+        ["generate", "--help"],
+        ["bench", "--help"],
+        ["models", "--help"],
+        ["doctor", "--help"],
+        ["--version"],
+    ],
 )
 def test_help_imports_neither_mlx_nor_textual(argv):
     out = subprocess.run(
@@ -68,7 +75,9 @@ def test_wheel_installs_into_a_fresh_venv_with_assets(tmp_path):
     new_site = Path(
         subprocess.run(
             [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     )
     # Dependencies are visible through a plain path entry; this venv's own site-packages comes first,
@@ -76,17 +85,31 @@ def test_wheel_installs_into_a_fresh_venv_with_assets(tmp_path):
     (new_site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH"}}
     help_out = subprocess.run(
-        [str(venv_dir / "bin" / "gemma-chat"), "--help"], capture_output=True, text=True, check=True, env=env, cwd=tmp_path
+        [str(venv_dir / "bin" / "gemma-chat"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
     ).stdout
     assert "usage: gemma-chat" in help_out
     probe = subprocess.run(
-        [str(py), "-c", "import app, core; from app.resources import assets_dir; d = assets_dir(); "
-         "print(app.__file__); print(core.__file__); print(d); print(sorted(p.name for p in (d / 'styles').iterdir()))"],
-        capture_output=True, text=True, check=True, env=env, cwd=tmp_path,
+        [
+            str(py),
+            "-c",
+            "import app, core; from app.resources import assets_dir; d = assets_dir(); "
+            "print(app.__file__); print(core.__file__); print(d); print(sorted(p.name for p in (d / 'styles').iterdir()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
     ).stdout.splitlines()
     assert all(line.startswith(str(new_site)) for line in probe[:3]), probe
     assert "chat.tcss" in probe[3]

@@ -126,7 +126,9 @@ def test_thinking_flag_and_template_sources(tokenizer, tmp_path):
     assert "<|think|>" in on and "<|think|>" not in off
     # a template in chat_template.jinja wins over tokenizer_config.json
     assert load_chat_template(MODELS / "tokenizer") == tokenizer.chat_template
-    (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}X{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{{ bos_token }}X{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
     template = load_chat_template(tmp_path)
     assert render_messages(tokenizer, msgs, template=template) == "<bos>Xhi"
     assert load_chat_template(tmp_path / "none") is None

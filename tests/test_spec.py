@@ -159,7 +159,9 @@ def test_max_tokens_inside_a_round(fam):
     p = ref["long"]
     full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
     for max_tokens in (1, 2, 7, 13):
-        r, events, cache = _run(tg, OracleDrafter(full), p["prompt_ids"], block_size=5, max_tokens=max_tokens, ignore_eos=True)
+        r, events, cache = _run(
+            tg, OracleDrafter(full), p["prompt_ids"], block_size=5, max_tokens=max_tokens, ignore_eos=True
+        )
         assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:max_tokens] and r.stats.stop_reason == "max_tokens"
         assert cache.offset == len(p["prompt_ids"]) + max_tokens - 1
 
@@ -192,10 +194,14 @@ def test_sampling_top_k_1_is_greedy_and_seeds_reproduce():
     p = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]["short"]
     want = p["greedy_no_eos_stop"]["ids"][:24]
     for block in (1, 4):
-        r, _, _ = _run(tg, dr, p["prompt_ids"], block_size=block, temperature=0.7, top_k=1, seed=5, max_tokens=24, ignore_eos=True)
+        r, _, _ = _run(
+            tg, dr, p["prompt_ids"], block_size=block, temperature=0.7, top_k=1, seed=5, max_tokens=24, ignore_eos=True
+        )
         assert r.token_ids == want
     runs = [
-        _run(tg, dr, p["prompt_ids"], block_size=3, temperature=1.0, top_p=0.95, seed=s, max_tokens=24, ignore_eos=True)[0]
+        _run(
+            tg, dr, p["prompt_ids"], block_size=3, temperature=1.0, top_p=0.95, seed=s, max_tokens=24, ignore_eos=True
+        )[0]
         for s in (11, 11, 12)
     ]
     assert runs[0].token_ids == runs[1].token_ids != runs[2].token_ids
@@ -253,7 +259,12 @@ def test_image_prompt_prefill_matches_hf_bidirectional_reference():
 
 @pytest.mark.parametrize(
     "variant,layout,dtype",
-    [("e-style", "hf", "float32"), ("moe-style", "hf", "float32"), ("dense-style", "mlx", "float32"), ("moe-style", "mlx", "q4")],
+    [
+        ("e-style", "hf", "float32"),
+        ("moe-style", "hf", "float32"),
+        ("dense-style", "mlx", "float32"),
+        ("moe-style", "mlx", "q4"),
+    ],
 )
 def test_factory_pairings_drafted_equals_plain(factory_checkpoints, variant, layout, dtype):
     target_dir, drafter_dir = factory_checkpoints.pairing(variant, layout=layout, dtype=dtype)
@@ -311,7 +322,9 @@ def test_speculative_sampling_reproduces_the_target_distribution():
     counts, accepted = {}, 0
     for seed in range(n):
         cache.trim_to(base)
-        settings = GenerationSettings(max_tokens=3, temperature=temp, top_k=top_k, seed=seed, block_size=3, ignore_eos=True)
+        settings = GenerationSettings(
+            max_tokens=3, temperature=temp, top_k=top_k, seed=seed, block_size=3, ignore_eos=True
+        )
         r = dec.run(cache, Prompt(ids[-1:], start=base), settings, lambda e: None)
         key = tuple(r.token_ids[:2])
         assert key in joint

@@ -52,11 +52,23 @@ def test_default_location_follows_env(tmp_path):
 def test_history_survives_reopen(tmp_path, image):
     db = tmp_path / "h.db"
     with Store(db) as store:
-        cid = store.create_chat(pairing="E2B", target_id="google/gemma-4-E2B-it", drafter_id="google/d",
-                                params={"temperature": 0.7, "block_size": "auto"}, system_prompt="Be brief.")
+        cid = store.create_chat(
+            pairing="E2B",
+            target_id="google/gemma-4-E2B-it",
+            drafter_id="google/d",
+            params={"temperature": 0.7, "block_size": "auto"},
+            system_prompt="Be brief.",
+        )
         store.append_user_message(cid, "What is in this picture?\nPlease be precise.", attachments=[image])
-        stats = TurnStats(decode_tokens=12, decode_s=0.5, rounds=4, drafted=9, accepted=6,
-                          stop_reason="eos", block_size_counts={4: 3, 3: 1})
+        stats = TurnStats(
+            decode_tokens=12,
+            decode_s=0.5,
+            rounds=4,
+            drafted=9,
+            accepted=6,
+            stop_reason="eos",
+            block_size_counts={4: 3, 3: 1},
+        )
         store.append_assistant_message(cid, "A cat.", thinking="Looks like fur.", stats=stats)
         store.append_user_message(cid, "Longer please")
         store.append_assistant_message(cid, "A small grey", stopped=True)
@@ -89,7 +101,10 @@ def test_engine_messages_drop_thinking_and_carry_images(tmp_path, image):
         msgs = store.load_chat(cid).engine_messages()
     assert msgs == [
         {"role": "system", "content": "sys"},
-        {"role": "user", "content": [{"type": "image", "path": str(image.resolve())}, {"type": "text", "text": "look"}]},
+        {
+            "role": "user",
+            "content": [{"type": "image", "path": str(image.resolve())}, {"type": "text", "text": "look"}],
+        },
         {"role": "assistant", "content": "ok"},
     ]
     assert "SECRET" not in json.dumps(msgs)
@@ -127,8 +142,12 @@ def test_chat_crud_and_order(tmp_path):
         store.delete_chat(a)
         assert a not in [s.id for s in store.list_chats()]
         assert store._con.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0  # cascaded
-        for call in (lambda: store.load_chat(a), lambda: store.rename_chat(a, "x"),
-                     lambda: store.append_user_message(a, "x"), lambda: store.delete_chat(a)):
+        for call in (
+            lambda: store.load_chat(a),
+            lambda: store.rename_chat(a, "x"),
+            lambda: store.append_user_message(a, "x"),
+            lambda: store.delete_chat(a),
+        ):
             with pytest.raises(ChatNotFound):
                 call()
         with pytest.raises(ValueError):
@@ -190,10 +209,16 @@ def _make_v1(db: Path) -> None:
     for stmt in SCHEMA_V1:
         con.execute(stmt)
     con.execute("INSERT INTO chats (title, created_at, updated_at, params_json) VALUES ('old', 1, 2, '{\"top_k\": 5}')")
-    con.execute("INSERT INTO messages (chat_id, seq, role, content, created_at) VALUES (1, 0, 'user', 'hello zebra', 1)")
-    con.execute("INSERT INTO messages (chat_id, seq, role, content, thinking, stopped, created_at)"
-                " VALUES (1, 1, 'assistant', 'hi there', 'thought', 1, 2)")
-    con.execute("INSERT INTO attachments (message_id, path, sha256, size, mime) VALUES (1, '/x.png', 'ab', 3, 'image/png')")
+    con.execute(
+        "INSERT INTO messages (chat_id, seq, role, content, created_at) VALUES (1, 0, 'user', 'hello zebra', 1)"
+    )
+    con.execute(
+        "INSERT INTO messages (chat_id, seq, role, content, thinking, stopped, created_at)"
+        " VALUES (1, 1, 'assistant', 'hi there', 'thought', 1, 2)"
+    )
+    con.execute(
+        "INSERT INTO attachments (message_id, path, sha256, size, mime) VALUES (1, '/x.png', 'ab', 3, 'image/png')"
+    )
     con.close()
 
 
@@ -206,7 +231,9 @@ def test_migrates_v1_database(tmp_path):
         chat = store.load_chat(1)
         assert chat.title == "old" and chat.params == {"top_k": 5} and not chat.pinned
         assert [(m.content, m.thinking, m.stopped) for m in chat.messages] == [
-            ("hello zebra", None, False), ("hi there", "thought", True)]
+            ("hello zebra", None, False),
+            ("hi there", "thought", True),
+        ]
         assert chat.messages[0].attachments == [Attachment("/x.png", "ab", 3, "image/png", id=1)]
         assert [h.chat.id for h in store.search_chats("zebra")] == [1]  # old rows were indexed
         store.set_pinned(1, True)
@@ -236,8 +263,11 @@ def test_refuses_newer_schema(tmp_path):
 def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     db = tmp_path / "old.db"
     _make_v1(db)
-    monkeypatch.setitem(__import__("core.store").store.MIGRATIONS, 2, (
-        "ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0", "THIS IS NOT SQL"))
+    monkeypatch.setitem(
+        __import__("core.store").store.MIGRATIONS,
+        2,
+        ("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0", "THIS IS NOT SQL"),
+    )
     with pytest.raises(StoreError, match="syntax error"):
         Store(db)
     con = sqlite3.connect(db)
@@ -304,8 +334,12 @@ _CHILD = textwrap.dedent(
 
 def test_sigkill_mid_reply_keeps_completed_turns(tmp_path):
     db = tmp_path / "crash.db"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(db)], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(db)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         committed_wal_size = int(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "IN_TRANSACTION"
@@ -323,7 +357,14 @@ def test_sigkill_mid_reply_keeps_completed_turns(tmp_path):
         (summary,) = store.list_chats()
         chat = store.load_chat(summary.id)
         assert [m.content for m in chat.messages] == [
-            "question 0", "answer 0", "question 1", "answer 1", "question 2", "answer 2", "question 3"]
+            "question 0",
+            "answer 0",
+            "question 1",
+            "answer 1",
+            "question 2",
+            "answer 2",
+            "question 3",
+        ]
         assert chat.messages[5].stats == {"decode_tokens": 2}
         # and the store is writable again: the next reply goes where the lost one would have
         assert store.append_assistant_message(chat.id, "answer 3").seq == 7
@@ -348,8 +389,12 @@ _LOOP_CHILD = textwrap.dedent(
 
 def test_sigkill_while_appending_turns(tmp_path):
     db = tmp_path / "loop.db"
-    proc = subprocess.Popen([sys.executable, "-c", _LOOP_CHILD, str(db)], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOOP_CHILD, str(db)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         assert proc.stdout.readline().strip() == "THREE"
         time.sleep(0.3)  # mid-stream of further turns

@@ -15,18 +15,21 @@ def show(text: str, width: int) -> list[str]:
     return [text[a:b] for a, b in wrap_lines(text, 0, width)]
 
 
-@pytest.mark.parametrize("text, width, expected", [
-    ("hello world foo bar", 11, ["hello world", "foo bar"]),
-    ("hello world", 11, ["hello world"]),
-    ("    indented code line here", 10, ["    indent", "ed code", "line here"]),  # indentation kept
-    ("averyveryverylongword ok", 8, ["averyver", "yverylon", "gword ok"]),  # a long word is folded
-    ("a\n\nb  ", 5, ["a", "", "b  "]),  # blank lines kept, trailing spaces hang
-    ("", 5, [""]),
-    ("x\n", 5, ["x", ""]),
-    ("one  two", 3, ["one", "two"]),  # the spaces at a soft break go
-    ("日本語のテキスト", 6, ["日本語", "のテキ", "スト"]),  # wide characters count two cells
-    ("a\tb c", 6, ["a\tb", "c"]),  # a tab counts four cells
-])
+@pytest.mark.parametrize(
+    "text, width, expected",
+    [
+        ("hello world foo bar", 11, ["hello world", "foo bar"]),
+        ("hello world", 11, ["hello world"]),
+        ("    indented code line here", 10, ["    indent", "ed code", "line here"]),  # indentation kept
+        ("averyveryverylongword ok", 8, ["averyver", "yverylon", "gword ok"]),  # a long word is folded
+        ("a\n\nb  ", 5, ["a", "", "b  "]),  # blank lines kept, trailing spaces hang
+        ("", 5, [""]),
+        ("x\n", 5, ["x", ""]),
+        ("one  two", 3, ["one", "two"]),  # the spaces at a soft break go
+        ("日本語のテキスト", 6, ["日本語", "のテキ", "スト"]),  # wide characters count two cells
+        ("a\tb c", 6, ["a\tb", "c"]),  # a tab counts four cells
+    ],
+)
 def test_wrap_examples(text, width, expected):
     assert show(text, width) == expected
 

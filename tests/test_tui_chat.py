@@ -6,9 +6,7 @@ import threading
 import time
 
 import pytest
-
-from core.events import LoadProgress, RoundEvent, TokenEvent
-
+from pilot import ready, until
 from textual.command import CommandPalette
 from textual.widgets import Input
 
@@ -17,7 +15,7 @@ from app.tui.bridge import EventBridge
 from app.tui.fake_engine import FakeEngine, PairingSpec, split_tokens
 from app.tui.screens.help import HelpScreen
 from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage, displayable
-from pilot import ready, until
+from core.events import LoadProgress, RoundEvent, TokenEvent
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -47,6 +45,7 @@ def text_of(widget) -> str:
 
 
 # -- bridge ---------------------------------------------------------------------------------------
+
 
 def test_bridge_keeps_every_token_in_order_across_threads():
     bridge = EventBridge()
@@ -91,6 +90,7 @@ def test_bridge_coalesces_load_progress_but_not_tokens():
 
 
 # -- sending and streaming ------------------------------------------------------------------------
+
 
 async def test_reply_streams_with_spans_matching_from_draft():
     app, engine = make_app(FakeEngine(step=True))
@@ -202,14 +202,21 @@ async def test_follows_the_stream_only_at_the_bottom():
 
 # -- control --------------------------------------------------------------------------------------
 
+
 async def test_escape_stops_and_keeps_partial_reply():
     app, engine = make_app(FakeEngine(step=True))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await send(pilot, app, "go")
         engine.allow(2)
-        await until(pilot, lambda: app.chat.reply is not None and app.chat.reply.token_count == len(engine.tokens) > 0
-                    and len(engine.rounds) == 2)
+        await until(
+            pilot,
+            lambda: (
+                app.chat.reply is not None
+                and app.chat.reply.token_count == len(engine.tokens) > 0
+                and len(engine.rounds) == 2
+            ),
+        )
         reply = app.chat.reply
         await pilot.press("escape")
         await until(pilot, lambda: app.chat.reply is None)
@@ -282,6 +289,7 @@ async def test_send_while_loading_keeps_the_prompt_text():
 
 # -- tuning keys ----------------------------------------------------------------------------------
 
+
 async def test_tuning_keys_reach_the_engine_mid_generation():
     app, engine = make_app(FakeEngine(step=True))
     async with app.run_test(size=SIZE) as pilot:
@@ -308,7 +316,11 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         await rounds(1)
         assert engine.rounds[3].block_size == auto_k - 1
         await pilot.press("d")
-        assert (engine.calls[-1].name, engine.calls[-1].arg, engine.calls[-1].rounds_done) == ("set_drafter_enabled", False, 4)
+        assert (engine.calls[-1].name, engine.calls[-1].arg, engine.calls[-1].rounds_done) == (
+            "set_drafter_enabled",
+            False,
+            4,
+        )
         await rounds(1)
         assert engine.rounds[4].drafted == 0 and engine.rounds[4].emitted == 1
         await pilot.press("a")
@@ -323,7 +335,7 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         await pilot.press("f6")
         assert len(engine.calls) == n_calls + 1 and engine.calls[-1].name == "set_block_size"
         await pilot.press("f8")
-        assert engine.calls[-1] .name == "set_drafter_enabled" and engine.calls[-1].arg is False
+        assert engine.calls[-1].name == "set_drafter_enabled" and engine.calls[-1].arg is False
         assert chat.prompt.text == "x+-ad"
         await pilot.press("enter")  # a reply is streaming: not sent, the text stays
         assert chat.prompt.text == "x+-ad" and len(engine.chats) == 1
@@ -356,6 +368,7 @@ async def test_panels_show_the_engine_numbers_and_demo_label():
 
 
 # -- help, palette, quit --------------------------------------------------------------------------
+
 
 async def test_help_screen_from_f1_and_question_mark():
     app, engine = make_app()
@@ -432,6 +445,7 @@ async def test_letters_type_into_an_idle_empty_prompt_symbols_tune():
 
 # -- the real engine on a factory pairing ---------------------------------------------------------
 
+
 class RecordingEngine:
     """The real Engine, with every event of every chat kept for comparison with the screen."""
 
@@ -451,7 +465,8 @@ class RecordingEngine:
 
 
 async def test_real_engine_send_stream_stop(factory_checkpoints):
-    from core.engine import Engine, PairingSpec as RealSpec
+    from core.engine import Engine
+    from core.engine import PairingSpec as RealSpec
     from core.events import TurnDone
     from core.settings import GenerationSettings
 
@@ -471,7 +486,9 @@ async def test_real_engine_send_stream_stop(factory_checkpoints):
         assert done.stats.stop_reason == "max_tokens"
         assert reply.plain == done.text and reply.token_count == len(done.token_ids)
         spans = reply.tokens.text.spans
-        assert [s.style for s in spans[: len(tokens)]] == [DRAFT_STYLE if t.from_draft else TARGET_STYLE for t in tokens]
+        assert [s.style for s in spans[: len(tokens)]] == [
+            DRAFT_STYLE if t.from_draft else TARGET_STYLE for t in tokens
+        ]
         streamed = "".join(t.text for t in tokens)
         assert reply.tokens.text.plain.startswith(displayable(streamed)) and done.text.startswith(streamed)
         assert chat.history[-1] == {"role": "assistant", "content": done.text}
@@ -491,6 +508,7 @@ async def test_real_engine_send_stream_stop(factory_checkpoints):
 
 # -- which pairing `gemma-chat` opens -------------------------------------------------------------
 
+
 def _args(**kw):
     import argparse
 
@@ -499,9 +517,9 @@ def _args(**kw):
 
 
 def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
-    from app.commands import tui
-
     import huggingface_hub.constants
+
+    from app.commands import tui
 
     # the hub reads HF_HUB_CACHE at import time: point its constant at an empty cache
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -510,7 +528,12 @@ def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
     drafter.mkdir()
     spec, notice = tui.pairing_spec(_args(model=str(target), drafter=str(drafter)))
     assert (spec.name, spec.target, spec.drafter, spec.demo, notice) == (
-        "my-target", str(target.resolve()), str(drafter.resolve()), False, None)
+        "my-target",
+        str(target.resolve()),
+        str(drafter.resolve()),
+        False,
+        None,
+    )
     spec, _ = tui.pairing_spec(_args(model=str(target)))
     assert spec.drafter is None
     # a repo id that is not in the (empty) cache: a clear message, no network
@@ -558,9 +581,8 @@ async def test_control_characters_never_reach_the_terminal():
 
 
 def test_live_stats_fold_events_then_take_the_engine_figures():
-    from core.events import PrefillDone, TurnStats
-
     from app.tui.live_stats import LiveStats, summary_line
+    from core.events import PrefillDone, TurnStats
 
     s = LiveStats()
     s.start_turn(now=10.0)
@@ -575,8 +597,18 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     assert s.acceptance == pytest.approx(3 / 6) and s.tokens_per_round == pytest.approx(2.5)
     assert s.emitted == 5
     assert list(s.recent_per_round) == [3.0, 2.0] and (s.last_block_size, s.last_auto) == (4, True)
-    stats = TurnStats(decode_tokens=5, decode_s=0.5, rounds=2, drafted=6, accepted=3, ttft_s=0.45,
-                      prefill_tokens=80, prefill_s=0.5, peak_memory_bytes=2 << 20, stop_reason="eos")
+    stats = TurnStats(
+        decode_tokens=5,
+        decode_s=0.5,
+        rounds=2,
+        drafted=6,
+        accepted=3,
+        ttft_s=0.45,
+        prefill_tokens=80,
+        prefill_s=0.5,
+        peak_memory_bytes=2 << 20,
+        stop_reason="eos",
+    )
     s.on_done(stats)
     assert (s.decode_tps, s.ttft_s, s.prefill_tps, s.peak_memory_bytes) == (10.0, 0.45, 160.0, 2 << 20)
     assert summary_line(stats) == "5 tokens · 10.0 tok/s · acceptance 50% · 2.50 tok/round"

@@ -8,8 +8,7 @@ import asyncio
 import dataclasses
 
 import pytest
-
-from core.store import Store
+from pilot import until
 
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
@@ -18,7 +17,7 @@ from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.conversation import ReplyView, UserMessage
-from pilot import until
+from core.store import Store
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -83,7 +82,11 @@ async def test_turns_are_saved_and_restored_after_a_restart(tmp_path):
         chat = store.load_chat(summary.id)
     assert summary.title == "hello there" and summary.pairing == "fake"
     assert [(m.role, m.content) for m in chat.messages] == [
-        ("user", "hello there"), ("assistant", "first answer"), ("user", "and again"), ("assistant", "second answer")]
+        ("user", "hello there"),
+        ("assistant", "first answer"),
+        ("user", "and again"),
+        ("assistant", "second answer"),
+    ]
     assert chat.messages[1].stats["stop_reason"] == "eos" and chat.messages[1].stats["rounds"] > 0
 
     engine = FakeEngine(replies=["third answer"])
@@ -100,7 +103,12 @@ async def test_turns_are_saved_and_restored_after_a_restart(tmp_path):
         # continuing sends the whole history, then saves into the same chat
         await turn(pilot, "third")
         assert [m["content"] for m in engine.chats[-1][0]] == [
-            "hello there", "first answer", "and again", "second answer", "third"]
+            "hello there",
+            "first answer",
+            "and again",
+            "second answer",
+            "third",
+        ]
         await flush(app2)
     app2.history.close()
     with Store(db) as store:
@@ -159,8 +167,10 @@ async def test_chat_list_create_switch_rename_delete_search(tmp_path):
         # switch to the older chat
         await pilot.press("down", "enter")
         await until(pilot, lambda: texts(app) == ["U:tell me about cats", "A:about cats"])
-        assert app.chat.history == [{"role": "user", "content": "tell me about cats"},
-                                    {"role": "assistant", "content": "about cats"}]
+        assert app.chat.history == [
+            {"role": "user", "content": "tell me about cats"},
+            {"role": "assistant", "content": "about cats"},
+        ]
         # rename it
         screen = await open_list(pilot)
         assert listed(screen)[0] == "tell me about dogs"
@@ -168,8 +178,9 @@ async def test_chat_list_create_switch_rename_delete_search(tmp_path):
         await until(pilot, lambda: isinstance(app.screen, RenameScreen))
         app.screen.query_one("#rename-input").value = "Cats"
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatListScreen) and app.screen.loaded
-                    and "Cats" in listed(app.screen))
+        await until(
+            pilot, lambda: isinstance(app.screen, ChatListScreen) and app.screen.loaded and "Cats" in listed(app.screen)
+        )
         # search: by message text, then a miss
         await pilot.press(*"dogs")
         await until(pilot, lambda: screen.loaded and listed(screen) == ["tell me about dogs"])
@@ -188,8 +199,9 @@ async def test_chat_list_create_switch_rename_delete_search(tmp_path):
         await pilot.press("delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ChatListScreen) and screen.loaded
-                    and len(listed(screen)) == 1)
+        await until(
+            pilot, lambda: isinstance(app.screen, ChatListScreen) and screen.loaded and len(listed(screen)) == 1
+        )
         assert listed(screen) == ["Cats"]
         # ctrl+n from the list starts a new chat
         await pilot.press("ctrl+n")
@@ -249,7 +261,13 @@ async def test_params_dialog_sets_the_next_turns_settings_and_is_saved(tmp_path)
         await turn(pilot, "q2")
         sent = engine.chats[-1][1]
         assert (sent.temperature, sent.top_p, sent.top_k, sent.max_tokens, sent.seed, sent.system_prompt) == (
-            0.7, 0.9, 40, 64, 7, "Be brief.")
+            0.7,
+            0.9,
+            40,
+            64,
+            7,
+            "Be brief.",
+        )
         await flush(app)
         chat_id = app.history.current.id
     app.history.close()
@@ -427,8 +445,9 @@ async def test_reopening_a_chat_loads_its_pairing(tmp_path):
     with Store(db) as store:
         moved = store.create_chat("moved away", pairing="gone", target_id=str(tmp_path / "nowhere"))
         store.append_user_message(moved, "hi")
-        other = store.create_chat("on the other pairing", pairing="other", target_id=str(other_target),
-                                  drafter_id=str(other_drafter))
+        other = store.create_chat(
+            "on the other pairing", pairing="other", target_id=str(other_target), drafter_id=str(other_drafter)
+        )
         store.append_user_message(other, "hello")
     app = make_app(db)
     async with app.run_test(size=SIZE) as pilot:

@@ -11,15 +11,14 @@ import time
 
 import pytest
 
-from core.config import load_config
-from core.store import Store
-
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen
 from app.tui.screens.settings import SettingsScreen
+from core.config import load_config
+from core.store import Store
 
 SIZE = (110, 36)
 DAY = 1_780_000_000.0  # 2026-05-28 UTC
@@ -37,7 +36,11 @@ def utc(monkeypatch):
 def seeded_db(path) -> None:
     with Store(path) as store:
         chats = [
-            ("How does speculative decoding work?", "E2B", ["How does speculative decoding work?", "A drafter proposes…"]),
+            (
+                "How does speculative decoding work?",
+                "E2B",
+                ["How does speculative decoding work?", "A drafter proposes…"],
+            ),
             ("Rust lifetimes", "E4B", ["Explain lifetimes in Rust", "A lifetime is…", "And with structs?", "Then…"]),
             ("Packing list", "demo (random weights)", ["What should I pack for a hike?"]),
         ]
@@ -53,10 +56,15 @@ def make_app(tmp_path) -> GemmaChatApp:
     db = tmp_path / "h.sqlite3"
     seeded_db(db)
     config_path = tmp_path / "config.toml"
-    config_path.write_text('# mine\nblock_size = 4\n\n[sampling]\ntemperature = 0.3\nseed = 5\n')
+    config_path.write_text("# mine\nblock_size = 4\n\n[sampling]\ntemperature = 0.3\nseed = 5\n")
     config = load_config(config_path)
-    app = GemmaChatApp(FakeEngine(), PairingSpec("E2B", "target-dir", "drafter-dir"), config.generation_settings(),
-                       history=HistoryRecorder(path=db), config=config)
+    app = GemmaChatApp(
+        FakeEngine(),
+        PairingSpec("E2B", "target-dir", "drafter-dir"),
+        config.generation_settings(),
+        history=HistoryRecorder(path=db),
+        config=config,
+    )
     app.chat.prompt.cursor_blink = False
     return app
 
@@ -112,7 +120,9 @@ def test_settings_screen(snap_compare, tmp_path):
     async def run_before(pilot):
         await _until(pilot, lambda: pilot.app.chat.loaded)
         await pilot.press("f3")
-        await _until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.config is not None)
+        await _until(
+            pilot, lambda: isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.config is not None
+        )
         pilot.app.screen.query_one("#settings-file").update("config.toml")  # the tmp path differs per run
         pilot.app.screen.query_one("#set-top_p").value = "2"
         await pilot.press("ctrl+s")  # a bad value: the message names the field

@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from pilot import ready, until
 from textual import events
 
 from app.resources import assets_dir
@@ -21,7 +22,6 @@ from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.file_picker import FilePicker
 from app.tui.widgets.attachments import AttachmentChip, parse_image_command, user_content
 from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
-from pilot import ready, until
 
 SIZE = (110, 34)
 SAMPLES = assets_dir() / "images"
@@ -59,6 +59,7 @@ def pics(tmp_path) -> Path:
 
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG that claims width x height pixels (a decompression bomb as far as the header goes)."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
@@ -97,6 +98,7 @@ def last_user_content(engine):
 
 
 # -- the three ways in ----------------------------------------------------------------------------
+
 
 async def test_picker_lists_images_previews_and_attaches_the_chosen_file(pics):
     app, engine = make_app()
@@ -189,6 +191,7 @@ async def test_image_command_attaches_and_clears_the_prompt(pics):
 
 
 # -- chips and thumbnails -------------------------------------------------------------------------
+
 
 async def test_chips_are_removed_by_key_and_by_click(pics):
     app, engine = make_app()
@@ -335,6 +338,7 @@ async def test_send_waits_for_images_being_checked(pics, monkeypatch):
 
 # -- pieces ---------------------------------------------------------------------------------------
 
+
 def test_user_content_and_command_paths():
     info = inspect_image(str(SAMPLES / "chart.png"))
     assert user_content("hi", []) == "hi"
@@ -343,10 +347,17 @@ def test_user_content_and_command_paths():
     assert parse_image_command("/imagery") is None
     assert parse_image_command("/image") == ([], "")
     assert parse_image_command(r"/image 'a b.png' /p/c\ d.jpg file:///x/y%20z.png") == (
-        ["a b.png", "/p/c d.jpg", "/x/y z.png"], "")
+        ["a b.png", "/p/c d.jpg", "/x/y z.png"],
+        "",
+    )
     assert parse_image_command("/image notes.txt what is /tmp/q.png about?") == (
-        ["notes.txt", "/tmp/q.png"], "what is about?")
-    assert parse_image_command("/image ~/cat.jpg  describe it ") == ([str(Path("~/cat.jpg").expanduser())], "describe it")
+        ["notes.txt", "/tmp/q.png"],
+        "what is about?",
+    )
+    assert parse_image_command("/image ~/cat.jpg  describe it ") == (
+        [str(Path("~/cat.jpg").expanduser())],
+        "describe it",
+    )
 
 
 def test_halfcell_keeps_the_aspect_and_the_colours():
@@ -363,6 +374,7 @@ def test_halfcell_keeps_the_aspect_and_the_colours():
 
 
 # -- the real engine --------------------------------------------------------------------------------
+
 
 async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
     from core.engine import Engine
@@ -415,8 +427,14 @@ async def test_palette_command_opens_the_picker_and_chips_are_reached_by_keyboar
         from textual.command import CommandList
 
         commands = app.screen.query_one(CommandList)
-        await until(pilot, lambda: commands.option_count and commands.highlighted is not None
-                    and "Attach an image" in str(commands.get_option_at_index(commands.highlighted).prompt))
+        await until(
+            pilot,
+            lambda: (
+                commands.option_count
+                and commands.highlighted is not None
+                and "Attach an image" in str(commands.get_option_at_index(commands.highlighted).prompt)
+            ),
+        )
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, FilePicker))
 

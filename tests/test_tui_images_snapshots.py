@@ -22,7 +22,9 @@ SAMPLES = assets_dir() / "images"
 
 
 def make_app() -> GemmaChatApp:
-    app = GemmaChatApp(FakeEngine(replies=["A green hill under a blue sky."]), PairingSpec("E2B", "target-dir", "drafter-dir"))
+    app = GemmaChatApp(
+        FakeEngine(replies=["A green hill under a blue sky."]), PairingSpec("E2B", "target-dir", "drafter-dir")
+    )
     app.chat.prompt.cursor_blink = False
     return app
 

@@ -12,21 +12,19 @@ import os
 import socket
 
 import pytest
-
-from core import catalog, fit
-from core import download as dl
-from core.config import load_config
 from fakehub import FakeHub, FakeRepo, put_in_cache
-
-from app.commands.tui import is_first_run
+from pilot import until as _until
 from textual.command import CommandPalette
 
+from app.commands.tui import is_first_run
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
-from pilot import until as _until
+from core import catalog, fit
+from core import download as dl
+from core.config import load_config
 
 pytestmark = pytest.mark.anyio
 SIZE = (120, 36)
@@ -76,12 +74,12 @@ def put_pairing(cache, name: str = NAME, complete: bool = True):
     return target, drafter
 
 
-def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False,
-             remember=False):
+def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False, remember=False):
     engine = FakeEngine()
     app = GemmaChatApp(engine, spec or PairingSpec("fake", "target-dir", "drafter-dir"))
-    app.models_options = ModelsOptions(cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine,
-                                       remember=remember)
+    app.models_options = ModelsOptions(
+        cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine, remember=remember
+    )
     app.first_run = first_run
     return app, engine
 
@@ -168,8 +166,12 @@ async def test_cancel_mid_download_then_resume_to_completion(cache):
             await pilot.press("d")
             await until(
                 pilot,
-                lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo
-                and p.filename == "model.safetensors" and p.file_done >= 2 * dl.CHUNK_BYTES,
+                lambda: (
+                    (p := screen.last_progress) is not None
+                    and p.repo_id == PAIRING.target_repo
+                    and p.filename == "model.safetensors"
+                    and p.file_done >= 2 * dl.CHUNK_BYTES
+                ),
                 timeout=30,
             )
             assert "MB/s" in str(screen.progress.content) and "model.safetensors" in str(screen.progress.content)
@@ -223,8 +225,9 @@ async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_a
             screen = await open_models(pilot, app)
             screen.select(NAME)
             await pilot.press("d")
-            await until(pilot, lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo,
-                        timeout=30)
+            await until(
+                pilot, lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo, timeout=30
+            )
             handle = screen.download_handle
             await pilot.press("escape")
             await until(pilot, lambda: isinstance(app.screen, ChatScreen))
@@ -360,7 +363,8 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
     """A catalogue pairing laid out in the HF cache from factory checkpoints (tiny random weights):
     the real engine loads it through the screen, drafter included, and a turn runs on it."""
     pytest.importorskip("mlx.core")
-    from core.engine import Engine, PairingSpec as RealSpec
+    from core.engine import Engine
+    from core.engine import PairingSpec as RealSpec
 
     target_dir, drafter_dir = factory_checkpoints.pairing("e-style")
     as_files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}  # noqa: E731

@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from core import catalog, fit
 from fakehub import put_in_cache
 
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.models import ModelsOptions, ModelsScreen
+from core import catalog, fit
 
 SIZE = (120, 36)
 MACHINE = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")

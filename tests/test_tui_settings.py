@@ -3,16 +3,14 @@ names the field of a bad value, and applies theme / defaults / block size to the
 
 from __future__ import annotations
 
-
 import pytest
-
-from core.config import load_config
+from pilot import until
 
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.settings import SettingsScreen
-from pilot import until
+from core.config import load_config
 
 SIZE = (110, 40)
 pytestmark = pytest.mark.anyio
@@ -37,8 +35,13 @@ def make_app(tmp_path, text: str = CONFIG_TEXT):
     path.write_text(text)
     config = load_config(path)
     engine = FakeEngine()
-    app = GemmaChatApp(engine, PairingSpec("fake", "t", "d"), config.generation_settings(), config=config,
-                       history=HistoryRecorder(path=tmp_path / "h.sqlite3"))
+    app = GemmaChatApp(
+        engine,
+        PairingSpec("fake", "t", "d"),
+        config.generation_settings(),
+        config=config,
+        history=HistoryRecorder(path=tmp_path / "h.sqlite3"),
+    )
     return app, path
 
 
@@ -79,11 +82,14 @@ async def test_settings_save_keeps_comments_and_applies(tmp_path):
     assert (config.sampling.temperature, config.sampling.seed, config.offline) == (0.8, 11, True)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("block_size", "17", 'Block size: must be an integer 1..16 or "auto", got \'17\''),
-    ("top_p", "0", "Top-p: must be a number > 0 and <= 1, got 0"),
-    ("max_tokens", "lots", "Max tokens: must be an integer, got 'lots'"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("block_size", "17", "Block size: must be an integer 1..16 or \"auto\", got '17'"),
+        ("top_p", "0", "Top-p: must be a number > 0 and <= 1, got 0"),
+        ("max_tokens", "lots", "Max tokens: must be an integer, got 'lots'"),
+    ],
+)
 async def test_settings_bad_value_names_the_field_and_writes_nothing(tmp_path, field, value, message):
     app, path = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -105,7 +111,12 @@ async def test_settings_shows_a_broken_file_instead_of_overwriting_it(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.chat.loaded)
         await pilot.press("f3")
-        await until(pilot, lambda: isinstance(app.screen, SettingsScreen)
-                    and "did you mean [sampling].temperature" in str(app.screen.query_one("#settings-error").render()))
+        await until(
+            pilot,
+            lambda: (
+                isinstance(app.screen, SettingsScreen)
+                and "did you mean [sampling].temperature" in str(app.screen.query_one("#settings-error").render())
+            ),
+        )
         assert app.screen.query_one("#settings-save").disabled
     app.history.close()

@@ -46,13 +46,26 @@ class Tmux:
         self.tmux = tmux
         self.socket = f"gc-test-{uuid.uuid4().hex[:8]}"
         self.env = env
-        self._run("-f", "/dev/null", "new-session", "-d", "-s", "chat", "-x", str(WIDTH), "-y", str(HEIGHT),
-                  *[f"-e{k}={v}" for k, v in env.items()], " ".join(command))
+        self._run(
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "chat",
+            "-x",
+            str(WIDTH),
+            "-y",
+            str(HEIGHT),
+            *[f"-e{k}={v}" for k, v in env.items()],
+            " ".join(command),
+        )
         self._run("set-option", "-g", "escape-time", "0")
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True, text=True, check=check,
-                              timeout=20)
+        return subprocess.run(
+            [self.tmux, "-L", self.socket, *args], capture_output=True, text=True, check=check, timeout=20
+        )
 
     def text(self) -> str:
         return self._run("capture-pane", "-p", "-t", "chat").stdout
@@ -120,8 +133,11 @@ def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):
         t.wait(lambda: "Speculative" in t.text() and "streaming" in t.text(), "the reply to stream", 10)
         draft, target = _colour(0x56, 0xB4, 0xE9), _colour(0xE6, 0x9F, 0x00)
         # The first round may be on screen before any draft: wait until both origins have streamed.
-        t.wait(lambda: draft(_sgr_params(t.escapes(), "Speculative")) and target(_sgr_params(t.escapes(), "Speculative")),
-               "draft- and target-coloured tokens on the reply's first line", 10)
+        t.wait(
+            lambda: draft(_sgr_params(t.escapes(), "Speculative")) and target(_sgr_params(t.escapes(), "Speculative")),
+            "draft- and target-coloured tokens on the reply's first line",
+            10,
+        )
         params = _sgr_params(t.escapes(), "Speculative")
         assert any("4" in p for p in params), "draft tokens are not underlined"
         t.keys("Escape")

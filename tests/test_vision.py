@@ -128,7 +128,10 @@ def test_sharded_hf_layout_reads_only_vision_shards(tmp_path, encoders, small_im
     weights = mx.load(str(src / "model.safetensors"))
     vision = {k: v for k, v in weights.items() if k.startswith(("model.vision_tower.", "model.embed_vision."))}
     keys = sorted(vision)
-    shards = {"model-00001-of-00003.safetensors": keys[: len(keys) // 2], "model-00002-of-00003.safetensors": keys[len(keys) // 2 :]}
+    shards = {
+        "model-00001-of-00003.safetensors": keys[: len(keys) // 2],
+        "model-00002-of-00003.safetensors": keys[len(keys) // 2 :],
+    }
     weight_map = {}
     for name, names in shards.items():
         mx.save_safetensors(str(tmp_path / name), {k: vision[k] for k in names})
@@ -139,7 +142,9 @@ def test_sharded_hf_layout_reads_only_vision_shards(tmp_path, encoders, small_im
     shutil.copy(src / "config.json", tmp_path / "config.json")
 
     enc = load_vision(tmp_path)
-    assert np.array_equal(np.array(enc.encode_image(small_image)), np.array(encoders["e-style"].encode_image(small_image)))
+    assert np.array_equal(
+        np.array(enc.encode_image(small_image)), np.array(encoders["e-style"].encode_image(small_image))
+    )
 
 
 def test_quantized_mlx_community_layout(tmp_path, small_image):

@@ -22,7 +22,7 @@ def run(args) -> int:
         return 1
 
     try:
-        from core.bench import BenchError, BenchOptions, parse_block_sizes, run_bench, format_table
+        from core.bench import BenchError, BenchOptions, format_table, parse_block_sizes, run_bench
 
         try:
             block_sizes = parse_block_sizes(args.block_sizes)
@@ -31,8 +31,13 @@ def run(args) -> int:
         if args.repeats < 1 or args.max_tokens < 2:
             return fail("--repeats must be >= 1 and --max-tokens >= 2")
         _, target, drafter, _ = _pairing(args)
-        options = BenchOptions(max_tokens=args.max_tokens, block_sizes=block_sizes, repeats=args.repeats,
-                               simulate_acceptance=args.simulate_acceptance, dtype=args.dtype)
+        options = BenchOptions(
+            max_tokens=args.max_tokens,
+            block_sizes=block_sizes,
+            repeats=args.repeats,
+            simulate_acceptance=args.simulate_acceptance,
+            dtype=args.dtype,
+        )
         if args.prompt is not None:
             options.prompt = args.prompt
         report = run_bench(target, drafter, options, progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -76,11 +76,16 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from core.download import default_cache_dir, format_bytes, free_disk_bytes
 
     sections = []
-    sections.append(("gemma-chat", [
-        ("version", __version__),
-        ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
-    ]))
+    sections.append(
+        (
+            "gemma-chat",
+            [
+                ("version", __version__),
+                ("python", f"{platform.python_version()} ({sys.executable})"),
+                ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
+            ],
+        )
+    )
     sections.append(("MLX", list(mlx_info().items())))
     sections.append(("packages", [(name, _version(name)) for name in PACKAGES]))
 
@@ -98,10 +103,20 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     sections.append(("gemma-chat paths", [(k.replace("_", " "), v) for k, v in paths.describe().items()]))
 
     machine = fit.machine_memory()
-    mem = [("RAM", format_bytes(machine.total_bytes) if machine.total_bytes else "unknown"),
-           ("usable for models", (format_bytes(machine.budget_bytes) if machine.budget_bytes else "unknown") + f" ({machine.note})")]
+    mem = [
+        ("RAM", format_bytes(machine.total_bytes) if machine.total_bytes else "unknown"),
+        (
+            "usable for models",
+            (format_bytes(machine.budget_bytes) if machine.budget_bytes else "unknown") + f" ({machine.note})",
+        ),
+    ]
     if machine.wired_limit_mb is not None:
-        mem.append(("iogpu.wired_limit_mb", str(machine.wired_limit_mb) + (" (default)" if machine.wired_limit_mb == 0 else "")))
+        mem.append(
+            (
+                "iogpu.wired_limit_mb",
+                str(machine.wired_limit_mb) + (" (default)" if machine.wired_limit_mb == 0 else ""),
+            )
+        )
     sections.append(("memory", mem))
 
     try:
@@ -115,7 +130,11 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
         pairs = [("error", f"{type(e).__name__}: {e}")]
     sections.append(("pairings", pairs))
 
-    term = [(var, os.environ[var]) for var in ("TERM", "TERM_PROGRAM", "COLORTERM", "KITTY_WINDOW_ID") if os.environ.get(var)]
+    term = [
+        (var, os.environ[var])
+        for var in ("TERM", "TERM_PROGRAM", "COLORTERM", "KITTY_WINDOW_ID")
+        if os.environ.get(var)
+    ]
     term.append(("images", terminal_images()))
     sections.append(("terminal", term))
     return sections

@@ -134,9 +134,15 @@ def run(args) -> int:
     engine = Engine()
     try:
         try:
-            spec = PairingSpec(name, target, drafter, demo, args.dtype,
-                               drafter_position=getattr(args, "drafter_position", "P-1"),
-                               drafter_window=getattr(args, "drafter_window", "W"))
+            spec = PairingSpec(
+                name,
+                target,
+                drafter,
+                demo,
+                args.dtype,
+                drafter_position=getattr(args, "drafter_position", "P-1"),
+                drafter_window=getattr(args, "drafter_window", "W"),
+            )
             engine.load(spec, None).result()
         except EngineError as e:
             return fail(str(e))

@@ -55,8 +55,13 @@ def list_pairings(as_json: bool = False) -> int:
             },
             "pairings": [e.as_dict() for e in entries],
             "other_local": [
-                {"repo_id": c.status.repo_id, "model_type": c.model_type, "status": c.status.state,
-                 "local_bytes": c.status.size_on_disk, "path": str(c.status.snapshot) if c.status.snapshot else None}
+                {
+                    "repo_id": c.status.repo_id,
+                    "model_type": c.model_type,
+                    "status": c.status.state,
+                    "local_bytes": c.status.size_on_disk,
+                    "path": str(c.status.snapshot) if c.status.snapshot else None,
+                }
                 for c in catalog.other_local_checkpoints()
             ],
         }
@@ -68,8 +73,16 @@ def list_pairings(as_json: bool = False) -> int:
         status = e.status if e.status != "partial" else f"partial ({_gb(e.local_bytes)})"
         name = p.name + (" *" if p.name == cat.default else "") + ("" if p.confirmed else " ?")
         rows.append(
-            (name, status, _gb(p.download_bytes), _gb(e.memory.total_bytes), e.fit.level.replace("_", " "),
-             "yes" if p.vision else "no", str(p.block_size), p.target_repo)
+            (
+                name,
+                status,
+                _gb(p.download_bytes),
+                _gb(e.memory.total_bytes),
+                e.fit.level.replace("_", " "),
+                "yes" if p.vision else "no",
+                str(p.block_size),
+                p.target_repo,
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -138,7 +151,12 @@ def _clock(seconds: float) -> str:
 def download_pairing(name: str, offline: bool = False) -> int:
     from core import catalog, fit
     from core.download import (
-        DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress, start_download,
+        DownloadCancelled,
+        DownloadFailed,
+        DownloadFinished,
+        DownloadPlanned,
+        DownloadProgress,
+        start_download,
     )
 
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):

@@ -29,7 +29,8 @@ class PairingError(Exception):
 
 def resolve_checkpoint(value: str) -> str:
     """A local directory, or a repo id resolved to its snapshot in the local Hugging Face cache."""
-    from core.loader import CheckpointError, resolve_checkpoint as resolve
+    from core.loader import CheckpointError
+    from core.loader import resolve_checkpoint as resolve
 
     try:
         return str(resolve(value))
@@ -102,7 +103,8 @@ def run(args) -> int:
     notice = None
     first = False
     if os.environ.get(FAKE_ENV):
-        from app.tui.fake_engine import FakeEngine, PairingSpec as FakeSpec
+        from app.tui.fake_engine import FakeEngine
+        from app.tui.fake_engine import PairingSpec as FakeSpec
 
         engine = FakeEngine(delay_s=float(os.environ.get(FAKE_DELAY_ENV, "0.05")))
         spec = FakeSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter")
@@ -125,8 +127,16 @@ def run(args) -> int:
     from app.tui.history import HistoryRecorder
 
     history = HistoryRecorder()  # the Store opens on its own thread, at the first use
-    app = GemmaChatApp(engine, spec, settings, key_overrides=config.key_overrides, theme=config.theme, notice=notice,
-                       history=history, config=config)
+    app = GemmaChatApp(
+        engine,
+        spec,
+        settings,
+        key_overrides=config.key_overrides,
+        theme=config.theme,
+        notice=notice,
+        history=history,
+        config=config,
+    )
     from app.tui.screens.models import ModelsOptions
     from core.keymap import resolve_keys
 

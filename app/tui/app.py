@@ -5,10 +5,9 @@ from __future__ import annotations
 from textual.app import App
 from textual.binding import Binding
 
-from core.settings import GenerationSettings
-
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.models import ModelsCommands
+from core.settings import GenerationSettings
 
 
 class GemmaChatApp(App[None]):
@@ -22,9 +21,18 @@ class GemmaChatApp(App[None]):
     models_key = "f2"
     first_run = False
 
-    def __init__(self, engine, spec, settings: GenerationSettings | None = None, *,
-                 key_overrides: dict[str, str] | None = None, theme: str | None = None,
-                 notice: str | None = None, history=None, config=None) -> None:
+    def __init__(
+        self,
+        engine,
+        spec,
+        settings: GenerationSettings | None = None,
+        *,
+        key_overrides: dict[str, str] | None = None,
+        theme: str | None = None,
+        notice: str | None = None,
+        history=None,
+        config=None,
+    ) -> None:
         super().__init__()
         self.engine = engine
         self.spec = spec

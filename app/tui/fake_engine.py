@@ -19,8 +19,8 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
@@ -188,9 +188,16 @@ class FakeEngine:
         if self.load_error:
             raise RuntimeError(self.load_error)
         self._info = PairingInfo(
-            name=spec.name, target_path=spec.target, drafter_path=spec.drafter, has_vision=self.has_vision,
-            demo=spec.demo, context_length=self.context_length, vocab_size=262144, sliding_window=512,
-            dtype="bfloat16", supports_thinking=False,
+            name=spec.name,
+            target_path=spec.target,
+            drafter_path=spec.drafter,
+            has_vision=self.has_vision,
+            demo=spec.demo,
+            context_length=self.context_length,
+            vocab_size=262144,
+            sliding_window=512,
+            dtype="bfloat16",
+            supports_thinking=False,
         )
         on_event(LoadProgress("ready", 1.0, "ready"))
         return self._info
@@ -215,14 +222,23 @@ class FakeEngine:
         self._reply_index += 1
         tokens = split_tokens(reply)
         prompt_tokens = sum(len(split_tokens(_text_of(m))) + 4 for m in messages)
-        images = sum(1 for m in messages if not isinstance(m.get("content"), str)
-                     for part in m.get("content") or () if isinstance(part, dict) and part.get("type") == "image")
+        images = sum(
+            1
+            for m in messages
+            if not isinstance(m.get("content"), str)
+            for part in m.get("content") or ()
+            if isinstance(part, dict) and part.get("type") == "image"
+        )
         if images and not self.has_vision:  # the real engine's messages
             return self._fail(stats, "this model does not take images (no vision tower loaded)", on_event)
         prompt_tokens += images * IMAGE_TOKENS
         if prompt_tokens >= self.context_length:
-            return self._fail(stats, f"the prompt is {prompt_tokens} tokens, the model's context is "
-                              f"{self.context_length}: shorten the conversation", on_event)
+            return self._fail(
+                stats,
+                f"the prompt is {prompt_tokens} tokens, the model's context is "
+                f"{self.context_length}: shorten the conversation",
+                on_event,
+            )
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))

@@ -17,17 +17,17 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import Collapsible, Static
 
+from app.tui.widgets.conversation import ReplyView, UserMessage
 from core.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
-
-from app.tui.widgets.conversation import ReplyView, UserMessage
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -76,8 +76,14 @@ class ChatRef:
 
 
 class HistoryRecorder:
-    def __init__(self, store=None, *, path: str | Path | None = None,
-                 on_error: Callable[[str], None] | None = None, export_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        store=None,
+        *,
+        path: str | Path | None = None,
+        on_error: Callable[[str], None] | None = None,
+        export_dir: str | Path | None = None,
+    ) -> None:
         self._store = store
         self._path = path
         self.on_error = on_error  # called on the writer thread with a message
@@ -123,16 +129,30 @@ class HistoryRecorder:
             self._store.close()
 
     # -- recording the current chat (UI thread) ----------------------------------------------------
-    def start_chat(self, *, pairing: str | None, target_id: str | None, drafter_id: str | None,
-                   params: dict, system_prompt: str | None) -> ChatRef:
+    def start_chat(
+        self,
+        *,
+        pairing: str | None,
+        target_id: str | None,
+        drafter_id: str | None,
+        params: dict,
+        system_prompt: str | None,
+    ) -> ChatRef:
         """Forget the current chat; the next user message creates a new one with these values."""
         self.current = ChatRef(None, 0, pairing, target_id, drafter_id, dict(params), system_prompt)
         return self.current
 
     def adopt(self, chat) -> ChatRef:
         """Continue a stored chat (a core.store.Chat)."""
-        self.current = ChatRef(chat.id, len(chat.messages), chat.pairing, chat.target_id, chat.drafter_id,
-                               dict(chat.params), chat.system_prompt)
+        self.current = ChatRef(
+            chat.id,
+            len(chat.messages),
+            chat.pairing,
+            chat.target_id,
+            chat.drafter_id,
+            dict(chat.params),
+            chat.system_prompt,
+        )
         return self.current
 
     def record_user(self, text: str, images: list[str], identity: dict | None = None) -> None:
@@ -149,8 +169,13 @@ class HistoryRecorder:
             if ref.id is not None and moved:
                 store.update_chat(ref.id, pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id)
             if ref.id is None:
-                ref.id = store.create_chat(pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id,
-                                           params=ref.params, system_prompt=ref.system_prompt)
+                ref.id = store.create_chat(
+                    pairing=ref.pairing,
+                    target_id=ref.target_id,
+                    drafter_id=ref.drafter_id,
+                    params=ref.params,
+                    system_prompt=ref.system_prompt,
+                )
             store.append_user_message(ref.id, text, attachments=[p for p in images if Path(p).is_file()])
 
         self.submit(write)
@@ -240,7 +265,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     answer (with its token colours) in the token view and the reply text."""
     full = reply.tokens.text
     plain = reply.plain
-    kept = full[len(plain) - len(answer):] if answer and plain.endswith(answer) else Text(answer)
+    kept = full[len(plain) - len(answer) :] if answer and plain.endswith(answer) else Text(answer)
     reply.tokens.set_text(kept)
     reply.chunks = [answer]
     reply._markdown_dirty = True
@@ -252,8 +277,9 @@ class RestoredReply(ReplyView):
     """A reply read back from the history: its text (no per-token origin colours: those are not
     stored), its thinking collapsed, and its stored statistics as the summary."""
 
-    def __init__(self, text: str, *, thinking: str | None = None, stats: dict | None = None,
-                 stopped: bool = False) -> None:
+    def __init__(
+        self, text: str, *, thinking: str | None = None, stats: dict | None = None, stopped: bool = False
+    ) -> None:
         super().__init__()
         self.restored_text = text
         self.restored_thinking = thinking
@@ -293,13 +319,17 @@ class HistoryActions:
         self.base_settings = dataclasses.replace(self.settings)
         self.prompt.recall_source = self.user_texts
         if recorder is not None:
-            recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
-                                system_prompt=self.settings.system_prompt)
+            recorder.start_chat(
+                **self._chat_identity(), params=chat_params(self.settings), system_prompt=self.settings.system_prompt
+            )
 
     def _chat_identity(self) -> dict:
         spec = self.spec
-        return {"pairing": spec.name, "target_id": getattr(spec, "target", None),
-                "drafter_id": getattr(spec, "drafter", None)}
+        return {
+            "pairing": spec.name,
+            "target_id": getattr(spec, "target", None),
+            "drafter_id": getattr(spec, "drafter", None),
+        }
 
     def history_user_sent(self) -> None:
         if self.recorder is not None and self.history:
@@ -316,8 +346,9 @@ class HistoryActions:
         if thinking or answer != reply.plain:
             show_thinking(reply, thinking, answer)
         if self.recorder is not None:
-            self.recorder.record_reply(answer, thinking=thinking or None, stats=done.stats,
-                                       stopped=done.stats.stop_reason == "cancelled")
+            self.recorder.record_reply(
+                answer, thinking=thinking or None, stats=done.stats, stopped=done.stats.stop_reason == "cancelled"
+            )
         return answer
 
     def history_reply_dropped(self) -> None:
@@ -344,11 +375,15 @@ class HistoryActions:
         if self._busy("start a new chat"):
             return
         self.clear_conversation()
-        self.settings = dataclasses.replace(self.base_settings or self.settings, block_size=self.settings.block_size,
-                                            drafter_enabled=self.settings.drafter_enabled)
+        self.settings = dataclasses.replace(
+            self.base_settings or self.settings,
+            block_size=self.settings.block_size,
+            drafter_enabled=self.settings.drafter_enabled,
+        )
         if self.recorder is not None:
-            self.recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
-                                     system_prompt=self.settings.system_prompt)
+            self.recorder.start_chat(
+                **self._chat_identity(), params=chat_params(self.settings), system_prompt=self.settings.system_prompt
+            )
         self.notify("New chat")
         self.prompt.focus()
 
@@ -375,8 +410,11 @@ class HistoryActions:
             await self.open_chat(chat_id)
         elif kind == "deleted":  # the open chat was deleted: it stays on screen, as a new unsaved chat
             if self.recorder is not None:
-                self.recorder.start_chat(**self._chat_identity(), params=chat_params(self.settings),
-                                         system_prompt=self.settings.system_prompt)
+                self.recorder.start_chat(
+                    **self._chat_identity(),
+                    params=chat_params(self.settings),
+                    system_prompt=self.settings.system_prompt,
+                )
                 self.clear_conversation()
 
     async def open_chat(self, chat_id: int) -> None:
@@ -403,9 +441,11 @@ class HistoryActions:
         self.clear_conversation()
         self.recorder.adopt(chat)
         base = self.base_settings or self.settings
-        self.settings = dataclasses.replace(settings_for_chat(base, chat.params, chat.system_prompt),
-                                            block_size=self.settings.block_size,
-                                            drafter_enabled=self.settings.drafter_enabled)
+        self.settings = dataclasses.replace(
+            settings_for_chat(base, chat.params, chat.system_prompt),
+            block_size=self.settings.block_size,
+            drafter_enabled=self.settings.drafter_enabled,
+        )
         widgets = []
         for m in chat.messages:
             if m.role == "user":
@@ -440,8 +480,12 @@ class HistoryActions:
             if switch(spec):
                 self.notify(f"Loading {spec.name}, the pairing this chat was with", markup=False)
                 return
-        self.notify(f"This chat was with {chat.pairing}, which is not available; it continues with "
-                    f"{self.spec.name}", severity="warning", timeout=8, markup=False)
+        self.notify(
+            f"This chat was with {chat.pairing}, which is not available; it continues with {self.spec.name}",
+            severity="warning",
+            timeout=8,
+            markup=False,
+        )
 
     # -- parameters and settings --------------------------------------------------------------------
     def supports_thinking(self) -> bool:
@@ -453,8 +497,9 @@ class HistoryActions:
 
         if isinstance(self.app.screen, ChatParamsScreen):
             return
-        self.app.push_screen(ChatParamsScreen(self.settings, thinking_available=self.supports_thinking()),
-                             self._on_params)
+        self.app.push_screen(
+            ChatParamsScreen(self.settings, thinking_available=self.supports_thinking()), self._on_params
+        )
 
     def _on_params(self, new: GenerationSettings | None) -> None:
         if new is None:
@@ -463,8 +508,9 @@ class HistoryActions:
         self.notify("Chat parameters saved; they apply from the next reply")
 
     def apply_chat_settings(self, new: GenerationSettings) -> None:
-        self.settings = dataclasses.replace(new, block_size=self.settings.block_size,
-                                            drafter_enabled=self.settings.drafter_enabled)
+        self.settings = dataclasses.replace(
+            new, block_size=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled
+        )
         if self.recorder is not None:
             self.recorder.update_params(chat_params(self.settings), self.settings.system_prompt)
 

@@ -13,8 +13,8 @@ so tuning works mid-typing too; an extra is dropped if the user's keymap binds t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from core.keymap import DESCRIPTIONS, SCOPES, resolve_keys
 
@@ -40,8 +40,18 @@ CHAT_ACTIONS: dict[str, str] = {
     "export": "Export",
     "models": "Models",  # app.tui.screens.models; in the help screen and palette
 }
-FOOTER_HIDDEN = {"attach_image", "new_chat", "chat_params", "toggle_thinking", "copy_reply", "copy_code", "export",
-                 "chats", "settings", "models"}
+FOOTER_HIDDEN = {
+    "attach_image",
+    "new_chat",
+    "chat_params",
+    "toggle_thinking",
+    "copy_reply",
+    "copy_code",
+    "export",
+    "chats",
+    "settings",
+    "models",
+}
 EXTRA_ALWAYS = {"block_size_down": "f5", "block_size_up": "f6", "toggle_auto": "f7", "toggle_drafter": "f8"}
 EXTRA_QUICK = {"help": "question_mark"}
 
@@ -73,8 +83,11 @@ def screen_keys(overrides: Mapping[str, str] | None = None) -> tuple[ScreenKey, 
             always.append(EXTRA_ALWAYS[action])
         if action in EXTRA_QUICK and EXTRA_QUICK[action] not in taken:
             quick.append(EXTRA_QUICK[action])
-        out.append(ScreenKey(action, label, DESCRIPTIONS[action], ",".join(always), ",".join(quick),
-                             action not in FOOTER_HIDDEN))
+        out.append(
+            ScreenKey(
+                action, label, DESCRIPTIONS[action], ",".join(always), ",".join(quick), action not in FOOTER_HIDDEN
+            )
+        )
     return tuple(out)
 
 

@@ -26,11 +26,22 @@ import json
 import shutil
 from pathlib import Path
 
-from .params import (Param, drafter_params, hf_to_mlx_names, mlx_name, target_params,
-                     to_mlx_layout)
-from .specs import (REAL_SHAPES, TEXT_CONFIG_KEYS, TOKENIZER_DIR, VARIANTS, VISION_CONFIG_KEYS,
-                    drafter_config, generation_config, preprocessor_config, processor_config,
-                    resolve_spec, special_ids, target_config, tokenizer_info)
+from .params import Param, drafter_params, hf_to_mlx_names, mlx_name, target_params, to_mlx_layout
+from .specs import (
+    REAL_SHAPES,
+    TEXT_CONFIG_KEYS,
+    TOKENIZER_DIR,
+    VARIANTS,
+    VISION_CONFIG_KEYS,
+    drafter_config,
+    generation_config,
+    preprocessor_config,
+    processor_config,
+    resolve_spec,
+    special_ids,
+    target_config,
+    tokenizer_info,
+)
 from .writer import GROUP_SIZE, disk_tensors, write_weights
 
 # Bump whenever the bytes a build writes change: the demo cache rebuilds on a new version.
@@ -44,10 +55,28 @@ _CHAT_TEMPLATE = TOKENIZER_DIR.parent / "chat_template.jinja"
 _THOUGHT_CHANNEL = "{%- if not think -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}"
 
 __all__ = [
-    "FACTORY_VERSION", "VARIANTS", "REAL_SHAPES", "LAYOUTS", "DTYPES", "MARKER_FILE",
-    "build_checkpoint", "build_drafter", "build_pairing", "chat_template", "resolve_spec",
-    "target_config", "drafter_config", "target_params", "drafter_params", "hf_to_mlx_names",
-    "mlx_name", "special_ids", "tokenizer_info", "Param", "TEXT_CONFIG_KEYS", "VISION_CONFIG_KEYS",
+    "FACTORY_VERSION",
+    "VARIANTS",
+    "REAL_SHAPES",
+    "LAYOUTS",
+    "DTYPES",
+    "MARKER_FILE",
+    "build_checkpoint",
+    "build_drafter",
+    "build_pairing",
+    "chat_template",
+    "resolve_spec",
+    "target_config",
+    "drafter_config",
+    "target_params",
+    "drafter_params",
+    "hf_to_mlx_names",
+    "mlx_name",
+    "special_ids",
+    "tokenizer_info",
+    "Param",
+    "TEXT_CONFIG_KEYS",
+    "VISION_CONFIG_KEYS",
 ]
 
 
@@ -107,9 +136,16 @@ def _marker(kind: str, variant: str, layout: str, dtype: str, seed: int, real_sh
     }
 
 
-def build_checkpoint(out_dir, variant: str = "e-style", layout: str = "hf", dtype: str = "float32",
-                     seed: int = 0, config_overrides: dict | None = None,
-                     full_config: dict | str | None = None, max_shard_bytes: int | None = None) -> Path:
+def build_checkpoint(
+    out_dir,
+    variant: str = "e-style",
+    layout: str = "hf",
+    dtype: str = "float32",
+    seed: int = 0,
+    config_overrides: dict | None = None,
+    full_config: dict | str | None = None,
+    max_shard_bytes: int | None = None,
+) -> Path:
     """Write a `gemma4` target checkpoint (text + vision) into `out_dir` and return it.
     `max_shard_bytes` splits the weights into hub-style shards with a `model.safetensors.index.json`."""
     if layout not in LAYOUTS:
@@ -135,15 +171,22 @@ def build_checkpoint(out_dir, variant: str = "e-style", layout: str = "hf", dtyp
     _write_json(out / "generation_config.json", generation_config())
     _write_json(out / "preprocessor_config.json", preprocessor_config(spec))
     _write_json(out / "processor_config.json", processor_config(spec))
-    _write_tokenizer(out, config["vocab_size"], chat_template(spec.get("thought_channel", False)),
-                     template_file=layout == "hf")
+    _write_tokenizer(
+        out, config["vocab_size"], chat_template(spec.get("thought_channel", False)), template_file=layout == "hf"
+    )
     real = full_config if isinstance(full_config, str) else None
     _write_json(out / MARKER_FILE, _marker("target", variant, layout, dtype, seed, real))
     return out
 
 
-def build_drafter(out_dir, variant: str = "e-style", dtype: str = "float32", seed: int = 0,
-                  config_overrides: dict | None = None, full_config: dict | str | None = None) -> Path:
+def build_drafter(
+    out_dir,
+    variant: str = "e-style",
+    dtype: str = "float32",
+    seed: int = 0,
+    config_overrides: dict | None = None,
+    full_config: dict | str | None = None,
+) -> Path:
     """Write the `gemma4_assistant` drafter for the target of the same spec (HF layout).
     `dtype` "q4" gives a bfloat16 drafter (no 4-bit drafters are published)."""
     if dtype not in DTYPES:
@@ -156,20 +199,29 @@ def build_drafter(out_dir, variant: str = "e-style", dtype: str = "float32", see
     write_weights(out, tensors, {"format": "pt"})
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config(drafter=True))
-    _write_tokenizer(out, config["text_config"]["vocab_size"], chat_template(spec.get("thought_channel", False)),
-                     template_file=False)
+    _write_tokenizer(
+        out, config["text_config"]["vocab_size"], chat_template(spec.get("thought_channel", False)), template_file=False
+    )
     real = full_config if isinstance(full_config, str) else None
     _write_json(out / MARKER_FILE, _marker("drafter", variant, "hf", weight_dtype, seed, real))
     return out
 
 
-def build_pairing(out_dir, variant: str = "e-style", layout: str = "hf", dtype: str = "float32",
-                  seed: int = 0, config_overrides: dict | None = None,
-                  full_config: dict | str | None = None, max_shard_bytes: int | None = None) -> tuple[Path, Path]:
+def build_pairing(
+    out_dir,
+    variant: str = "e-style",
+    layout: str = "hf",
+    dtype: str = "float32",
+    seed: int = 0,
+    config_overrides: dict | None = None,
+    full_config: dict | str | None = None,
+    max_shard_bytes: int | None = None,
+) -> tuple[Path, Path]:
     """A target and its drafter side by side: `<out_dir>/<name>-target`, `<out_dir>/<name>-assistant`."""
     name = full_config if isinstance(full_config, str) else variant
     root = Path(out_dir)
-    target = build_checkpoint(root / f"{name}-target", variant, layout, dtype, seed, config_overrides, full_config,
-                              max_shard_bytes)
+    target = build_checkpoint(
+        root / f"{name}-target", variant, layout, dtype, seed, config_overrides, full_config, max_shard_bytes
+    )
     drafter = build_drafter(root / f"{name}-assistant", variant, dtype, seed, config_overrides, full_config)
     return target, drafter

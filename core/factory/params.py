@@ -21,10 +21,10 @@ S, F = "sliding_attention", "full_attention"
 
 @dataclass(frozen=True)
 class Param:
-    name: str                 # name on disk
+    name: str  # name on disk
     shape: tuple[int, ...]
-    init: tuple               # ("normal", std) | ("uniform", lo, hi) | ("permutation",)
-    role: str | None = None   # "linear" | "embedding" | "router" | None
+    init: tuple  # ("normal", std) | ("uniform", lo, hi) | ("permutation",)
+    role: str | None = None  # "linear" | "embedding" | "router" | None
     source: str | None = None  # HF name that seeds the values (default: name)
     part: tuple[int, int] | None = None  # (index, count): one of `count` equal slices of the source along axis -2
 
@@ -42,7 +42,7 @@ class Param:
 
 
 def _normal_in(in_dim: int) -> tuple:
-    return ("normal", in_dim ** -0.5)
+    return ("normal", in_dim**-0.5)
 
 
 _NORM = ("uniform", 0.85, 1.15)
@@ -57,15 +57,18 @@ def _norm(name: str, dim: int) -> Param:
     return Param(f"{name}.weight", (dim,), _NORM)
 
 
-def _decoder_layer(p: str, cfg: dict, i: int, hidden: int, intermediate: int, has_kv: bool,
-                   query_only: bool = False) -> list[Param]:
+def _decoder_layer(
+    p: str, cfg: dict, i: int, hidden: int, intermediate: int, has_kv: bool, query_only: bool = False
+) -> list[Param]:
     """One Gemma 4 decoder layer under prefix `p` (target layer, or a query-only drafter layer)."""
     full = cfg["layer_types"][i] == F
     head_dim = cfg["global_head_dim"] if full else cfg["head_dim"]
     k_eq_v = cfg["attention_k_eq_v"] and full
-    kv_heads = (cfg["num_global_key_value_heads"]
-                if k_eq_v and cfg["num_global_key_value_heads"] is not None
-                else cfg["num_key_value_heads"])
+    kv_heads = (
+        cfg["num_global_key_value_heads"]
+        if k_eq_v and cfg["num_global_key_value_heads"] is not None
+        else cfg["num_key_value_heads"]
+    )
     q_width = cfg["num_attention_heads"] * head_dim
     out = [
         _norm(f"{p}.input_layernorm", hidden),
@@ -95,13 +98,17 @@ def target_text_params(cfg: dict) -> list[Param]:
     first_shared = n - cfg["num_kv_shared_layers"]
     ple = cfg["hidden_size_per_layer_input"]
     out = [
-        Param(f"{p}.embed_tokens.weight", (cfg["vocab_size"], hidden), ("normal", hidden ** -0.5), "embedding"),
+        Param(f"{p}.embed_tokens.weight", (cfg["vocab_size"], hidden), ("normal", hidden**-0.5), "embedding"),
         _norm(f"{p}.norm", hidden),
     ]
     if ple:
         out += [
-            Param(f"{p}.embed_tokens_per_layer.weight", (cfg["vocab_size_per_layer_input"], n * ple),
-                  ("normal", ple ** -0.5), "embedding"),
+            Param(
+                f"{p}.embed_tokens_per_layer.weight",
+                (cfg["vocab_size_per_layer_input"], n * ple),
+                ("normal", ple**-0.5),
+                "embedding",
+            ),
             _linear(f"{p}.per_layer_model_projection", n * ple, hidden),
             _norm(f"{p}.per_layer_projection_norm", ple),
         ]
@@ -140,13 +147,21 @@ def vision_params(vcfg: dict, text_hidden: int) -> list[Param]:
     patch_in = 3 * vcfg["patch_size"] ** 2
     out = [
         Param(f"{p}.patch_embedder.input_proj.weight", (d, patch_in), _normal_in(patch_in)),
-        Param(f"{p}.patch_embedder.position_embedding_table", (2, vcfg["position_embedding_size"], d),
-              ("normal", 0.02)),
+        Param(
+            f"{p}.patch_embedder.position_embedding_table", (2, vcfg["position_embedding_size"], d), ("normal", 0.02)
+        ),
     ]
     for i in range(vcfg["num_hidden_layers"]):
         lp = f"{p}.encoder.layers.{i}"
-        out += [_norm(f"{lp}.{n}", d) for n in ("input_layernorm", "post_attention_layernorm",
-                                                  "pre_feedforward_layernorm", "post_feedforward_layernorm")]
+        out += [
+            _norm(f"{lp}.{n}", d)
+            for n in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            )
+        ]
         out += [_norm(f"{lp}.self_attn.q_norm", hd), _norm(f"{lp}.self_attn.k_norm", hd)]
         linears = {
             "self_attn.q_proj": (vcfg["num_attention_heads"] * hd, d),
@@ -186,14 +201,15 @@ def drafter_params(config: dict) -> list[Param]:
     cfg = config["text_config"]
     hidden, backbone = cfg["hidden_size"], config["backbone_hidden_size"]
     out = [
-        Param("model.embed_tokens.weight", (cfg["vocab_size"], hidden), ("normal", hidden ** -0.5)),
+        Param("model.embed_tokens.weight", (cfg["vocab_size"], hidden), ("normal", hidden**-0.5)),
         _norm("model.norm", hidden),
         _linear("pre_projection", hidden, 2 * backbone, role=None),
         _linear("post_projection", backbone, hidden, role=None),
     ]
     for i in range(cfg["num_hidden_layers"]):
-        out += _decoder_layer(f"model.layers.{i}", cfg, i, hidden, cfg["intermediate_size"],
-                              has_kv=False, query_only=True)
+        out += _decoder_layer(
+            f"model.layers.{i}", cfg, i, hidden, cfg["intermediate_size"], has_kv=False, query_only=True
+        )
     if config["use_ordered_embeddings"]:
         out += [
             Param("masked_embedding.centroids.weight", (config["num_centroids"], hidden), _normal_in(hidden)),
@@ -204,11 +220,13 @@ def drafter_params(config: dict) -> list[Param]:
 
 def mlx_name(hf_name: str) -> str:
     """The mlx-community name of an HF target tensor (without the MoE split)."""
-    for old, new in (("model.language_model.", "language_model.model."),
-                     ("model.vision_tower.", "vision_tower."),
-                     ("model.embed_vision.", "embed_vision.")):
+    for old, new in (
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.embed_vision.", "embed_vision."),
+    ):
         if hf_name.startswith(old):
-            return new + hf_name[len(old):]
+            return new + hf_name[len(old) :]
     raise ValueError(f"not a Gemma 4 target tensor name: {hf_name}")
 
 

@@ -64,8 +64,9 @@ def _engine_figures(target_dir: Path, drafter_dir: Path, max_tokens: int = 4) ->
         engine.load(PairingSpec("smoke", str(target_dir), str(drafter_dir)), lambda e: None).result()
         figures = {"engine_load_s": round(time.perf_counter() - t0, 1)}
         for name, drafter_on in (("mtp", True), ("plain", False)):
-            settings = GenerationSettings(max_tokens=max_tokens, block_size=2, drafter_enabled=drafter_on,
-                                          ignore_eos=True)
+            settings = GenerationSettings(
+                max_tokens=max_tokens, block_size=2, drafter_enabled=drafter_on, ignore_eos=True
+            )
             done = engine.complete("Hello", settings, lambda e: None).result()
             if done.error:
                 figures[f"{name}_error"] = done.error
@@ -86,8 +87,15 @@ def _leaves(tree):
     return tree_flatten(tree)
 
 
-def smoke_one(root: Path, shape: str, dtype: str, max_tokens: int = 3, keep: bool = False,
-              prompt_tokens: int = 4, with_drafter: bool = True) -> dict:
+def smoke_one(
+    root: Path,
+    shape: str,
+    dtype: str,
+    max_tokens: int = 3,
+    keep: bool = False,
+    prompt_tokens: int = 4,
+    with_drafter: bool = True,
+) -> dict:
     import mlx.core as mx
     import mlx_lm
 
@@ -114,12 +122,18 @@ def smoke_one(root: Path, shape: str, dtype: str, max_tokens: int = 3, keep: boo
     for last in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
         tokens.append(last.token)
     report = {
-        "shape": shape, "layout": layout, "dtype": dtype,
-        "build_s": round(built, 1), "disk_gb": round(_dir_bytes(out) / 1e9, 2),
-        "load_s": round(loaded, 2), "peak_mem_after_load_gb": round(peak_load / 1e9, 2),
+        "shape": shape,
+        "layout": layout,
+        "dtype": dtype,
+        "build_s": round(built, 1),
+        "disk_gb": round(_dir_bytes(out) / 1e9, 2),
+        "load_s": round(loaded, 2),
+        "peak_mem_after_load_gb": round(peak_load / 1e9, 2),
         "peak_mem_gb": round(mx.get_peak_memory() / 1e9, 2),
-        "prompt_tokens": len(prompt), "generated_tokens": len(tokens),
-        "prompt_tps": round(last.prompt_tps, 1), "generation_tps": round(last.generation_tps, 2),
+        "prompt_tokens": len(prompt),
+        "generated_tokens": len(tokens),
+        "prompt_tps": round(last.prompt_tps, 1),
+        "generation_tps": round(last.generation_tps, 2),
         "vocab_size": model.args.vocab_size if hasattr(model.args, "vocab_size") else None,
         "text": last and tokenizer.decode(tokens)[:80],
     }

@@ -32,23 +32,63 @@ ROPE_PARAMETERS = {
 # The order of the keys in a real Gemma 4 text_config. Every key is always written: mlx-lm's
 # defaults differ from HF's, so a missing key builds a different model there.
 TEXT_CONFIG_KEYS = (
-    "model_type", "vocab_size", "hidden_activation", "rms_norm_eps", "max_position_embeddings",
-    "attention_bias", "attention_dropout", "rope_parameters", "sliding_window",
-    "final_logit_softcapping", "tie_word_embeddings", "use_bidirectional_attention",
-    "pad_token_id", "eos_token_id", "bos_token_id", "initializer_range", "use_cache",
-    "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
-    "num_attention_heads", "num_key_value_heads", "num_global_key_value_heads", "head_dim",
-    "global_head_dim", "attention_k_eq_v", "num_kv_shared_layers", "hidden_size_per_layer_input",
-    "vocab_size_per_layer_input", "use_double_wide_mlp", "enable_moe_block", "num_experts",
-    "top_k_experts", "moe_intermediate_size",
+    "model_type",
+    "vocab_size",
+    "hidden_activation",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "attention_bias",
+    "attention_dropout",
+    "rope_parameters",
+    "sliding_window",
+    "final_logit_softcapping",
+    "tie_word_embeddings",
+    "use_bidirectional_attention",
+    "pad_token_id",
+    "eos_token_id",
+    "bos_token_id",
+    "initializer_range",
+    "use_cache",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "layer_types",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_global_key_value_heads",
+    "head_dim",
+    "global_head_dim",
+    "attention_k_eq_v",
+    "num_kv_shared_layers",
+    "hidden_size_per_layer_input",
+    "vocab_size_per_layer_input",
+    "use_double_wide_mlp",
+    "enable_moe_block",
+    "num_experts",
+    "top_k_experts",
+    "moe_intermediate_size",
 )
 
 VISION_CONFIG_KEYS = (
-    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_activation", "rms_norm_eps",
-    "max_position_embeddings", "attention_bias", "attention_dropout", "rope_parameters",
-    "pooling_kernel_size", "patch_size", "position_embedding_size", "use_clipped_linears",
-    "standardize", "initializer_range",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_activation",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "attention_bias",
+    "attention_dropout",
+    "rope_parameters",
+    "pooling_kernel_size",
+    "patch_size",
+    "position_embedding_size",
+    "use_clipped_linears",
+    "standardize",
+    "initializer_range",
 )
 
 _TEXT_COMMON = {
@@ -91,8 +131,14 @@ _VISION_COMMON = {
 }
 
 _TINY_VISION = {
-    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 2, "head_dim": 16, "position_embedding_size": 1024, "soft_tokens": 280,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "position_embedding_size": 1024,
+    "soft_tokens": 280,
 }
 
 _DRAFTER_DENSE_HEAD = {"use_ordered_embeddings": False, "num_centroids": 2048, "centroid_intermediate_top_k": 32}
@@ -105,15 +151,26 @@ VARIANTS: dict[str, dict] = {
     # clipped vision linears, centroid-head drafter.
     "e-style": {
         "text": {
-            "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 6,
+            "hidden_size": 128,
+            "intermediate_size": 128,
+            "num_hidden_layers": 6,
             "layer_types": [S, S, F, S, S, F],
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "global_head_dim": 64,
-            "num_kv_shared_layers": 3, "hidden_size_per_layer_input": 64, "use_double_wide_mlp": True,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "num_kv_shared_layers": 3,
+            "hidden_size_per_layer_input": 64,
+            "use_double_wide_mlp": True,
         },
         "vision": {**_TINY_VISION, "use_clipped_linears": True, "standardize": False},
         "drafter": {
-            "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-            "use_ordered_embeddings": True, "num_centroids": 32, "centroid_intermediate_top_k": 8,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "use_ordered_embeddings": True,
+            "num_centroids": 32,
+            "centroid_intermediate_top_k": 8,
         },
         "thought_channel": False,
     },
@@ -121,12 +178,21 @@ VARIANTS: dict[str, dict] = {
     # bidirectional image attention, standardised vision output, tied dense-head drafter.
     "moe-style": {
         "text": {
-            "hidden_size": 192, "intermediate_size": 128, "num_hidden_layers": 5,
+            "hidden_size": 192,
+            "intermediate_size": 128,
+            "num_hidden_layers": 5,
             "layer_types": [S, S, F, S, F],
-            "num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1,
-            "head_dim": 32, "global_head_dim": 64, "attention_k_eq_v": True,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "attention_k_eq_v": True,
             "use_bidirectional_attention": "vision",
-            "enable_moe_block": True, "num_experts": 6, "top_k_experts": 3, "moe_intermediate_size": 64,
+            "enable_moe_block": True,
+            "num_experts": 6,
+            "top_k_experts": 3,
+            "moe_intermediate_size": 64,
         },
         "vision": {**_TINY_VISION, "use_clipped_linears": False, "standardize": True},
         "drafter": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, **_DRAFTER_DENSE_HEAD},
@@ -135,10 +201,16 @@ VARIANTS: dict[str, dict] = {
     # 31B-like: dense, no PLE, no KV sharing, k_eq_v, a full layer before the last one.
     "dense-style": {
         "text": {
-            "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 5,
+            "hidden_size": 256,
+            "intermediate_size": 384,
+            "num_hidden_layers": 5,
             "layer_types": [S, F, S, S, F],
-            "num_attention_heads": 4, "num_key_value_heads": 2, "num_global_key_value_heads": 1,
-            "head_dim": 32, "global_head_dim": 64, "attention_k_eq_v": True,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "attention_k_eq_v": True,
             "use_bidirectional_attention": "vision",
         },
         "vision": {**_TINY_VISION, "use_clipped_linears": False, "standardize": True},
@@ -148,9 +220,16 @@ VARIANTS: dict[str, dict] = {
 }
 
 _E_VISION_REAL = {
-    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
-    "num_key_value_heads": 12, "head_dim": 64, "position_embedding_size": 10240, "soft_tokens": 280,
-    "use_clipped_linears": True, "standardize": False,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "head_dim": 64,
+    "position_embedding_size": 10240,
+    "soft_tokens": 280,
+    "use_clipped_linears": True,
+    "standardize": False,
 }
 
 
@@ -161,16 +240,29 @@ def _every(n_layers: int, period: int) -> list[str]:
 # Real shapes (reference/real-configs.md, high confidence) for the opt-in slow smoke test.
 # The E2B and E4B assistants share their shape (hidden 256, centroid head); only the backbone differs.
 _E_DRAFTER_REAL = {
-    "hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 4,
-    "use_ordered_embeddings": True, "num_centroids": 2048, "centroid_intermediate_top_k": 32,
+    "hidden_size": 256,
+    "intermediate_size": 2048,
+    "num_attention_heads": 4,
+    "use_ordered_embeddings": True,
+    "num_centroids": 2048,
+    "centroid_intermediate_top_k": 32,
 }
 REAL_SHAPES: dict[str, dict] = {
     "E2B": {
         "text": {
-            "vocab_size": 262144, "hidden_size": 1536, "intermediate_size": 6144, "num_hidden_layers": 35,
-            "layer_types": _every(35, 5), "sliding_window": 512,
-            "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
-            "num_kv_shared_layers": 20, "hidden_size_per_layer_input": 256, "use_double_wide_mlp": True,
+            "vocab_size": 262144,
+            "hidden_size": 1536,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 35,
+            "layer_types": _every(35, 5),
+            "sliding_window": 512,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "num_kv_shared_layers": 20,
+            "hidden_size_per_layer_input": 256,
+            "use_double_wide_mlp": True,
         },
         "vision": _E_VISION_REAL,
         "drafter": _E_DRAFTER_REAL,
@@ -178,10 +270,19 @@ REAL_SHAPES: dict[str, dict] = {
     },
     "E4B": {
         "text": {
-            "vocab_size": 262144, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 42,
-            "layer_types": _every(42, 6), "sliding_window": 512,
-            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512,
-            "num_kv_shared_layers": 18, "hidden_size_per_layer_input": 256, "use_double_wide_mlp": False,
+            "vocab_size": 262144,
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "num_hidden_layers": 42,
+            "layer_types": _every(42, 6),
+            "sliding_window": 512,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "num_kv_shared_layers": 18,
+            "hidden_size_per_layer_input": 256,
+            "use_double_wide_mlp": False,
         },
         "vision": _E_VISION_REAL,
         "drafter": _E_DRAFTER_REAL,
@@ -190,8 +291,9 @@ REAL_SHAPES: dict[str, dict] = {
 }
 
 
-def resolve_spec(variant: str = "e-style", full_config: dict | str | None = None,
-                 config_overrides: dict | None = None) -> dict:
+def resolve_spec(
+    variant: str = "e-style", full_config: dict | str | None = None, config_overrides: dict | None = None
+) -> dict:
     """The spec to build. `full_config` (a REAL_SHAPES name or a whole spec) replaces the variant;
     `config_overrides` then updates it: keys `text_config`, `vision_config`, `drafter` update those
     parts, `thought_channel` sets the flag, and any other key goes into the text config."""
@@ -226,6 +328,7 @@ def resolve_spec(variant: str = "e-style", full_config: dict | str | None = None
 
 # -- tokenizer -----------------------------------------------------------------------------------
 
+
 @lru_cache(maxsize=1)
 def tokenizer_info() -> dict:
     """Special ids and the vocab size of the packaged tokenizer, read from its files."""
@@ -257,6 +360,7 @@ def special_ids() -> dict:
 
 
 # -- configs ------------------------------------------------------------------------------------
+
 
 def text_config(spec: dict) -> dict:
     ids = special_ids()
@@ -318,23 +422,25 @@ def drafter_config(spec: dict, dtype_name: str) -> dict:
     target = text_config(spec)
     d = spec["drafter"]
     text = dict(target)
-    text.update({
-        "final_logit_softcapping": None,
-        "use_bidirectional_attention": None,
-        "hidden_size": d["hidden_size"],
-        "intermediate_size": d["intermediate_size"],
-        "num_hidden_layers": 4,
-        "layer_types": [S, S, S, F],
-        "num_attention_heads": d["num_attention_heads"],
-        "num_kv_shared_layers": 4,
-        "hidden_size_per_layer_input": 0,
-        "vocab_size_per_layer_input": 0,
-        "use_double_wide_mlp": False,
-        "enable_moe_block": False,
-        "num_experts": None,
-        "top_k_experts": None,
-        "moe_intermediate_size": None,
-    })
+    text.update(
+        {
+            "final_logit_softcapping": None,
+            "use_bidirectional_attention": None,
+            "hidden_size": d["hidden_size"],
+            "intermediate_size": d["intermediate_size"],
+            "num_hidden_layers": 4,
+            "layer_types": [S, S, S, F],
+            "num_attention_heads": d["num_attention_heads"],
+            "num_kv_shared_layers": 4,
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "use_double_wide_mlp": False,
+            "enable_moe_block": False,
+            "num_experts": None,
+            "top_k_experts": None,
+            "moe_intermediate_size": None,
+        }
+    )
     return {
         "architectures": ["Gemma4AssistantForCausalLM"],
         "model_type": "gemma4_assistant",

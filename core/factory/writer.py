@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -118,17 +118,18 @@ def disk_tensors(params: list[Param], dtype: str, seed: int) -> tuple[list[DiskT
     per_path: dict = {}
     for p in sorted(params, key=lambda q: q.name):
         if p.init[0] == "permutation":
-            out.append(DiskTensor(p.name, "int64", p.shape,
-                                  lambda p=p: (c.tobytes() for c in float_chunks(p, seed))))
+            out.append(DiskTensor(p.name, "int64", p.shape, lambda p=p: (c.tobytes() for c in float_chunks(p, seed))))
             continue
         bits = quant_bits(p) if dtype == "q4" else None
         if bits is None:
             if dtype == "float32":
-                out.append(DiskTensor(p.name, "float32", p.shape,
-                                      lambda p=p: (c.tobytes() for c in float_chunks(p, seed))))
+                out.append(
+                    DiskTensor(p.name, "float32", p.shape, lambda p=p: (c.tobytes() for c in float_chunks(p, seed)))
+                )
             else:
-                out.append(DiskTensor(p.name, "bfloat16", p.shape,
-                                      lambda p=p: (_bf16_bytes(c) for c in float_chunks(p, seed))))
+                out.append(
+                    DiskTensor(p.name, "bfloat16", p.shape, lambda p=p: (_bf16_bytes(c) for c in float_chunks(p, seed)))
+                )
             continue
         stem = p.name.removesuffix(".weight")
         q = _QuantStream(p, seed, bits)
@@ -146,8 +147,11 @@ def write_safetensors(path: Path, tensors: list[DiskTensor], metadata: dict[str,
     header: dict = {}
     offset = 0
     for t in tensors:
-        header[t.name] = {"dtype": _ST_CODES[t.dtype][0], "shape": list(t.shape),
-                          "data_offsets": [offset, offset + t.nbytes]}
+        header[t.name] = {
+            "dtype": _ST_CODES[t.dtype][0],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
         offset += t.nbytes
     ordered = {"__metadata__": metadata, **{k: header[k] for k in sorted(header)}}
     blob = json.dumps(ordered, separators=(",", ":")).encode("utf-8")
@@ -164,8 +168,9 @@ def write_safetensors(path: Path, tensors: list[DiskTensor], metadata: dict[str,
                 raise AssertionError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
 
 
-def write_weights(out: Path, tensors: list[DiskTensor], metadata: dict[str, str],
-                  max_shard_bytes: int | None = None) -> list[str]:
+def write_weights(
+    out: Path, tensors: list[DiskTensor], metadata: dict[str, str], max_shard_bytes: int | None = None
+) -> list[str]:
     """`model.safetensors`, or with `max_shard_bytes` the hub's sharded form:
     `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`. Returns the file names."""
     if not max_shard_bytes:
@@ -185,7 +190,9 @@ def write_weights(out: Path, tensors: list[DiskTensor], metadata: dict[str, str]
     for name, shard in zip(names, shards):
         write_safetensors(out / name, shard, metadata)
         weight_map.update({t.name: name for t in shard})
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
-             "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}
+    index = {
+        "metadata": {"total_size": sum(t.nbytes for t in tensors)},
+        "weight_map": {k: weight_map[k] for k in sorted(weight_map)},
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return names

@@ -12,9 +12,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
-from core.settings import GenerationSettings
-
 from app.resources import style_path
 from app.tui import keys
 from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
@@ -25,6 +22,8 @@ from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_conten
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
+from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.settings import GenerationSettings
 
 MAX_BLOCK = 16
 
@@ -84,8 +83,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
-    def __init__(self, engine, spec, settings: GenerationSettings | None = None,
-                 key_overrides: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, engine, spec, settings: GenerationSettings | None = None, key_overrides: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.screen_keys = keys.screen_keys(key_overrides)
         bind_keys(self._bindings, self.screen_keys)

@@ -17,10 +17,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
+from app.resources import style_path
 from core.config import SAMPLING
 from core.settings import GenerationSettings
-
-from app.resources import style_path
 
 # field -> (label, kind): kind "int" / "float" / "seed" (an int, or empty for a random seed)
 SAMPLING_FIELDS: dict[str, tuple[str, str]] = {
@@ -85,14 +84,22 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
             yield Static("This chat's parameters (from the next reply)", id="params-title")
             with VerticalScroll(id="params-form"):
                 yield Label("System prompt", classes="form-label")
-                yield TextArea(s.system_prompt or "", id="params-system_prompt", soft_wrap=True,
-                               tab_behavior="focus", compact=True)
+                yield TextArea(
+                    s.system_prompt or "", id="params-system_prompt", soft_wrap=True, tab_behavior="focus", compact=True
+                )
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
                     yield form_row(label, Input(shown(getattr(s, name)), id=f"params-{name}", compact=True), note)
                 note = "" if self.thinking_available else "this pairing's chat template has no thinking mode"
-                yield form_row("Thinking", Switch(s.thinking and self.thinking_available, id="params-thinking",
-                                                  disabled=not self.thinking_available), note)
+                yield form_row(
+                    "Thinking",
+                    Switch(
+                        s.thinking and self.thinking_available,
+                        id="params-thinking",
+                        disabled=not self.thinking_available,
+                    ),
+                    note,
+                )
             yield Static("", id="params-error", markup=False)
             with Horizontal(id="params-buttons"):
                 yield Button("Cancel", id="params-cancel", compact=True)

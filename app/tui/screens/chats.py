@@ -95,9 +95,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
             yield Static(Text("Chats", style="bold"), id="chats-title")
             yield Input(placeholder="Search titles and messages…", id="chats-search")
             yield OptionList(id="chats-list")
-            yield Static(
-                "Enter open · ↑↓ choose · ^N new · ^R rename · Del delete · Esc close", id="chats-help"
-            )
+            yield Static("Enter open · ↑↓ choose · ^N new · ^R rename · Del delete · Esc close", id="chats-help")
 
     def on_mount(self) -> None:
         self.query_one("#chats-search", Input).focus()
@@ -130,8 +128,9 @@ class ChatListScreen(ModalScreen[tuple | None]):
             ol.highlighted = ids.index(highlighted) if highlighted in ids else 0
         empty = "No chat matches." if query.strip() else "No saved chats yet."
         self.query_one("#chats-title", Static).update(
-            Text.assemble(("Chats", "bold"), f"  {len(rows)} found" if query.strip() else "",
-                          "" if rows else f"  {empty}")
+            Text.assemble(
+                ("Chats", "bold"), f"  {len(rows)} found" if query.strip() else "", "" if rows else f"  {empty}"
+            )
         )
         self.loaded = True
 
@@ -205,8 +204,11 @@ class ChatListScreen(ModalScreen[tuple | None]):
 
         n = summary.message_count
         self.app.push_screen(
-            ConfirmScreen(f"Delete “{summary.title}”?", yes="Delete",
-                          detail=f"{n} message{'s' if n != 1 else ''}; this cannot be undone."),
+            ConfirmScreen(
+                f"Delete “{summary.title}”?",
+                yes="Delete",
+                detail=f"{n} message{'s' if n != 1 else ''}; this cannot be undone.",
+            ),
             answered,
         )
 

@@ -48,8 +48,9 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("y", "answer(True)", "Yes", priority=True),
     ]
 
-    def __init__(self, question: str, *, detail: str = "", yes: str = "Yes", no: str = "No",
-                 danger: bool = True) -> None:
+    def __init__(
+        self, question: str, *, detail: str = "", yes: str = "Yes", no: str = "No", danger: bool = True
+    ) -> None:
         super().__init__()
         self.question = question
         self.detail = detail

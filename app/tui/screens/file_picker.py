@@ -7,8 +7,8 @@ the chosen path, or None. Previews are read in a thread worker; the newest highl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from textual import work
 from textual.app import ComposeResult

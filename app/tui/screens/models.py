@@ -118,7 +118,12 @@ def entry_state(entry) -> str:
 def demo_row() -> Row:
     cells = (
         Text("demo — tiny random weights, offline", style="bold"),
-        Text("ready", style="green"), "—", "< 0.1 GB", Text("ok", style="green"), "—", "auto",
+        Text("ready", style="green"),
+        "—",
+        "< 0.1 GB",
+        Text("ok", style="green"),
+        "—",
+        "auto",
         "built locally",
     )
     return Row(DEMO_KEY, "demo", cells=cells)
@@ -146,7 +151,12 @@ def other_row(ckpt) -> Row:
     cells = (
         f"{st.repo_id}  ({kind})",
         status_text("ready" if st.complete else "partial", st.size_on_disk),
-        gb(st.size_on_disk), "—", "—", "—", "—", "in cache",
+        gb(st.size_on_disk),
+        "—",
+        "—",
+        "—",
+        "—",
+        "in cache",
     )
     return Row(OTHER_PREFIX + st.repo_id, "other", other=ckpt, cells=cells)
 
@@ -154,10 +164,13 @@ def other_row(ckpt) -> Row:
 def intro_text(ready: str | None) -> str:
     demo = "the offline demo (tiny random weights: it babbles, but the speculative decoding is real)"
     if ready is None:
-        return (f"Welcome! No pairing is set up yet. Press Enter to start {demo}, "
-                "or pick a pairing below and press d to download it.")
-    return (f"Welcome! {ready} is downloaded: press Enter to use it, "
-            f"or choose {demo}, or download another pairing with d.")
+        return (
+            f"Welcome! No pairing is set up yet. Press Enter to start {demo}, "
+            "or pick a pairing below and press d to download it."
+        )
+    return (
+        f"Welcome! {ready} is downloaded: press Enter to use it, or choose {demo}, or download another pairing with d."
+    )
 
 
 def details_for(row: Row) -> str:
@@ -169,8 +182,11 @@ def details_for(row: Row) -> str:
     if row.kind == "other":
         st = row.other.status
         kind = "drafter" if row.other.model_type == "gemma4_assistant" else "target"
-        use = "Enter: use it as the target without a drafter" if kind == "target" else (
-            "a drafter: pair it with its target via --model/--drafter")
+        use = (
+            "Enter: use it as the target without a drafter"
+            if kind == "target"
+            else ("a drafter: pair it with its target via --model/--drafter")
+        )
         return f"{st.repo_id}: a Gemma 4 {kind} in the Hugging Face cache ({st.state}, {gb(st.size_on_disk)}). {use}. r: remove."
     e = row.entry
     p = e.pairing
@@ -195,8 +211,14 @@ class ModelsScreen(Screen):
         Binding("escape", "close", "Back"),
     ]
 
-    def __init__(self, options: ModelsOptions | None = None, *, highlight: str | None = None,
-                 first_run: bool = False, close_keys: str = "f2") -> None:
+    def __init__(
+        self,
+        options: ModelsOptions | None = None,
+        *,
+        highlight: str | None = None,
+        first_run: bool = False,
+        close_keys: str = "f2",
+    ) -> None:
         super().__init__()
         self.options = options or ModelsOptions()
         self.highlight = highlight
@@ -218,8 +240,9 @@ class ModelsScreen(Screen):
         self.notice = Static("", id="models-message")
 
     def compose(self) -> ComposeResult:
-        yield Static(Text("Models", style="bold") + Text("  a Gemma 4 target + its MTP drafter", style="dim"),
-                     id="models-title")
+        yield Static(
+            Text("Models", style="bold") + Text("  a Gemma 4 target + its MTP drafter", style="dim"), id="models-title"
+        )
         if self.first_run:
             yield Static(intro_text(None), id="models-intro")
         yield Static("", id="models-machine")
@@ -375,7 +398,11 @@ class ModelsScreen(Screen):
 
     def _drain_download(self) -> None:
         from core.download import (
-            DownloadCancelled, DownloadFailed, DownloadFinished, DownloadPlanned, DownloadProgress,
+            DownloadCancelled,
+            DownloadFailed,
+            DownloadFinished,
+            DownloadPlanned,
+            DownloadProgress,
         )
 
         handle = self.download_handle
@@ -383,8 +410,7 @@ class ModelsScreen(Screen):
             if isinstance(ev, DownloadPlanned):
                 self.bar.update(total=max(ev.to_download_bytes, 1), progress=ev.to_download_bytes - ev.needed_bytes)
                 self.progress.update(
-                    f"{gb(ev.to_download_bytes)} to fetch ({gb(ev.needed_bytes)} new, "
-                    f"{gb(ev.free_bytes)} free on disk)"
+                    f"{gb(ev.to_download_bytes)} to fetch ({gb(ev.needed_bytes)} new, {gb(ev.free_bytes)} free on disk)"
                 )
             elif isinstance(ev, DownloadProgress):
                 self.last_progress = ev
@@ -553,8 +579,10 @@ class ModelsScreen(Screen):
             self.say(f"{row.key}: nothing to remove (not in the cache).")
             return
         chat = self.chat
-        in_use = chat is not None and chat.spec is not None and any(
-            repo_in_path(r, p) for r in doomed for p in (chat.spec.target, chat.spec.drafter or "")
+        in_use = (
+            chat is not None
+            and chat.spec is not None
+            and any(repo_in_path(r, p) for r in doomed for p in (chat.spec.target, chat.spec.drafter or ""))
         )
         if in_use:
             self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
@@ -569,7 +597,8 @@ class ModelsScreen(Screen):
         from app.tui.screens.confirm import ConfirmScreen
 
         self.app.push_screen(
-            ConfirmScreen(f"Remove {row.key}?", detail=detail, yes="Remove"), partial(self._confirmed_remove, row.key, doomed)
+            ConfirmScreen(f"Remove {row.key}?", detail=detail, yes="Remove"),
+            partial(self._confirmed_remove, row.key, doomed),
         )
 
     def _confirmed_remove(self, name: str, doomed: list[str], yes: bool | None) -> None:
@@ -593,8 +622,9 @@ class ModelsScreen(Screen):
     def action_close(self) -> None:
         if self.downloading:
             # Nobody would drain the child once this screen is gone: stop it; d resumes later.
-            self.app.notify(f"Download of {self.download_name} paused: d on the Models screen resumes it.",
-                            severity="warning")
+            self.app.notify(
+                f"Download of {self.download_name} paused: d on the Models screen resumes it.", severity="warning"
+            )
             self._stop_download()
         self.dismiss()
 

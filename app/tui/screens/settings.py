@@ -17,10 +17,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Select, Static, Switch
 
-from core.config import IMAGE_BUDGETS, Config, ConfigError, load_config, save_config
-
 from app.resources import style_path
 from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, form_row, parse_field, shown
+from core.config import IMAGE_BUDGETS, Config, ConfigError, load_config, save_config
 
 
 def parse_block_size(text: str) -> int | str:
@@ -54,24 +53,32 @@ class SettingsScreen(ModalScreen[Config | None]):
             yield Static("Settings", id="settings-title")
             yield Static("", id="settings-file", markup=False)
             with VerticalScroll(id="settings-form"):
-                yield form_row("Default pairing",
-                               Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
-                               "opened at start; empty = the demo")
+                yield form_row(
+                    "Default pairing",
+                    Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
+                    "opened at start; empty = the demo",
+                )
                 yield form_row("Block size", Input(id="set-block_size", compact=True), '1..16 or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
                     yield form_row(label, Input(id=f"set-{name}", compact=True), note)
-                yield form_row("System prompt", Input(id="set-system_prompt", placeholder="none", compact=True),
-                               "for new chats")
+                yield form_row(
+                    "System prompt", Input(id="set-system_prompt", placeholder="none", compact=True), "for new chats"
+                )
                 yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, where the model can")
                 themes = sorted(self.app.available_themes)
                 theme = self.app.theme if self.app.theme in themes else themes[0]
-                yield form_row("Theme", Select([(t, t) for t in themes], id="set-theme", allow_blank=False,
-                                               compact=True, value=theme))
+                yield form_row(
+                    "Theme",
+                    Select([(t, t) for t in themes], id="set-theme", allow_blank=False, compact=True, value=theme),
+                )
                 yield form_row("Offline", Switch(id="set-offline"), "never touch the network")
                 budgets = [(str(b), b) for b in IMAGE_BUDGETS]
-                yield form_row("Image budget", Select(budgets, id="set-image_budget", compact=True, allow_blank=False,
-                                                      value=280), "soft tokens per image")
+                yield form_row(
+                    "Image budget",
+                    Select(budgets, id="set-image_budget", compact=True, allow_blank=False, value=280),
+                    "soft tokens per image",
+                )
             yield Static("", id="settings-error", markup=False)
             with Horizontal(id="settings-buttons"):
                 yield Button("Cancel", id="settings-cancel", compact=True)
@@ -94,13 +101,15 @@ class SettingsScreen(ModalScreen[Config | None]):
     def _load_failed(self, e: ConfigError) -> None:
         self.query_one("#settings-file", Static).update(str(e.path))
         self.query_one("#settings-error", Static).update(
-            "The config file has problems; fix it in an editor first:\n" + "\n".join(e.problems))
+            "The config file has problems; fix it in an editor first:\n" + "\n".join(e.problems)
+        )
 
     def _fill(self, config: Config) -> None:
         self.config = config
         self.query_one("#settings-file", Static).update(str(config.path))
         values = {
-            "default_pairing": shown(config.default_pairing), "block_size": shown(config.block_size),
+            "default_pairing": shown(config.default_pairing),
+            "block_size": shown(config.block_size),
             "system_prompt": shown(config.system_prompt),
             **{name: shown(getattr(config.sampling, name)) for name in SAMPLING_FIELDS},
         }

@@ -11,7 +11,7 @@ focused one; a click on a chip removes it too.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -53,8 +53,9 @@ class AttachmentBar(Horizontal):
 
     DEFAULT_CSS = "AttachmentBar { height: auto; padding: 0 1; } AttachmentBar.-empty { display: none; }"
 
-    def __init__(self, pairing: Callable[[], object] = lambda: None,
-                 return_focus: Callable[[], None] | None = None, **kwargs) -> None:
+    def __init__(
+        self, pairing: Callable[[], object] = lambda: None, return_focus: Callable[[], None] | None = None, **kwargs
+    ) -> None:
         super().__init__(classes="-empty", **kwargs)
         self._pairing = pairing  # the engine's PairingInfo, or None while loading
         self._return_focus = return_focus
@@ -84,8 +85,13 @@ class AttachmentBar(Horizontal):
                 on_done(True)
             return
         self.checking += len(paths)
-        self.run_worker(lambda: self._check(list(paths), on_done), thread=True, group="attach",
-                        name="check-images", exit_on_error=False)
+        self.run_worker(
+            lambda: self._check(list(paths), on_done),
+            thread=True,
+            group="attach",
+            name="check-images",
+            exit_on_error=False,
+        )
 
     def _check(self, paths: list[str], on_done: Done | None) -> None:
         from core.image import ImageError
@@ -167,12 +173,12 @@ def parse_image_command(text: str) -> tuple[list[str], str] | None:
     stripped = text.strip()
     if stripped != IMAGE_COMMAND and not stripped.startswith(IMAGE_COMMAND + " "):
         return None
-    rest = stripped[len(IMAGE_COMMAND):].lstrip()
+    rest = stripped[len(IMAGE_COMMAND) :].lstrip()
     words = split_words(rest)
     if not words:
         return [], ""
     first = file_path(words[0].value)
-    found = find_image_paths(rest[words[0].end:].lstrip())
+    found = find_image_paths(rest[words[0].end :].lstrip())
     return [first, *(p for p in found.paths if p != first)], found.text.strip()
 
 

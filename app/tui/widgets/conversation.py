@@ -22,9 +22,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
-from core.events import TokenEvent, TurnDone
-
 from app.tui.live_stats import summary_line
+from core.events import TokenEvent, TurnDone
 
 DRAFT_COLOR = "#56B4E9"
 TARGET_COLOR = "#E69F00"
@@ -345,7 +344,7 @@ class ReplyView(Vertical):
         if text == streamed:
             return
         if text.startswith(streamed):
-            self.tokens.append_plain(text[len(streamed):])
+            self.tokens.append_plain(text[len(streamed) :])
         self.chunks = [text]
 
     def flush_markdown(self) -> None:

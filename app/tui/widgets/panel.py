@@ -94,12 +94,14 @@ class StatsPanel(Vertical):
             block = f"auto{chose}"
         else:
             block = f"{s.block_setting} (manual)"
-        _set(self.tuning,
+        _set(
+            self.tuning,
             f"Drafter     {'none (plain decoding)' if not s.has_drafter else 'on' if s.drafter_enabled else 'off'}\n"
-            f"Block size  {block}"
+            f"Block size  {block}",
         )
         acc = None if s.acceptance is None else s.acceptance * 100
-        _set(self.figures,
+        _set(
+            self.figures,
             f"Acceptance  {_num(acc, '.0f')}{'' if acc is None else ' %'}\n"
             f"Tok/round   {_num(s.tokens_per_round, '.2f')}\n"
             f"Decode      {_num(s.decode_tps, '.1f')} tok/s\n"
@@ -107,7 +109,7 @@ class StatsPanel(Vertical):
             f"TTFT        {_num(None if s.ttft_s is None else s.ttft_s * 1000, '.0f')}"
             f"{'' if s.ttft_s is None else ' ms'}\n"
             f"Peak mem    {format_bytes(s.peak_memory_bytes)}\n"
-            f"Tok/round, last {len(s.recent_per_round)} rounds:"
+            f"Tok/round, last {len(s.recent_per_round)} rounds:",
         )
         data = list(s.recent_per_round)
         if data != self.spark.data:

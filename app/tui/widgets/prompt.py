@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from textual import events
 from textual.widgets import TextArea
@@ -17,6 +17,7 @@ class PromptArea(TextArea, inherit_bindings=False):
     # TextArea's own keys minus f6/f7 (select line / all), which the screen uses for tuning; with
     # them gone the footer also lists the screen's keys in the screen's order.
     BINDINGS = [b for b in TextArea.BINDINGS if not {"f6", "f7"} & set(getattr(b, "key", "").split(","))]
+
     def __init__(self, quick: dict[str, str] | None = None, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self._quick = quick if quick is not None else quick_actions()
@@ -43,11 +44,7 @@ class PromptArea(TextArea, inherit_bindings=False):
             return
         # Plain tuning keys act only while nothing is typed; otherwise they are text. Letters (a, d)
         # start many messages, so on an empty prompt they act only while a reply is streaming.
-        if (
-            not self.text
-            and event.key in self._quick
-            and (self.live or not (event.character or "").isalpha())
-        ):
+        if not self.text and event.key in self._quick and (self.live or not (event.character or "").isalpha()):
             event.stop()
             event.prevent_default()
             self.post_message(QuickKey(self._quick[event.key]))

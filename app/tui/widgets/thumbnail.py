@@ -77,8 +77,9 @@ def soft_tokens(info: ImageInfo, pairing) -> tuple[int, int] | None:
     target = getattr(pairing, "target_path", None) if pairing is not None else None
     try:
         config = ImageProcessorConfig.from_model_dir(target) if target else ImageProcessorConfig()
-        count = soft_token_count(info.height, info.width, config.max_soft_tokens,
-                                 config.patch_size, config.pooling_kernel_size)
+        count = soft_token_count(
+            info.height, info.width, config.max_soft_tokens, config.patch_size, config.pooling_kernel_size
+        )
     except (ImageError, ValueError, TypeError):
         return None
     return count, config.max_soft_tokens
@@ -96,6 +97,7 @@ def describe(info: ImageInfo, pairing=None) -> str:
 
 
 # -- drawing ----------------------------------------------------------------------------------
+
 
 def thumbnail_mode() -> str:
     mode = os.environ.get(MODE_ENV, "auto").strip().lower()
@@ -147,8 +149,10 @@ def halfcell_text(image, max_width: int, max_height: int) -> Text:
     for y in range(0, rows, 2):
         for x in range(cols):
             top, bottom = px[x, y], px[x, y + 1]
-            text.append("▀", Style(color=f"rgb({top[0]},{top[1]},{top[2]})",
-                                   bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"))
+            text.append(
+                "▀",
+                Style(color=f"rgb({top[0]},{top[1]},{top[2]})", bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"),
+            )
         if y + 2 < rows:
             text.append("\n")
     return text
