@@ -2,7 +2,8 @@
 """The README's two set-up commands: `python3 dev.py run` and `python3 dev.py test`.
 
 Needs only Python >= 3.11 with venv and pip. Creates ./.venv on first use, installs gemma-chat
-into it (editable, with the test extra for `test`), and reinstalls when pyproject.toml changes.
+into it (editable, with the test and dev extras for `test`: `test` runs the linters, formatter
+check, type checks and import contracts before pytest), and reinstalls when pyproject.toml changes.
 """
 
 from __future__ import annotations
@@ -43,8 +44,21 @@ def run(args: list[str]) -> int:
     return subprocess.call([str(BIN / "gemma-chat"), *args])
 
 
+# Static checks that run before the tests; each must pass (configured in pyproject.toml).
+CHECKS = [
+    ["ruff", "check", "."],
+    ["ruff", "format", "--check", "."],
+]
+
+
 def test(args: list[str]) -> int:
-    _ensure_venv("test")
+    _ensure_venv("test,dev")
+    for check in CHECKS:
+        print("$", " ".join(check), flush=True)
+        rc = subprocess.call([str(BIN / check[0]), *check[1:]], cwd=ROOT)
+        if rc != 0:
+            print(f"error: {' '.join(check)} failed; fix it before the tests run", file=sys.stderr)
+            return rc
     rc = subprocess.call([str(PY), "-m", "pytest", *args], cwd=ROOT)
     if rc == 5:  # pytest: no tests collected. Never let that pass as green.
         print("error: pytest collected no tests", file=sys.stderr)

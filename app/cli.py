@@ -16,7 +16,7 @@ def _block_size(value: str) -> int | str:
     try:
         k = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"block size must be an integer 1..16 or 'auto', got {value!r}")
+        raise argparse.ArgumentTypeError(f"block size must be an integer 1..16 or 'auto', got {value!r}") from None
     if not 1 <= k <= 16:
         raise argparse.ArgumentTypeError(f"block size must be between 1 and 16, got {k}")
     return k
@@ -40,7 +40,10 @@ def _add_drafter_convention_args(p: argparse.ArgumentParser) -> None:
         "--drafter-position",
         choices=["P-1", "P"],
         default="P-1",
-        help="RoPE position of the drafter's query: the last cached position (P-1, default) or the bonus token's (P, as HF)",
+        help=(
+            "RoPE position of the drafter's query: the last cached position (P-1, default) "
+            "or the bonus token's (P, as HF)"
+        ),
     )
     p.add_argument(
         "--drafter-window",

@@ -450,7 +450,8 @@ def format_table(report: BenchReport) -> str:
         f" | median of {report.repeats} interleaved repeats"
         + (f" | simulated acceptance {report.simulate_acceptance:g}" if report.simulate_acceptance is not None else ""),
         "",
-        f"{'config':<8} {'tok/s':>8} {'x mlx-lm':>9} {'accept':>7} {'tok/rnd':>8} {'bound':>8} {'effic':>6} {'same':>5}",
+        f"{'config':<8} {'tok/s':>8} {'x mlx-lm':>9} {'accept':>7} {'tok/rnd':>8} "
+        f"{'bound':>8} {'effic':>6} {'same':>5}",
     ]
 
     def num(v, fmt):

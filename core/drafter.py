@@ -47,7 +47,8 @@ class DrafterConfig:
     def from_dict(cls, config: dict) -> DrafterConfig:
         if config.get("model_type") != "gemma4_assistant":
             raise CheckpointError(
-                f"not a Gemma 4 assistant drafter (model_type {config.get('model_type')!r}, expected 'gemma4_assistant')"
+                f"not a Gemma 4 assistant drafter (model_type {config.get('model_type')!r}, "
+                "expected 'gemma4_assistant')"
             )
         text = dict(config.get("text_config") or {})
         if "hidden_size" not in text or "backbone_hidden_size" not in config:
@@ -103,7 +104,7 @@ class Drafter(nn.Module):
 
     @property
     def layer_types(self) -> list[str]:
-        return [l.layer_type for l in self.layers]
+        return [layer.layer_type for layer in self.layers]
 
     # --- one step ------------------------------------------------------------------------
 
@@ -262,7 +263,8 @@ def check_pair(target: Target, drafter: Drafter) -> None:
     problems = []
     if drafter.cfg.backbone_hidden_size != target.hidden_size:
         problems.append(
-            f"drafter backbone_hidden_size {drafter.cfg.backbone_hidden_size} != target hidden_size {target.hidden_size}"
+            f"drafter backbone_hidden_size {drafter.cfg.backbone_hidden_size} "
+            f"!= target hidden_size {target.hidden_size}"
         )
     if drafter.vocab_size != target.vocab_size:
         problems.append(f"drafter vocab {drafter.vocab_size} != target vocab {target.vocab_size}")

@@ -169,7 +169,8 @@ def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitRep
         "wont_fit",
         needed_bytes,
         budget,
-        f"will not fit: needs about {need} but only {have} is usable ({machine.note}); pick a smaller or quantized pairing",
+        f"will not fit: needs about {need} but only {have} is usable ({machine.note}); "
+        "pick a smaller or quantized pairing",
     )
 
 

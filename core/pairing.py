@@ -61,7 +61,8 @@ def check_pair(
     backbone = drafter_cfg.get("backbone_hidden_size") or d_text.get("backbone_hidden_size")
     if backbone != hidden:
         problems.append(
-            f"{drafter_name} was made for a target with hidden size {backbone}, but {target_name} has hidden size {hidden}"
+            f"{drafter_name} was made for a target with hidden size {backbone}, "
+            f"but {target_name} has hidden size {hidden}"
         )
     t_vocab, d_vocab = t_text.get("vocab_size"), d_text.get("vocab_size")
     if t_vocab != d_vocab:
@@ -83,7 +84,8 @@ def check_pair(
         layer = producers[t]
         if d_heads != t_heads:
             problems.append(
-                f"{kind} K/V heads differ: {drafter_name} expects {d_heads}, {target_name}'s layer {layer} has {t_heads}"
+                f"{kind} K/V heads differ: {drafter_name} expects {d_heads}, "
+                f"{target_name}'s layer {layer} has {t_heads}"
             )
         if d_dim != t_dim:
             problems.append(

@@ -12,13 +12,14 @@ Data flow for one image (n real patches, D = vision hidden, H = text hidden):
 Padding rows (position (-1, -1)) are dropped before the encoder. The reference masks them out as
 keys and zeroes them before pooling, so dropping them gives the same result and saves the work.
 
-How the soft tokens go into a prompt (done by the engine): the prompt holds
-`boi` + `image_token_id` x num_soft_tokens + `eoi` per image (`core.prompt.expand_images` builds
-it from `PreparedImage.num_soft_tokens` and returns each image's span [start, end)). Embed the ids as usual (times the text embed scale sqrt(H)), then overwrite the
-rows of each run with that image's soft tokens as they are: they are NOT multiplied by the embed
-scale. For per-layer inputs (PLE, E2B/E4B) use the pad id 0 in place of the image token id at
-those positions. With `use_bidirectional_attention: "vision"` each run is also the unit of the
-bidirectional overlay of the attention mask (see tests/data/pack/README.md, "Image attention mask").
+How the soft tokens go into a prompt (done by the engine): the prompt holds `boi` + `image_token_id`
+x num_soft_tokens + `eoi` per image (`core.prompt.expand_images` builds it from
+`PreparedImage.num_soft_tokens` and returns each image's span [start, end)). Embed the ids as usual
+(times the text embed scale sqrt(H)), then overwrite the rows of each run with that image's soft
+tokens as they are: they are NOT multiplied by the embed scale. For per-layer inputs (PLE, E2B/E4B)
+use the pad id 0 in place of the image token id at those positions. With
+`use_bidirectional_attention: "vision"` each run is also the unit of the bidirectional overlay of
+the attention mask (see tests/data/pack/README.md, "Image attention mask").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Do tokens reach the screen as fast as the engine makes them? (issue "Chat screen")
 
-    .venv/bin/python scripts/bench_ui.py [--tokens 600] [--repeats 8] [--block-size auto] [--floor] [--model DIR --drafter DIR]
+    .venv/bin/python scripts/bench_ui.py [--tokens 600] [--repeats 8] [--block-size auto] [--floor] \
+        [--model DIR --drafter DIR]
     .venv/bin/python scripts/bench_ui.py --ui-cost [--round-s 0.02]
 
 Interleaved, on the same engine and pairing (default: the demo pairing):

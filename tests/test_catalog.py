@@ -119,7 +119,8 @@ def test_swapped_roles_are_named():
     t, d = _cfg("dense-style-target"), _cfg("dense-style-assistant")
     problems = pairing.check_pair(t, t)
     assert problems == [
-        "the drafter is a Gemma 4 target model (model_type gemma4), not an assistant drafter: use the matching '-assistant' checkpoint"
+        "the drafter is a Gemma 4 target model (model_type gemma4), not an assistant drafter: "
+        "use the matching '-assistant' checkpoint"
     ]
     problems = pairing.check_pair(d, d)
     assert problems[0].startswith("the target is an assistant drafter")

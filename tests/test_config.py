@@ -308,7 +308,7 @@ def test_textual_delivers_every_default_binding():
     async def main():
         app = KeyApp()
         async with app.run_test() as pilot:
-            for action, k in keys.items():
+            for k in keys.values():
                 for one in k.split(","):
                     await pilot.press(one)
             await pilot.pause()

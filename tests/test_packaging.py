@@ -103,7 +103,8 @@ def test_wheel_installs_into_a_fresh_venv_with_assets(tmp_path):
             str(py),
             "-c",
             "import app, core; from app.resources import assets_dir; d = assets_dir(); "
-            "print(app.__file__); print(core.__file__); print(d); print(sorted(p.name for p in (d / 'styles').iterdir()))",
+            "print(app.__file__); print(core.__file__); print(d); "
+            "print(sorted(p.name for p in (d / 'styles').iterdir()))",
         ],
         capture_output=True,
         text=True,

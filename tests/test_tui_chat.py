@@ -645,7 +645,7 @@ async def test_long_replies_show_exactly_their_lines_and_reserve_rows_only_while
         for _ in range(12):
             engine.allow(1)
             rounds = engine.rounds_done
-            await until(pilot, lambda: engine.rounds_done is None or engine.rounds_done > rounds)
+            await until(pilot, lambda r=rounds: engine.rounds_done is None or engine.rounds_done > r)
             await until(pilot, lambda: app.chat.bridge.pending() == 0)
             await pilot.pause(0.15)
             seen.append((view.line_count, view.size.height))

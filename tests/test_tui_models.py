@@ -54,7 +54,7 @@ def cache(tmp_path, monkeypatch):
 
 def files(model_type: str, size: int = 1000) -> dict[str, bytes]:
     return {
-        "config.json": ('{"model_type": "%s"}' % model_type).encode(),
+        "config.json": f'{{"model_type": "{model_type}"}}'.encode(),
         "model.safetensors": os.urandom(size),
         "tokenizer.json": b'{"version": "1.0"}',
     }

@@ -5,11 +5,12 @@ shaped by the block size and the drafter switch, and records every control call 
 round it arrived in, so tests can check that `set_block_size` mid-turn changes the NEXT round.
 
 Like the real engine, the first token comes from the prefill (after PrefillDone, `round=0`, counted
-in no RoundEvent and not in TurnStats.decode_tokens). Rounds: with block size K and the drafter on, a round proposes K-1 drafts and accepts
-min(K-1, accept_pattern[round % len]) of them, then emits those drafted tokens followed by one token
-of the target's own. With the drafter off every round emits one target token. Timing is virtual
-(`round_s` per round) so the statistics in TurnDone are deterministic; `delay_s` is real sleep per
-round, for watching it stream. `step=True` holds every round until `allow(n)` releases it.
+in no RoundEvent and not in TurnStats.decode_tokens). Rounds: with block size K and the drafter on,
+a round proposes K-1 drafts and accepts min(K-1, accept_pattern[round % len]) of them, then emits
+those drafted tokens followed by one token of the target's own. With the drafter off every round
+emits one target token. Timing is virtual (`round_s` per round) so the statistics in TurnDone are
+deterministic; `delay_s` is real sleep per round, for watching it stream. `step=True` holds every
+round until `allow(n)` releases it.
 """
 
 from __future__ import annotations

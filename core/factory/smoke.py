@@ -45,7 +45,10 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
     drafter = load_drafter(out)
     figures["drafter_load_s"] = round(time.perf_counter() - t0, 2)
     figures["drafter_params_m"] = round(sum(v.size for _, v in _leaves(drafter.parameters())) / 1e6, 1)
-    read = lambda d: json.loads((d / "config.json").read_text())
+
+    def read(d: Path) -> dict:
+        return json.loads((d / "config.json").read_text())
+
     figures["pair_problems"] = check_pair(read(target_dir), read(out))
     del drafter
     mx.clear_cache()

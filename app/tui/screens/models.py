@@ -187,7 +187,8 @@ def details_for(row: Row) -> str:
             if kind == "target"
             else ("a drafter: pair it with its target via --model/--drafter")
         )
-        return f"{st.repo_id}: a Gemma 4 {kind} in the Hugging Face cache ({st.state}, {gb(st.size_on_disk)}). {use}. r: remove."
+        where = f"in the Hugging Face cache ({st.state}, {gb(st.size_on_disk)})"
+        return f"{st.repo_id}: a Gemma 4 {kind} {where}. {use}. r: remove."
     e = row.entry
     p = e.pairing
     what = {"ready": "Enter: use it", "partial": "d: resume the download", "missing": "d: download it"}[e.status]
