@@ -152,12 +152,15 @@ def attention_mask(
     n_keys: int,
     window: int | None = None,
     bidirectional: list[tuple[int, int]] | None = None,
+    spans_past_window: bool = False,
 ) -> mx.array | None:
     """Boolean mask [n_queries, n_keys] over absolute positions (True = attend).
 
     Causal, optionally limited to keys with k > q - window (sliding layers). `bidirectional`
     spans [a, b) let positions inside one span see each other both ways (image soft tokens on
     sliding layers, HF semantics: (causal OR same span) AND inside the window).
+    spans_past_window: the 12B unified rule instead, (causal AND inside the window) OR same span;
+    the caller must pass keys from the first position of every span (a span sits in one chunk).
     Returns None when every key is visible to every query (a single query with no window cut).
     """
     if n_queries == 1 and not bidirectional:
@@ -167,11 +170,17 @@ def attention_mask(
     q = mx.arange(q_start, q_start + n_queries)[:, None]
     k = mx.arange(key_start, key_start + n_keys)[None]
     allowed = k <= q
-    if bidirectional:
-        for a, b in bidirectional:
-            if b <= a:
-                continue
-            allowed = allowed | ((q >= a) & (q < b) & (k >= a) & (k < b))
+    same = None
+    for a, b in bidirectional or ():
+        if b > a:
+            inside = (q >= a) & (q < b) & (k >= a) & (k < b)
+            same = inside if same is None else same | inside
+    if spans_past_window:
+        if window is not None:
+            allowed = allowed & (k > q - window)
+        return allowed if same is None else allowed | same
+    if same is not None:
+        allowed = allowed | same
     if window is not None:
         allowed = allowed & (k > q - window)
     return allowed

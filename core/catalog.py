@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from core import fit, hfcache
+from core import fit, hfcache, modeltypes
 from core.download import DownloadHandle, start_download
 
 CATALOG_PATH = Path(__file__).parent / "data" / "catalog.toml"
@@ -306,9 +306,7 @@ def other_local_checkpoints(*, cache_dir: str | os.PathLike | None = None) -> li
                 model_type = json.loads((st.snapshot / "config.json").read_text()).get("model_type")
             except (OSError, ValueError):
                 pass
-        if model_type in ("gemma4", "gemma4_text", "gemma4_assistant") or (
-            model_type is None and "gemma-4" in st.repo_id.lower()
-        ):
+        if model_type in modeltypes.ALL_TYPES or (model_type is None and "gemma-4" in st.repo_id.lower()):
             out.append(LocalCheckpoint(st, model_type))
     return out
 

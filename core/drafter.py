@@ -1,4 +1,5 @@
-"""The Gemma 4 assistant (MTP) drafter, `model_type: gemma4_assistant`.
+"""The Gemma 4 assistant (MTP) drafter, `model_type: gemma4_assistant` (E2B-31B) or
+`gemma4_unified_assistant` (12B: the same architecture and code, its own checkpoint, dense head).
 
 It has no cache of its own: each step reads the target's producer-layer K/V, the target's token
 embedding table (x sqrt(backbone hidden)) and the target's post-norm hidden state. Four decoder
@@ -26,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
-from core import sampling
+from core import modeltypes, sampling
 from core.loader import CheckpointError, read_json
 from core.target import FULL, SLIDING, Target
 
@@ -45,10 +46,10 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, config: dict) -> DrafterConfig:
-        if config.get("model_type") != "gemma4_assistant":
+        if not modeltypes.is_drafter(config.get("model_type")):
             raise CheckpointError(
                 f"not a Gemma 4 assistant drafter (model_type {config.get('model_type')!r}, "
-                "expected 'gemma4_assistant')"
+                f"expected one of {', '.join(modeltypes.DRAFTER_TYPES)})"
             )
         text = dict(config.get("text_config") or {})
         if "hidden_size" not in text or "backbone_hidden_size" not in config:
@@ -261,6 +262,9 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
 def check_pair(target: Target, drafter: Drafter) -> None:
     """Refuse a drafter that cannot read this target's embeddings, hidden states or K/V."""
     problems = []
+    cross = modeltypes.cross_pair_problem(target.config.get("model_type"), drafter.cfg.raw.get("model_type"))
+    if cross:
+        problems.append(cross)
     if drafter.cfg.backbone_hidden_size != target.hidden_size:
         problems.append(
             f"drafter backbone_hidden_size {drafter.cfg.backbone_hidden_size} "

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import modeltypes
+
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be used (missing files, wrong model type, bad pair)."""
@@ -78,18 +80,55 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
     if not config:
         raise CheckpointError(f"{path} has no config.json")
     model_type = config.get("model_type")
-    if model_type == "gemma4_assistant":
-        raise CheckpointError(f"{path} is a gemma4_assistant drafter, not a target model")
-    if model_type not in ("gemma4", "gemma4_text"):
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not Gemma 4 (gemma4 / gemma4_text)")
+    if modeltypes.is_drafter(model_type):
+        raise CheckpointError(f"{path} is a {model_type} drafter, not a target model")
+    if not modeltypes.is_target(model_type):
+        raise CheckpointError(
+            f"{path}: model_type {model_type!r} is not Gemma 4 ({', '.join(modeltypes.TARGET_TYPES)})"
+        )
+    overrides = None
+    if modeltypes.architecture(model_type) == modeltypes.UNIFIED:
+        overrides = unified_model_config(path, config)
     if not list(path.glob("model*.safetensors")):
         raise CheckpointError(f"{path} has no model*.safetensors weights")
-    model, config = load_model(path, lazy=True)
+    model, config = load_model(path, lazy=True, model_config=overrides)
+    config["model_type"] = model_type  # the checkpoint's own, whatever mlx-lm was told
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
     _cpu_safe_experts(model)
     mx.eval(model.parameters())
     return LoadedTarget(path=path, config=config, model=model)
+
+
+# The 12B text model is the Gemma 4 decoder without the E2B/E4B extras and without MoE. mlx-lm maps
+# `gemma4_unified` to its `gemma4` model (text only), whose defaults for these keys are E2B's.
+UNIFIED_TEXT_LAYOUT = {
+    "hidden_size_per_layer_input": 0,  # no per-layer embeddings
+    "num_kv_shared_layers": 0,  # every layer computes its own K/V
+    "enable_moe_block": False,
+    "use_double_wide_mlp": False,
+}
+
+
+def unified_model_config(path: Path, config: dict) -> dict:
+    """Overrides that make mlx-lm's `gemma4` model the 12B's text model: an absent layout key gets the
+    unified value (HF's default), a present contrary one is refused; a missing top-level vocab_size
+    is taken from text_config (mlx-lm would otherwise impose 262144)."""
+    flat = "text_config" not in config  # a text-only `gemma4_unified_text` checkpoint
+    text = dict(config if flat else config["text_config"] or {})
+    wrong = [f"{k}={text[k]!r}" for k, v in UNIFIED_TEXT_LAYOUT.items() if k in text and text[k] != v]
+    if wrong:
+        raise CheckpointError(
+            f"{path}: a gemma4_unified text model has no per-layer inputs, KV sharing, MoE or double-wide "
+            f"MLP, but this config sets {', '.join(wrong)}"
+        )
+    fill = {k: v for k, v in UNIFIED_TEXT_LAYOUT.items() if k not in text}
+    if flat:  # mlx-lm knows this layout by the name of its Gemma 4 text model
+        return {**fill, "model_type": "gemma4_text"}
+    out = {"text_config": {**text, **fill}}
+    if "vocab_size" not in config and "vocab_size" in text:
+        out["vocab_size"] = text["vocab_size"]
+    return out
 
 
 def _cpu_safe_experts(model) -> None:

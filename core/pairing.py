@@ -4,9 +4,11 @@ A source is a local checkpoint directory or a Hub repo id. For a repo id the con
 HF cache, or (online) just that one small file is fetched. Each problem is one sentence naming
 the two values that disagree; an empty list means the pair is usable.
 
-What must agree (DESIGN 2): the target is `gemma4` (or text-only `gemma4_text`), the drafter is
-`gemma4_assistant`; the drafter's `backbone_hidden_size` is the target's hidden size (it reads the
-target's hidden state and token embeddings); vocabularies are equal; for each attention type the
+What must agree (DESIGN 2): the target is `gemma4` (or text-only `gemma4_text`) with a
+`gemma4_assistant` drafter, or the 12B `gemma4_unified` with a `gemma4_unified_assistant` drafter
+(a drafter learnt one architecture's hidden states: no cross pairs, core.modeltypes); the drafter's
+`backbone_hidden_size` is the target's hidden size (it reads the target's hidden state and token
+embeddings); vocabularies are equal; for each attention type the
 drafter uses, its K/V head count and head dim equal those of the target's producer layer of that
 type (the last layer of the type that computes its own K/V), because it attends over that cache.
 """
@@ -18,9 +20,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import modeltypes
 from core.fit import kv_shape, layer_types, producer_layers
 
-TARGET_TYPES = ("gemma4", "gemma4_text")
+TARGET_TYPES = tuple(modeltypes.TARGET_TYPES)
+DRAFTER_TYPES = tuple(modeltypes.DRAFTER_TYPES)
 DRAFTER_TYPE = "gemma4_assistant"
 
 
@@ -40,19 +44,28 @@ def check_pair(
     problems: list[str] = []
     t_type = target_cfg.get("model_type")
     d_type = drafter_cfg.get("model_type")
-    if t_type == DRAFTER_TYPE:
+    if t_type in DRAFTER_TYPES:
         problems.append(
-            f"{target_name} is an assistant drafter (model_type {DRAFTER_TYPE}), not a target: pass it as the drafter"
+            f"{target_name} is an assistant drafter (model_type {t_type}), not a target: pass it as the drafter"
         )
     elif t_type not in TARGET_TYPES:
-        problems.append(f"{target_name} has model_type {t_type!r}; a Gemma 4 target has model_type 'gemma4'")
+        problems.append(
+            f"{target_name} has model_type {t_type!r}; a Gemma 4 target has model_type 'gemma4' "
+            "(or 'gemma4_unified' for the 12B)"
+        )
     if d_type in TARGET_TYPES:
         problems.append(
             f"{drafter_name} is a Gemma 4 target model (model_type {d_type}), not an assistant drafter: "
             "use the matching '-assistant' checkpoint"
         )
-    elif d_type != DRAFTER_TYPE:
-        problems.append(f"{drafter_name} has model_type {d_type!r}; an MTP drafter has model_type '{DRAFTER_TYPE}'")
+    elif d_type not in DRAFTER_TYPES:
+        problems.append(
+            f"{drafter_name} has model_type {d_type!r}; an MTP drafter has model_type 'gemma4_assistant' "
+            "(or 'gemma4_unified_assistant' for the 12B)"
+        )
+    cross = modeltypes.cross_pair_problem(t_type, d_type)
+    if cross:
+        problems.append(cross)
     if problems:
         return problems  # the remaining checks compare fields these configs do not have
 

@@ -7,7 +7,8 @@ mlx-lm's logits, but it also
 - returns the post-final-norm hidden states the drafter needs,
 - keeps the K/V of the two producer layers reachable (`TargetCache.producer_kv`),
 - accepts image soft tokens as input embeddings (not scaled; PLE uses the pad id there), and
-- takes bidirectional spans for `use_bidirectional_attention: "vision"` (sliding layers only).
+- takes bidirectional spans for `use_bidirectional_attention: "vision"`: on sliding layers only for
+  `gemma4` (HF), on every layer and past the window for the 12B `gemma4_unified` (HF, mlx-vlm).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from core import modeltypes
 from core.cache import FullKVCache, SlidingKVCache, attention_mask
 from core.loader import LoadedTarget, load_target_model
 
@@ -98,6 +100,9 @@ class Target:
             self.producers[self.layer_types[i]] = i
         text_cfg = self.config.get("text_config", self.config)
         self.bidirectional_vision = text_cfg.get("use_bidirectional_attention") == "vision"
+        self.architecture = modeltypes.architecture(self.config.get("model_type")) or modeltypes.GEMMA4
+        # the unified model's image tokens see their whole image on full and sliding layers alike
+        self.vision_all_layers = self.architecture == modeltypes.UNIFIED
 
     @property
     def dtype(self) -> mx.Dtype:
@@ -140,7 +145,8 @@ class Target:
         tokens [L] ids. embeddings [L, H] with embedding_mask [L] bool: where the mask is set the
         row replaces the token embedding as-is (image soft tokens: no sqrt(H) scale), and the
         per-layer input uses the pad id. bidirectional: absolute [start, end) spans whose
-        positions see each other both ways in sliding layers (full layers stay causal).
+        positions see each other both ways: in sliding layers, within the window (full layers
+        stay causal); for the unified model in every layer, whatever the window.
         logits: "last" (row L-1), "all", an int n (the last n rows) or None.
 
         Returns (logits [n, V] float or None, hidden [L, H] after the final norm).
@@ -163,15 +169,19 @@ class Target:
 
         P = cache.offset
         masks = {}
+        spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
         full = cache.first_of(FULL)
         if full is not None:
             # full layers see every earlier key: sdpa's bottom-right aligned "causal" needs no mask array
             masks[FULL] = "causal" if L > 1 else None
+            if spans and self.vision_all_layers:
+                masks[FULL] = attention_mask(P, L, 0, P + L, None, spans)
         sliding = cache.first_of(SLIDING)
         if sliding is not None:
             start = _sliding_start_after(sliding, L)
-            spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
-            masks[SLIDING] = attention_mask(P, L, start, P + L - start, self.window, spans)
+            masks[SLIDING] = attention_mask(
+                P, L, start, P + L - start, self.window, spans, spans_past_window=self.vision_all_layers
+            )
 
         intermediates = [(None, None)] * self.n_layers
         for i, layer in enumerate(inner.layers):

@@ -13,7 +13,7 @@ from core.target import FULL, SLIDING, load_target
 
 PACK = "tests/data/pack/models"
 REFS = "tests/data/pack/references/drafter"
-FAMILIES = ["e-style", "moe-style", "dense-style"]
+FAMILIES = ["e-style", "moe-style", "dense-style", "unified-style"]
 # (reference implementation, position) -> our settings (query_position, sliding_keys)
 CONVENTIONS = {
     ("mlx_vlm", "P-1"): ("P-1", "W"),

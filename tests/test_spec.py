@@ -14,7 +14,7 @@ from core.spec import Controls, Decoder, Prompt, TurnError, prefill_chunks
 from core.target import load_target
 
 PACK = "tests/data/pack/models"
-FAMILIES = ["e-style", "moe-style", "dense-style"]
+FAMILIES = ["e-style", "moe-style", "dense-style", "unified-style"]
 STOP = {1, 22, 12}
 
 
@@ -138,9 +138,11 @@ def test_eos_inside_an_accepted_run_stops_there_and_trims(fam):
     _, tg, _, ref = fam
     p = ref["multiturn"]
     eos_at = p["greedy_eos_stop"]["first_eos_index"]
-    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    # filler after the 40 reference ids, and room past them: an eos at index 39 (unified-style) must
+    # still be drafted, not cut from the block by max_tokens
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"] + [0] * 8
     oracle = OracleDrafter(full)
-    r, events, cache = _run(tg, oracle, p["prompt_ids"], block_size=8)
+    r, events, cache = _run(tg, oracle, p["prompt_ids"], block_size=8, max_tokens=48)
     assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
     last_round = [e for e in events if isinstance(e, RoundEvent)][-1]
     stop_event = [e for e in events if isinstance(e, TokenEvent)][-1]

@@ -13,7 +13,7 @@ from core.target import FULL, SLIDING, load_target
 
 PACK = "tests/data/pack/models"
 REFS = "tests/data/pack/references/text"
-FAMILIES = ["e-style", "moe-style", "dense-style"]
+FAMILIES = ["e-style", "moe-style", "dense-style", "unified-style"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -56,7 +56,7 @@ def test_model_facts(family):
     fam, tg, ref, _ = family
     assert tg.vocab_size == 2048 and tg.window == 12
     assert set(tg.producers) == {SLIDING, FULL}
-    expected = {"e-style": (1, 2), "moe-style": (3, 4), "dense-style": (3, 4)}[fam]
+    expected = {"e-style": (1, 2), "moe-style": (3, 4), "dense-style": (3, 4), "unified-style": (3, 4)}[fam]
     assert (tg.producers[SLIDING], tg.producers[FULL]) == expected
     tok = load_tokenizer(tg.path)
     assert stop_ids(tg.path, tok) == set(ref["eos_token_ids"]) == {1, 22, 12}

@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from core.modeltypes import is_drafter
+
 
 def run(args) -> int:
     action = args.models_command
@@ -91,7 +93,7 @@ def list_pairings(as_json: bool = False) -> int:
     if others:
         print("\nOther Gemma 4 checkpoints in the cache (use with --model / --drafter):")
         for c in others:
-            kind = {"gemma4_assistant": "drafter", None: "?"}.get(c.model_type, "target")
+            kind = "?" if c.model_type is None else ("drafter" if is_drafter(c.model_type) else "target")
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
     print(

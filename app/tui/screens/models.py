@@ -29,6 +29,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
+from core.modeltypes import is_drafter
 
 DEMO_KEY = "demo"
 OTHER_PREFIX = "other:"
@@ -147,7 +148,7 @@ def pairing_row(entry, default: str | None = None) -> Row:
 
 def other_row(ckpt) -> Row:
     st = ckpt.status
-    kind = {"gemma4_assistant": "drafter", None: "?"}.get(ckpt.model_type, "target")
+    kind = "?" if ckpt.model_type is None else ("drafter" if is_drafter(ckpt.model_type) else "target")
     cells = (
         f"{st.repo_id}  ({kind})",
         status_text("ready" if st.complete else "partial", st.size_on_disk),
@@ -181,7 +182,7 @@ def details_for(row: Row) -> str:
         )
     if row.kind == "other":
         st = row.other.status
-        kind = "drafter" if row.other.model_type == "gemma4_assistant" else "target"
+        kind = "drafter" if is_drafter(row.other.model_type) else "target"
         use = (
             "Enter: use it as the target without a drafter"
             if kind == "target"
@@ -496,7 +497,7 @@ class ModelsScreen(Screen):
             return demo_spec()
         if row.kind == "other":
             st = row.other.status
-            if row.other.model_type == "gemma4_assistant":
+            if is_drafter(row.other.model_type):
                 self.say("That is a drafter: start with --model TARGET --drafter " + st.repo_id, "warning")
                 return None
             if not st.complete:
