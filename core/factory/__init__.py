@@ -7,8 +7,10 @@
 Variants (`VARIANTS`) together cover every architectural branch: `e-style` (E2B/E4B-like: PLE,
 KV sharing, double-wide MLP, clipped vision linears, centroid-head drafter), `moe-style`
 (26B-A4B-like: MoE beside the dense MLP, k_eq_v, global kv heads, bidirectional image attention,
-vision standardize, dense-head drafter) and `dense-style` (31B-like). `REAL_SHAPES` holds the
-exact E2B/E4B sizes for an opt-in smoke test (`full_config="E2B"`).
+vision standardize, dense-head drafter), `dense-style` (31B-like) and `unified-style` (12B-like:
+`gemma4_unified`, encoder-free vision embedder, audio embedder, image tokens bidirectional on every
+layer, `gemma4_unified_assistant` drafter). `REAL_SHAPES` holds the exact E2B/E4B/12B sizes for an
+opt-in smoke test (`full_config="E2B"`).
 
 Layouts: "hf" (google originals: `model.language_model.*`, chat template in
 `chat_template.jinja`) and "mlx" (mlx-community conversions: `language_model.model.*`, MoE experts
@@ -169,7 +171,8 @@ def build_checkpoint(
     write_weights(out, tensors, {"format": "pt" if layout == "hf" else "mlx"}, max_shard_bytes)
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config())
-    _write_json(out / "preprocessor_config.json", preprocessor_config(spec))
+    if not spec.get("unified"):  # the unified repos carry only the single-file processor config
+        _write_json(out / "preprocessor_config.json", preprocessor_config(spec))
     _write_json(out / "processor_config.json", processor_config(spec))
     _write_tokenizer(
         out, config["vocab_size"], chat_template(spec.get("thought_channel", False)), template_file=layout == "hf"

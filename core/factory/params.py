@@ -191,13 +191,39 @@ def vision_params(vcfg: dict, text_hidden: int) -> list[Param]:
     return out
 
 
+def unified_media_params(config: dict) -> list[Param]:
+    """The 12B's encoder-free embedders, HF hub names: `vision_embedder` (LayerNorm over the 6912 raw
+    values of a 48 x 48 patch, dense with bias, LayerNorm, factorized x/y position table, LayerNorm),
+    then `embed_vision` and `embed_audio` (a bias-free projection each; their RMSNorms have no weight)."""
+    v, a = config["vision_config"], config["audio_config"]
+    text_hidden = config["text_config"]["hidden_size"]
+    raw = 3 * v["model_patch_size"] ** 2
+    d = v["mm_embed_dim"]
+    p = "model.vision_embedder"
+    out = [
+        Param(f"{p}.patch_dense.weight", (d, raw), _normal_in(raw)),
+        Param(f"{p}.patch_dense.bias", (d,), ("normal", 0.1)),
+        Param(f"{p}.pos_embedding", (v["mm_posemb_size"], 2, d), ("normal", 1.0)),
+    ]
+    for name, dim in (("patch_ln1", raw), ("patch_ln2", d), ("pos_norm", d)):
+        out += [Param(f"{p}.{name}.weight", (dim,), _NORM), Param(f"{p}.{name}.bias", (dim,), ("normal", 0.1))]
+    out.append(
+        Param("model.embed_vision.embedding_projection.weight", (text_hidden, v["output_proj_dims"]), _normal_in(d))
+    )
+    audio_in = a["output_proj_dims"]
+    out.append(Param("model.embed_audio.embedding_projection.weight", (text_hidden, audio_in), _normal_in(audio_in)))
+    return out
+
+
 def target_params(config: dict) -> list[Param]:
     text = config["text_config"]
+    if config.get("model_type") == "gemma4_unified":
+        return target_text_params(text) + unified_media_params(config)
     return target_text_params(text) + vision_params(config["vision_config"], text["hidden_size"])
 
 
 def drafter_params(config: dict) -> list[Param]:
-    """A `gemma4_assistant` drafter, HF names (the only layout drafters ship in)."""
+    """A `gemma4_assistant` (or `gemma4_unified_assistant`) drafter, HF names (the only layout drafters ship in)."""
     cfg = config["text_config"]
     hidden, backbone = cfg["hidden_size"], config["backbone_hidden_size"]
     out = [
@@ -224,6 +250,8 @@ def mlx_name(hf_name: str) -> str:
         ("model.language_model.", "language_model.model."),
         ("model.vision_tower.", "vision_tower."),
         ("model.embed_vision.", "embed_vision."),
+        ("model.vision_embedder.", "vision_embedder."),  # the 12B's encoder-free embedders
+        ("model.embed_audio.", "embed_audio."),
     ):
         if hf_name.startswith(old):
             return new + hf_name[len(old) :]

@@ -1,4 +1,4 @@
-"""Real-shape smoke run: build an E2B/E4B-sized random checkpoint, load it with mlx-lm, generate,
+"""Real-shape smoke run: build an E2B/E4B/12B-sized random checkpoint, load it with mlx-lm, generate,
 then generate again with gemma-chat's engine and the matching drafter (block 2) and without it.
 
     python -m core.factory.smoke [--shape E2B] [--dtypes bfloat16,q4] [--root DIR] [--tokens 32]

@@ -7,6 +7,10 @@ A spec is a plain dict with four parts:
               follow the target, because the drafter reads the target's K/V)
   thought_channel -- whether the chat template adds an empty thought channel to the generation
               prompt when thinking is off (26B/31B templates do, E2B/E4B do not)
+  unified  -- (optional) True for the encoder-free 12B architecture (`gemma4_unified`): `vision`
+              then holds the vision embedder's fields (`mm_embed_dim`, `mm_posemb_size`, ...), the
+              checkpoint has an audio embedder, a single-file processor config, and a
+              `gemma4_unified_assistant` drafter
 
 config.json is written in the hub format: every text_config key, `global_head_dim` and
 `num_global_key_value_heads` inside text_config, a top-level `vocab_size`, and every special id
@@ -141,6 +145,29 @@ _TINY_VISION = {
     "soft_tokens": 280,
 }
 
+# The encoder-free embedder of the 12B (`gemma4_unified`): 48 x 48 merged patches -> mm_embed_dim.
+UNIFIED_VISION_CONFIG_KEYS = (
+    "model_type",
+    "patch_size",
+    "pooling_kernel_size",
+    "model_patch_size",
+    "mm_embed_dim",
+    "mm_posemb_size",
+    "num_soft_tokens",
+    "output_proj_dims",
+    "rms_norm_eps",
+    "initializer_range",
+)
+_UNIFIED_AUDIO = {
+    "model_type": "gemma4_unified_audio",
+    "audio_embed_dim": 640,
+    "audio_samples_per_token": 640,
+    "hidden_size": 640,
+    "output_proj_dims": 640,
+    "rms_norm_eps": 1e-06,
+    "initializer_range": 0.02,
+}
+
 _DRAFTER_DENSE_HEAD = {"use_ordered_embeddings": False, "num_centroids": 2048, "centroid_intermediate_top_k": 32}
 
 # Tiny families. Dims are multiples of 64 where a 4-bit group of 64 must fit, heads * head_dim
@@ -217,6 +244,30 @@ VARIANTS: dict[str, dict] = {
         "drafter": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, **_DRAFTER_DENSE_HEAD},
         "thought_channel": True,
     },
+    # 12B-like (`gemma4_unified`): dense, k_eq_v with one global kv head, no PLE / KV sharing / MoE,
+    # an encoder-free vision embedder whose width differs from the text width, image tokens
+    # bidirectional on every layer, tied dense-head `gemma4_unified_assistant` drafter.
+    "unified-style": {
+        "text": {
+            "model_type": "gemma4_unified_text",
+            "max_position_embeddings": 262144,
+            "hidden_size": 384,
+            "intermediate_size": 512,
+            "num_hidden_layers": 5,
+            "layer_types": [S, S, F, S, F],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "attention_k_eq_v": True,
+            "use_bidirectional_attention": "vision",
+        },
+        "vision": {"mm_embed_dim": 64, "mm_posemb_size": 1120, "soft_tokens": 280},
+        "drafter": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, **_DRAFTER_DENSE_HEAD},
+        "thought_channel": True,
+        "unified": True,
+    },
 }
 
 _E_VISION_REAL = {
@@ -288,6 +339,32 @@ REAL_SHAPES: dict[str, dict] = {
         "drafter": _E_DRAFTER_REAL,
         "thought_channel": False,
     },
+}
+
+
+REAL_SHAPES["12B"] = {
+    "text": {
+        "model_type": "gemma4_unified_text",
+        "vocab_size": 262144,
+        "max_position_embeddings": 262144,
+        "hidden_size": 3840,
+        "intermediate_size": 15360,
+        "num_hidden_layers": 48,
+        "layer_types": _every(48, 6),
+        "sliding_window": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_global_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "attention_k_eq_v": True,
+        "use_bidirectional_attention": "vision",
+    },
+    "vision": {"mm_embed_dim": 3840, "mm_posemb_size": 1120, "soft_tokens": 280},
+    # the 12B assistant: hidden 1024, FFN 8192, 16 heads, tied dense head (real-configs.md)
+    "drafter": {"hidden_size": 1024, "intermediate_size": 8192, "num_attention_heads": 16, **_DRAFTER_DENSE_HEAD},
+    "thought_channel": True,
+    "unified": True,
 }
 
 
@@ -382,6 +459,20 @@ def text_config(spec: dict) -> dict:
 
 
 def vision_config(spec: dict) -> dict:
+    if spec.get("unified"):
+        v = spec["vision"]
+        return {
+            "model_type": "gemma4_unified_vision",
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "model_patch_size": 48,
+            "mm_embed_dim": v["mm_embed_dim"],
+            "mm_posemb_size": v["mm_posemb_size"],
+            "num_soft_tokens": v["soft_tokens"],
+            "output_proj_dims": v["mm_embed_dim"],
+            "rms_norm_eps": 1e-06,
+            "initializer_range": 0.02,
+        }
     merged = {**_VISION_COMMON, **spec["vision"]}
     merged["rope_parameters"] = copy.deepcopy(merged["rope_parameters"])
     return {k: merged[k] for k in VISION_CONFIG_KEYS}
@@ -390,13 +481,14 @@ def vision_config(spec: dict) -> dict:
 def target_config(spec: dict, dtype_name: str) -> dict:
     ids = special_ids()
     text = text_config(spec)
-    return {
-        "architectures": ["Gemma4ForConditionalGeneration"],
-        "model_type": "gemma4",
+    unified = bool(spec.get("unified"))
+    config = {
+        "architectures": ["Gemma4UnifiedForConditionalGeneration" if unified else "Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4_unified" if unified else "gemma4",
         "vocab_size": text["vocab_size"],
         "text_config": text,
         "vision_config": vision_config(spec),
-        "audio_config": None,
+        "audio_config": dict(_UNIFIED_AUDIO) if unified else None,
         "boi_token_id": ids["boi_token_id"],
         "eoi_token_id": ids["eoi_token_id"],
         "image_token_id": ids["image_token_id"],
@@ -413,6 +505,9 @@ def target_config(spec: dict, dtype_name: str) -> dict:
         "tie_word_embeddings": True,
         "dtype": dtype_name,
     }
+    if unified:  # the real 12B config names the end-of-audio id only as `eoa_token_index`
+        del config["eoa_token_id"]
+    return config
 
 
 def drafter_config(spec: dict, dtype_name: str) -> dict:
@@ -441,9 +536,10 @@ def drafter_config(spec: dict, dtype_name: str) -> dict:
             "moe_intermediate_size": None,
         }
     )
+    unified = bool(spec.get("unified"))
     return {
-        "architectures": ["Gemma4AssistantForCausalLM"],
-        "model_type": "gemma4_assistant",
+        "architectures": ["Gemma4UnifiedAssistantForCausalLM" if unified else "Gemma4AssistantForCausalLM"],
+        "model_type": "gemma4_unified_assistant" if unified else "gemma4_assistant",
         "backbone_hidden_size": target["hidden_size"],
         "use_ordered_embeddings": d["use_ordered_embeddings"],
         "num_centroids": d["num_centroids"],
@@ -477,7 +573,7 @@ def generation_config(drafter: bool = False) -> dict:
 
 
 def preprocessor_config(spec: dict) -> dict:
-    v = {**_VISION_COMMON, **spec["vision"]}
+    v = {**_VISION_COMMON, **spec["vision"]}  # patch 16 and pooling 3 for every family
     return {
         "image_processor_type": "Gemma4ImageProcessor",
         "processor_class": "Gemma4Processor",
@@ -496,6 +592,33 @@ def preprocessor_config(spec: dict) -> dict:
 
 
 def processor_config(spec: dict) -> dict:
+    if spec.get("unified"):
+        # the unified repos ship one processor_config.json with the image processor nested in it
+        image = {
+            **preprocessor_config(spec),
+            "image_processor_type": "Gemma4UnifiedImageProcessor",
+        }
+        image.pop("processor_class")
+        return {
+            "processor_class": "Gemma4UnifiedProcessor",
+            "image_processor": image,
+            "video_processor": {
+                "video_processor_type": "Gemma4UnifiedVideoProcessor",
+                "patch_size": 16,
+                "pooling_kernel_size": 3,
+                "max_soft_tokens": 70,
+            },
+            "feature_extractor": {
+                "feature_extractor_type": "Gemma4UnifiedAudioFeatureExtractor",
+                "feature_size": 640,
+                "sampling_rate": 16000,
+                "audio_samples_per_token": 640,
+                "padding_value": 0.0,
+            },
+            "image_seq_length": spec["vision"]["soft_tokens"],
+            "audio_seq_length": 750,
+            "audio_ms_per_token": 40,
+        }
     return {
         "processor_class": "Gemma4Processor",
         "image_seq_length": spec["vision"]["soft_tokens"],
