@@ -53,6 +53,34 @@ def _add_drafter_convention_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_connect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--connect",
+        metavar="URL",
+        help="use a running OpenAI-compatible server (gemma-chat serve, vLLM) instead of a local model",
+    )
+    p.add_argument(
+        "--api-key", metavar="KEY", default=None, help="API key for --connect (default: $GEMMA_CHAT_API_KEY)"
+    )
+
+
+def _add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
+    _add_pairing_args(s)
+    s.add_argument("--demo", action="store_true", help="serve the offline demo pairing")
+    s.add_argument("--no-draft", action="store_true", help="load no drafter")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument(
+        "--api-key", metavar="KEY", default=None, help="require 'Authorization: Bearer KEY' ($GEMMA_CHAT_API_KEY)"
+    )
+    s.add_argument("--max-waiting", type=int, default=4, metavar="N", help="requests queued behind the running one")
+    s.add_argument("--max-tokens", type=int, default=2048, metavar="N", help="default max_tokens of a request")
+    s.add_argument("--model-id", metavar="NAME", default=None, help="the model name /v1/models reports")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")
+    _add_drafter_convention_args(s)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gemma-chat",
@@ -65,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)",
     )
+    _add_connect_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate headlessly and print the answer (or JSON events)")
@@ -103,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")
     g.add_argument("--json", action="store_true", help="one JSON object per token, then a final {'stats': ...}")
     _add_drafter_convention_args(g)
+    _add_connect_args(g)
+
+    _add_serve_parser(sub)
 
     b = sub.add_parser("bench", help="measure tok/s: mlx-lm baseline vs ours, drafter off and on, per block size")
     _add_pairing_args(b)
@@ -160,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         from app.commands.models import run
     elif args.command == "doctor":
         from app.commands.doctor import run
+    elif args.command == "serve":
+        from app.commands.serve import run
     else:  # pragma: no cover - argparse rejects unknown commands
         parser.error(f"unknown command {args.command}")
     try:

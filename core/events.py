@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 class TokenEvent:
     id: int
     text: str  # decoded text delta (UTF-8 safe: may be "" while a multi-byte char is incomplete)
-    from_draft: bool  # True: drafted and accepted by the target; False: the target's own token
+    from_draft: bool | None  # True: drafted and accepted; False: the target's own; None: unknown (remote)
     round: int
 
 

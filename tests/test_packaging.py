@@ -35,6 +35,7 @@ HYGIENE = textwrap.dedent(
         ["bench", "--help"],
         ["models", "--help"],
         ["doctor", "--help"],
+        ["serve", "--help"],
         ["--version"],
     ],
 )

@@ -5,6 +5,9 @@ acceptance, tokens per round). `--json` prints one JSON object per line on stdou
 token is decided ({"id", "text", "from_draft", "round"}), then {"stats": {...}}; a failure is
 {"error": "..."} with exit status 1.
 
+`--connect URL` runs the turn on a server instead (gemma-chat serve, vLLM or any OpenAI-compatible
+one; `--model` then names the server's model); over vLLM, tokens have no origin (`from_draft` null).
+
 `--image PATH` (repeatable) puts the images before the prompt text in the user message, at
 `--image-budget` soft tokens each (default: the checkpoint's). `--drafter-position` and
 `--drafter-window` pick the drafter's conventions (core.drafter; they change acceptance only).
@@ -46,6 +49,21 @@ def _pairing(args):
             raise _UsageError(str(e).strip("'\"")) from e
         return p.name, str(p.target_path), None if no_draft else str(p.drafter_path), False
     raise _UsageError("say which model to run: --model PATH [--drafter PATH], --pairing NAME or --demo")
+
+
+def _remote(args):
+    """(RemoteEngine, spec) for --connect URL; --model names the server's model (default: its first)."""
+    import os
+
+    from core.remote import RemoteEngine, RemoteError
+
+    try:
+        engine = RemoteEngine(
+            args.connect, args.api_key or os.environ.get("GEMMA_CHAT_API_KEY") or None, model=args.model
+        )
+    except RemoteError as e:
+        raise _UsageError(str(e)) from e
+    return engine, None
 
 
 def _messages(args) -> list[dict]:
@@ -113,9 +131,15 @@ def run(args) -> int:
         system_prompt=args.system,
         image_budget=getattr(args, "image_budget", None),
     )
+    connect = getattr(args, "connect", None)
     try:
         settings.validate()
-        name, target, drafter, demo = _pairing(args)
+        if connect:
+            if args.no_template:
+                raise _UsageError("--no-template is local only (a server applies its own chat template)")
+            engine, spec = _remote(args)
+        else:
+            name, target, drafter, demo = _pairing(args)
         messages = None if args.no_template else _messages(args)
     except (_UsageError, ValueError) as e:
         return fail(str(e))
@@ -131,18 +155,19 @@ def run(args) -> int:
             out.write(e.text)
         out.flush()
 
-    engine = Engine()
+    if not connect:
+        engine = Engine()
+        spec = PairingSpec(
+            name,
+            target,
+            drafter,
+            demo,
+            args.dtype,
+            drafter_position=getattr(args, "drafter_position", "P-1"),
+            drafter_window=getattr(args, "drafter_window", "W"),
+        )
     try:
         try:
-            spec = PairingSpec(
-                name,
-                target,
-                drafter,
-                demo,
-                args.dtype,
-                drafter_position=getattr(args, "drafter_position", "P-1"),
-                drafter_window=getattr(args, "drafter_window", "W"),
-            )
             engine.load(spec, None).result()
         except EngineError as e:
             return fail(str(e))

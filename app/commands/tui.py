@@ -7,6 +7,8 @@ Which pairing opens:
   nothing                the config's default_pairing when it is downloaded, otherwise the demo
 First run (nothing asked for, no default_pairing configured): the demo loads underneath and the models
 screen opens over it, the demo (or a pairing already downloaded) highlighted: Enter starts it.
+--connect URL chats with a running server instead (core.remote: gemma-chat serve, vLLM, any
+OpenAI-compatible one); --model then names the server's model.
 GEMMA_CHAT_FAKE_ENGINE=1 swaps in the scripted fake engine (development and the terminal test;
 GEMMA_CHAT_FAKE_DELAY sets its real seconds per round).
 """
@@ -102,7 +104,19 @@ def run(args) -> int:
     settings = config.generation_settings()
     notice = None
     first = False
-    if os.environ.get(FAKE_ENV):
+    if getattr(args, "connect", None):
+        from core.engine import PairingSpec
+        from core.remote import RemoteEngine, RemoteError
+
+        try:
+            engine = RemoteEngine(
+                args.connect, args.api_key or os.environ.get("GEMMA_CHAT_API_KEY") or None, model=args.model
+            )
+        except RemoteError as e:
+            print(f"gemma-chat: {e}", file=sys.stderr)
+            return 2
+        spec = PairingSpec(name=f"connecting to {engine.base}", target=engine.url, drafter=None)
+    elif os.environ.get(FAKE_ENV):
         from app.tui.fake_engine import FakeEngine
         from app.tui.fake_engine import PairingSpec as FakeSpec
 

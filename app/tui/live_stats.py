@@ -20,6 +20,7 @@ class LiveStats:
     block_setting: int | str = "auto"
     drafter_enabled: bool = True
     has_drafter: bool = True  # False: the pairing has no drafter, plain decoding only
+    block_by_server: bool = False  # a remote server fixes the block size (vLLM): the keys do nothing
     last_block_size: int | None = None
     last_auto: bool = False
     # this turn (or the last finished one)

@@ -252,7 +252,10 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.notify(f"Could not load the model: {self.load_error}", severity="error", timeout=10)
             return
         self.loaded = True
+        if getattr(self.engine, "token_origin_known", True) is False:  # core.remote over vLLM
+            self.legend.update(legend(origin_known=False))
         self.stats.has_drafter = info.drafter_path is not None
+        self.stats.block_by_server = not getattr(self.engine, "live_controls", True)
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         self.panel.show_status("ready" + ("" if info.drafter_path else " (no drafter)"))
@@ -261,6 +264,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         """Load another pairing into the running engine (the models screen's Use). The conversation
         stays; the next turn is prefilled on the new model. False, doing nothing, while a reply streams."""
         if self.generating:
+            return False
+        if getattr(self.engine, "remote", False):  # core.remote: the server chose the model
+            self.notify("Connected to a server (--connect): the model is chosen there", severity="warning")
             return False
         self.spec = spec
         self.loaded = False
@@ -357,7 +363,16 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             for reply in self.conversation.query(ReplyView):
                 reply.flush_markdown()
 
+    def _fixed_by_server(self) -> bool:
+        """A remote server that takes no live block-size or drafter changes says so (no effect)."""
+        if getattr(self.engine, "live_controls", True):
+            return False
+        self.notify(f"Not changed: {self.engine.controls_note()}", severity="warning")
+        return True
+
     def _set_block(self, k: int | str) -> None:
+        if self._fixed_by_server():
+            return
         self.stats.block_setting = k
         self.stats.dirty = True
         self.engine.set_block_size(k)
@@ -377,6 +392,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._set_block(self._current_k() if self.stats.block_setting == "auto" else "auto")
 
     def action_toggle_drafter(self) -> None:
+        if self._fixed_by_server():
+            return
         on = not self.stats.drafter_enabled
         self.stats.drafter_enabled = on
         self.stats.dirty = True

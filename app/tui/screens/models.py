@@ -524,6 +524,9 @@ class ModelsScreen(Screen):
         if same and chat.load_error is None:
             spec = chat.spec  # already loaded (or loading): wait for it and go back
         elif not chat.switch_pairing(spec):
+            if getattr(chat.engine, "remote", False):
+                self.say("Connected to a server (--connect): the model is chosen on the server.", "warning")
+                return
             self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")
             return
         self.pending_load = spec

@@ -29,6 +29,13 @@ DRAFT_COLOR = "#56B4E9"
 TARGET_COLOR = "#E69F00"
 DRAFT_STYLE = Style(color=DRAFT_COLOR, underline=True)
 TARGET_STYLE = Style(color=TARGET_COLOR)
+# A remote server that does not say where a token came from (vLLM): neither colour, and dim, so it
+# is never mistaken for either origin.
+UNKNOWN_STYLE = Style(dim=True)
+
+
+def origin_style(from_draft: bool | None) -> Style:
+    return UNKNOWN_STYLE if from_draft is None else DRAFT_STYLE if from_draft else TARGET_STYLE
 
 
 # Control characters in generated text (random demo weights produce them) would reach the terminal
@@ -41,8 +48,12 @@ def displayable(text: str) -> str:
     return text.translate(_CONTROL_PICTURES)
 
 
-def legend() -> Text:
+def legend(origin_known: bool = True) -> Text:
     t = Text("Token view: ")
+    if not origin_known:  # a server that streams text only
+        t.append("origin unknown", UNKNOWN_STYLE)
+        t.append(" (the server does not say which tokens were drafted)")
+        return t
     t.append("drafted + accepted", DRAFT_STYLE)
     t.append(" (underlined)   ")
     t.append("target's own token", TARGET_STYLE)
@@ -104,7 +115,7 @@ class TokenText(Widget):
         for tok in tokens:
             if tok.text:
                 starts.append(len(self._text))
-                append(displayable(tok.text), DRAFT_STYLE if tok.from_draft else TARGET_STYLE)
+                append(displayable(tok.text), origin_style(tok.from_draft))
         self._grew()
 
     def append_plain(self, text: str) -> None:

@@ -89,8 +89,10 @@ class StatsPanel(Vertical):
         self.status.update(text)
 
     def show(self, s: LiveStats) -> None:
-        if s.block_setting == "auto":
-            chose = f" → {s.last_block_size}" if s.last_block_size is not None else ""
+        chose = f" → {s.last_block_size}" if s.last_block_size is not None else ""
+        if s.block_by_server:
+            block = f"server{chose}"
+        elif s.block_setting == "auto":
             block = f"auto{chose}"
         else:
             block = f"{s.block_setting} (manual)"

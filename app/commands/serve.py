@@ -1,0 +1,101 @@
+"""`gemma-chat serve`: load a pairing and serve it over the OpenAI-compatible API (core.server).
+
+Binding to anything but loopback needs an API key (--api-key or $GEMMA_CHAT_API_KEY): the server
+runs a model on the user's machine, and with file: image URLs it would read the user's files.
+Those file: URLs are refused on a non-loopback bind in any case.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+API_KEY_ENV = "GEMMA_CHAT_API_KEY"
+
+
+def check_bind(host: str, api_key: str | None) -> str | None:
+    """Why the server must not start on `host`, or None."""
+    from core.server import is_loopback
+
+    if not is_loopback(host) and not api_key:
+        return (
+            f"refusing to serve on {host} without an API key: anyone who can reach this machine could use it. "
+            f"Pass --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1"
+        )
+    return None
+
+
+def run(args) -> int:
+    from app.commands.generate import _pairing, _UsageError
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    reason = check_bind(args.host, api_key)
+    if reason:
+        print(f"gemma-chat serve: {reason}", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"gemma-chat serve: --port must be 1..65535, got {args.port}", file=sys.stderr)
+        return 2
+    if args.max_waiting < 0 or args.max_tokens < 1:
+        print("gemma-chat serve: --max-waiting must be >= 0 and --max-tokens >= 1", file=sys.stderr)
+        return 2
+    try:
+        name, target, drafter, demo = _pairing(args)
+    except _UsageError as e:
+        print(f"gemma-chat serve: {e}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from core.engine import Engine, EngineError, PairingSpec
+    from core.server import ServerConfig, create_app, is_loopback
+
+    engine = Engine()
+    try:
+        spec = PairingSpec(
+            name,
+            target,
+            drafter,
+            demo,
+            args.dtype,
+            drafter_position=args.drafter_position,
+            drafter_window=args.drafter_window,
+        )
+        print(f"loading {name} ...", file=sys.stderr, flush=True)
+        try:
+            engine.load(spec, None).result()
+        except EngineError as e:
+            print(f"gemma-chat serve: {e}", file=sys.stderr)
+            return 1
+        model_id = args.model_id or _model_id(name)
+        config = ServerConfig(
+            model_id=model_id,
+            api_key=api_key,
+            max_waiting=args.max_waiting,
+            allow_file_urls=is_loopback(args.host),
+            max_tokens=args.max_tokens,
+        )
+        app = create_app(engine, config)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(
+            f"serving {model_id} at http://{host}:{args.port}/v1 "
+            f"({'drafter on' if drafter else 'no drafter'}; {'API key required' if api_key else 'no API key'}); "
+            "Ctrl+C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        except OSError as e:
+            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        engine.close()
+
+
+def _model_id(name: str) -> str:
+    """A model name clients can type: 'demo (random weights)' -> 'demo-random-weights'."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower() or "gemma-chat"

@@ -1,0 +1,598 @@
+"""`RemoteEngine`: the engine's public API over an OpenAI-compatible server (`--connect URL`).
+
+The chat screen, its history and panels, and `generate` use it exactly like `core.engine.Engine`:
+`load`/`chat` return futures, events arrive through `on_event` on the remote engine's own thread
+(one asyncio loop on a daemon thread, so `cancel` can interrupt a request at any await, including
+while the server has not answered yet), turns run one at a time in submission order.
+
+What the events carry depends on the server (found out by `load` from GET /v1/models):
+  gemma-chat   the stream's "gemma_chat" extension: token ids, per-token origin and round, round
+               summaries, prefill and the engine's own TurnStats. Same events as a local engine.
+  vllm         text deltas only: tokens get `from_draft=None` (origin unknown) and `id=-1`. The
+               speculative figures come from vLLM's Prometheus /metrics counters (accepted, drafted
+               tokens and drafts), polled during the turn and turned into round events: the
+               acceptance and tokens/round are exact over the turn, the per-round spread is the
+               average of each poll interval. The counters are server-wide: other users' requests
+               running at the same time are counted too.
+  openai       any other OpenAI-compatible server: text deltas, no speculative figures.
+Block size and drafter switches reach the running turn only on a gemma-chat server
+(`live_controls`); vLLM fixes num_speculative_tokens at launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import json
+import mimetypes
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from urllib.parse import urlparse
+
+from core.engine import EngineError, PairingInfo
+from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.settings import GenerationSettings
+
+EXTENSION = "gemma_chat"
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "drafted": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+}
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+class RemoteError(EngineError):
+    """The server cannot be reached, refused the request or answered something unreadable."""
+
+
+def parse_spec_metrics(text: str) -> dict[str, float] | None:
+    """vLLM's speculative-decoding counters from a Prometheus text page, summed over label sets
+    (one per engine / model); None when the page has none (no speculative decoding configured)."""
+    totals: dict[str, float] = {}
+    wanted = {f"{name}_total": key for key, name in SPEC_COUNTERS.items()}
+    wanted.update({name: key for key, name in SPEC_COUNTERS.items()})
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line)
+        if not m or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        key = wanted[m.group(1)]
+        totals[key] = totals.get(key, 0.0) + value
+    if not totals:
+        return None
+    return {key: totals.get(key, 0.0) for key in SPEC_COUNTERS}
+
+
+def split_rounds(drafts: int, drafted: int, accepted: int, first_round: int) -> list[RoundEvent]:
+    """`drafts` rounds that together drafted `drafted` and accepted `accepted` tokens, spread evenly."""
+    out = []
+    for i in range(drafts):
+        d = drafted // drafts + (1 if i < drafted % drafts else 0)
+        a = min(d, accepted // drafts + (1 if i < accepted % drafts else 0))
+        out.append(RoundEvent(first_round + i, d, a, d + 1, False, a + 1))
+    return out
+
+
+def image_data_url(item: dict) -> str:
+    """An engine image item ({"type": "image", "path" | "image"}) as a base64 data URL."""
+    data = item.get("image")
+    mime = "image/png"
+    if not isinstance(data, (bytes, bytearray)):
+        source = item.get("path") or item.get("url") or data
+        path = Path(str(source)).expanduser()
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise RemoteError(f"cannot read image {path}: {e.strerror or e}") from e
+        mime = mimetypes.guess_type(path.name)[0] or mime
+    return f"data:{mime};base64,{base64.b64encode(bytes(data)).decode()}"
+
+
+def openai_messages(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    out = []
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        out.append({"role": "system", "content": system_prompt})
+    for m in messages:
+        content = m.get("content", "")
+        if isinstance(content, list):
+            parts = []
+            for item in content:
+                if not isinstance(item, dict):
+                    continue
+                if item.get("type") == "text":
+                    parts.append({"type": "text", "text": item.get("text", "")})
+                elif item.get("type") == "image":
+                    parts.append({"type": "image_url", "image_url": {"url": image_data_url(item)}})
+            content = parts
+        out.append({"role": m.get("role", "user"), "content": content})
+    return out
+
+
+@dataclass
+class _Job:
+    cancellable: bool = True  # chat turns; a load is not cut short by the Stop key
+    cancelled: bool = False
+    task: asyncio.Task | None = None
+
+
+class RemoteEngine:
+    """Engine API over HTTP. `url` is the server's base (with or without /v1)."""
+
+    remote = True  # the chat screen does not switch pairings on a server
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        model: str | None = None,
+        timeout_s: float = 120.0,
+        metrics_poll_s: float = 1.0,
+    ) -> None:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise RemoteError(f"--connect needs an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
+        path = parsed.path.rstrip("/")
+        if path.endswith("/v1"):
+            path = path[:-3]
+        self.base = f"{parsed.scheme}://{parsed.netloc}{path}"
+        self.url = url
+        self.api_key = api_key
+        self.model = model
+        self.timeout_s = timeout_s
+        self.metrics_poll_s = metrics_poll_s
+        self.kind: str | None = None  # "gemma-chat" | "vllm" | "openai", after load
+        self.model_id: str | None = None
+        self._info: PairingInfo | None = None
+        self._jobs: list[_Job] = []
+        self._block: int | str | None = None  # the user's latest choice, for the next turns
+        self._drafter: bool | None = None
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run_loop, name="gemma-chat-remote", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    # -- what the screen asks about the server ------------------------------------------------------
+    @property
+    def info(self) -> PairingInfo | None:
+        return self._info
+
+    @property
+    def token_origin_known(self) -> bool:
+        return self.kind == "gemma-chat"
+
+    @property
+    def live_controls(self) -> bool:
+        return self.kind == "gemma-chat"
+
+    def controls_note(self) -> str:
+        if self.kind == "vllm":
+            return "vLLM fixes the number of drafts per round at launch (--speculative-config num_speculative_tokens)"
+        return "this server does not take block size or drafter changes"
+
+    # -- the Engine API ----------------------------------------------------------------------------
+    def load(self, spec, on_event: Callable | None) -> concurrent.futures.Future:
+        return self._submit(self._load(spec, on_event), _Job(cancellable=False))
+
+    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+        job = _Job()
+        messages = [dict(m) for m in messages]
+        settings = GenerationSettings(**{f.name: getattr(settings, f.name) for f in fields(GenerationSettings)})
+        return self._submit(self._chat(job, messages, settings, on_event), job)
+
+    def complete(self, prompt, settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+        done = TurnDone(TurnStats(stop_reason="error"), "", (), error="raw completion (no chat template) is local only")
+        _emit(on_event, done)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(done)
+        return future
+
+    def reset(self) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(None)  # the server keeps (or not) its own cache
+        return future
+
+    def cancel(self) -> None:
+        for job in list(self._jobs):
+            if not job.cancellable:
+                continue
+            job.cancelled = True
+            if job.task is not None:
+                self._loop.call_soon_threadsafe(job.task.cancel)
+
+    def set_block_size(self, k: int | str) -> None:
+        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
+            raise ValueError("block size must be 1..16 or 'auto'")
+        self._block = k
+        if self.live_controls and self._jobs:
+            asyncio.run_coroutine_threadsafe(self._control({"block_size": k}), self._loop)
+
+    def set_drafter_enabled(self, on: bool) -> None:
+        self._drafter = bool(on)
+        if self.live_controls and self._jobs:
+            asyncio.run_coroutine_threadsafe(self._control({"drafter_enabled": bool(on)}), self._loop)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.cancel()
+
+        async def shutdown() -> None:
+            await self._client.aclose()
+
+        with _suppress():
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        import httpx2 as httpx
+
+        asyncio.set_event_loop(self._loop)
+        timeout = httpx.Timeout(connect=10.0, read=self.timeout_s, write=60.0, pool=10.0)
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers())
+        self._turn_lock = asyncio.Lock()
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _submit(self, coro, job: _Job) -> concurrent.futures.Future:
+        if self._closed:
+            coro.close()
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_exception(EngineError("the engine is closed"))
+            return future
+        self._jobs.append(job)
+
+        async def run():
+            async with self._turn_lock:  # FIFO, like the engine's request queue
+                try:
+                    job.task = asyncio.current_task()
+                    return await coro
+                finally:
+                    self._jobs.remove(job)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop)
+
+    def _describe(self, exc: Exception) -> str:
+        httpx = self._httpx
+        if isinstance(exc, httpx.ConnectError):
+            return f"cannot reach the server at {self.base}: connection refused or no such host (is it running?)"
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"cannot reach the server at {self.base}: the connection timed out"
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"the server at {self.base} sent nothing for {self.timeout_s:g} s (too slow or stuck)"
+        if isinstance(exc, httpx.RemoteProtocolError):
+            return f"the server at {self.base} broke the connection or does not speak HTTP ({exc})"
+        if isinstance(exc, httpx.HTTPError):
+            return f"talking to {self.base} failed: {type(exc).__name__}: {exc}"
+        return str(exc)
+
+    async def _get_json(self, path: str):
+        try:
+            resp = await self._client.get(self.base + path)
+        except self._httpx.HTTPError as e:
+            raise RemoteError(self._describe(e)) from e
+        if resp.status_code != 200:
+            raise RemoteError(_http_error(self.base + path, resp.status_code, resp.text))
+        try:
+            return resp.json()
+        except ValueError:
+            raise RemoteError(f"{self.base}{path} is not an OpenAI-compatible server: {_garbage(resp.text)}") from None
+
+    async def _metrics(self) -> dict[str, float] | None:
+        try:
+            resp = await self._client.get(self.base + "/metrics", timeout=5.0)
+        except self._httpx.HTTPError:
+            return None
+        return parse_spec_metrics(resp.text) if resp.status_code == 200 else None
+
+    async def _control(self, body: dict) -> None:
+        with _suppress():
+            await self._client.post(self.base + "/v1/gemma-chat/control", json=body, timeout=5.0)
+
+    # -- load: which server, which model -------------------------------------------------------------
+    async def _load(self, spec, on_event) -> PairingInfo:
+        _emit(on_event, LoadProgress("target", 0.0, f"connecting to {self.base}"))
+        target = getattr(spec, "target", None)
+        if self._info is not None and target not in (None, self.url, self.base):
+            raise RemoteError(f"connected to {self.base}: the model is chosen on the server, not here")
+        listing = await self._get_json("/v1/models")
+        cards = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(cards, list) or not cards or not all(isinstance(c, dict) and "id" in c for c in cards):
+            raise RemoteError(f"{self.base}/v1/models lists no models: {_garbage(json.dumps(listing))}")
+        if self.model:
+            card = next((c for c in cards if c["id"] == self.model), None)
+            if card is None:
+                names = ", ".join(str(c["id"]) for c in cards)
+                raise RemoteError(f"the server has no model {self.model!r} (it serves: {names})")
+        else:
+            card = cards[0]
+        ext = card.get(EXTENSION) if isinstance(card.get(EXTENSION), dict) else None
+        self.model_id = str(card["id"])
+        metrics = None
+        if ext is not None:
+            self.kind = "gemma-chat"
+            drafter = bool(ext.get("drafter"))
+        else:
+            self.kind = "vllm" if card.get("owned_by") == "vllm" or "max_model_len" in card else "openai"
+            metrics = await self._metrics()
+            drafter = metrics is not None
+        host = urlparse(self.base).netloc
+        label = {"gemma-chat": "gemma-chat", "vllm": "vLLM", "openai": "server"}[self.kind]
+        self._info = PairingInfo(
+            name=f"{self.model_id} ({label} at {host})",
+            target_path=self.base,
+            drafter_path=(f"{label} drafter" if drafter else None),
+            has_vision=bool(ext.get("has_vision", True)) if ext else True,
+            demo=bool(ext.get("demo")) if ext else False,
+            context_length=int((ext or {}).get("context_length") or card.get("max_model_len") or 0),
+            vocab_size=0,
+            sliding_window=0,
+            dtype=str((ext or {}).get("dtype") or "remote"),
+            supports_thinking=bool((ext or {}).get("supports_thinking", self.kind == "vllm")),
+        )
+        _emit(on_event, LoadProgress("ready", 1.0, self._info.name))
+        return self._info
+
+    # -- one turn ----------------------------------------------------------------------------------
+    def _body(self, messages: list[dict], s: GenerationSettings) -> dict:
+        body: dict = {
+            "model": self.model_id,
+            "messages": openai_messages(messages, s.system_prompt),
+            "stream": True,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "stream_options": {"include_usage": True},
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if self.kind in ("gemma-chat", "vllm"):
+            body["top_k"] = s.top_k if s.top_k > 0 else (0 if self.kind == "gemma-chat" else -1)
+            if s.ignore_eos:
+                body["ignore_eos"] = True
+            if s.thinking:
+                body["chat_template_kwargs"] = {"enable_thinking": True}
+        elif s.top_k > 0:
+            body["top_k"] = s.top_k
+        if self.kind == "vllm":
+            body["stream_options"]["continuous_usage_stats"] = True  # a token count per chunk
+        if self.kind == "gemma-chat":
+            body["block_size"] = self._block if self._block is not None else s.block_size
+            body["drafter"] = self._drafter if self._drafter is not None else s.drafter_enabled
+            if s.image_budget is not None:
+                body["image_budget"] = s.image_budget
+        return body
+
+    async def _chat(self, job: _Job, messages: list[dict], settings: GenerationSettings, on_event) -> TurnDone:
+        turn = _Turn(on_event, time.perf_counter())
+        poller = None
+        try:
+            if job.cancelled:
+                raise asyncio.CancelledError
+            if self._info is None:
+                raise RemoteError("not connected: load() has not succeeded")
+            body = self._body(messages, settings)
+            if self.kind == "vllm":
+                turn.metrics_start = await self._metrics()
+                if turn.metrics_start is not None:
+                    poller = asyncio.ensure_future(self._poll_metrics(turn))
+            await self._stream(body, turn)
+            if poller is not None:
+                poller.cancel()
+                await self._rounds_from_metrics(turn)
+            done = turn.finish()
+        except asyncio.CancelledError:
+            done = turn.finish(stop_reason="cancelled")
+        except RemoteError as e:
+            done = turn.fail(str(e))
+        except self._httpx.HTTPError as e:
+            done = turn.fail(self._describe(e))
+        except Exception as e:  # the contract: a turn never raises into the caller
+            done = turn.fail(f"{type(e).__name__}: {e}")
+        finally:
+            if poller is not None and not poller.done():
+                poller.cancel()
+        _emit(on_event, done)
+        return done
+
+    async def _stream(self, body: dict, turn: _Turn) -> None:
+        url = self.base + "/v1/chat/completions"
+        async with self._client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                raise RemoteError(_http_error(url, resp.status_code, text))
+            kind = resp.headers.get("content-type", "")
+            if not kind.startswith("text/event-stream"):
+                text = (await resp.aread()).decode("utf-8", "replace")
+                raise RemoteError(f"{url} did not answer with an event stream: {_garbage(text)}")
+            async for line in resp.aiter_lines():
+                if not line or line.startswith(":"):
+                    continue
+                field, _, value = line.partition(":")
+                if field in ("event", "id", "retry"):
+                    continue
+                if field != "data":
+                    raise RemoteError(f"{url} sent a malformed event stream: {_garbage(line)}")
+                value = value.strip()
+                if value == "[DONE]":
+                    return
+                try:
+                    chunk = json.loads(value)
+                except ValueError:
+                    raise RemoteError(f"{url} sent something that is not JSON: {_garbage(value)}") from None
+                if not isinstance(chunk, dict):
+                    raise RemoteError(f"{url} sent an unexpected chunk: {_garbage(value)}")
+                if "error" in chunk:
+                    err = chunk["error"]
+                    raise RemoteError(err.get("message") if isinstance(err, dict) else str(err))
+                turn.on_chunk(chunk, self.kind == "gemma-chat")
+        if turn.finish_reason is None:
+            raise RemoteError(f"{url} closed the stream before the reply was finished")
+
+    async def _poll_metrics(self, turn: _Turn) -> None:
+        while True:
+            await asyncio.sleep(self.metrics_poll_s)
+            await self._rounds_from_metrics(turn)
+
+    async def _rounds_from_metrics(self, turn: _Turn) -> None:
+        now = await self._metrics()
+        if now is None or turn.metrics_start is None:
+            return
+        seen = turn.metrics_seen or turn.metrics_start
+        drafts = int(now["drafts"] - seen["drafts"])
+        if drafts <= 0:
+            return
+        drafted = int(now["drafted"] - seen["drafted"])
+        accepted = int(now["accepted"] - seen["accepted"])
+        turn.metrics_seen = now
+        for ev in split_rounds(drafts, drafted, accepted, turn.stats.rounds):
+            turn.stats.rounds += 1
+            turn.stats.drafted += ev.drafted
+            turn.stats.accepted += ev.accepted
+            turn.stats.block_size_counts[ev.block_size] = turn.stats.block_size_counts.get(ev.block_size, 0) + 1
+            _emit(turn.on_event, ev)
+
+
+class _Turn:
+    """Rebuilds the engine's events for one streamed reply."""
+
+    def __init__(self, on_event, t_start: float) -> None:
+        self.on_event = on_event
+        self.t_start = t_start
+        self.stats = TurnStats()
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.count = 0  # tokens seen (ids, or usage counts where the server has no ids)
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.finish_reason: str | None = None
+        self.server_stats: dict | None = None
+        self.usage: dict | None = None
+        self.metrics_start: dict | None = None
+        self.metrics_seen: dict | None = None
+
+    def _token(self, ev: TokenEvent) -> None:
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+        self.count += 1
+        self.text.append(ev.text)
+        if ev.id >= 0:
+            self.ids.append(ev.id)
+        _emit(self.on_event, ev)
+
+    def on_chunk(self, chunk: dict, extended: bool) -> None:
+        choices = chunk.get("choices") or []
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        delta = choice.get("delta") or {}
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        else:
+            usage = None
+        ext = chunk.get(EXTENSION) if extended else None
+        if isinstance(ext, dict):
+            if isinstance(ext.get("prefill"), dict):
+                _emit(self.on_event, PrefillDone(**_known(PrefillDone, ext["prefill"])))
+            for t in ext.get("tokens") or ():
+                self._token(TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"])))
+            for r in ext.get("rounds") or ():
+                _emit(self.on_event, RoundEvent(**_known(RoundEvent, r)))
+            if isinstance(ext.get("stats"), dict):
+                self.server_stats = ext["stats"]
+            if content and not ext.get("tokens"):
+                self.text.append(content)  # the detokenizer's held-back tail: text without a token
+        elif content:
+            before = self.count
+            total = usage.get("completion_tokens") if usage else None
+            self._token(TokenEvent(-1, content, None, -1))  # type: ignore[arg-type]  # origin unknown
+            if isinstance(total, int):
+                for _ in range(total - before - 1):  # more tokens in this chunk: counted, no text
+                    self._token(TokenEvent(-1, "", None, -1))  # type: ignore[arg-type]
+        if usage is not None:
+            self.usage = usage
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+
+    def finish(self, stop_reason: str | None = None) -> TurnDone:
+        if self.server_stats is not None and stop_reason is None:
+            stats = TurnStats(**_known(TurnStats, self.server_stats))
+            stats.block_size_counts = {int(k): int(v) for k, v in (stats.block_size_counts or {}).items()}
+        else:
+            stats = self.stats
+            n = self.count
+            if self.usage and isinstance(self.usage.get("completion_tokens"), int) and stop_reason is None:
+                n = self.usage["completion_tokens"]
+            if self.usage and isinstance(self.usage.get("prompt_tokens"), int):
+                stats.prompt_tokens = stats.prefill_tokens = self.usage["prompt_tokens"]
+            stats.decode_tokens = max(n - 1, 0)  # the first token comes from the prefill
+            if self.first_at is not None and self.last_at is not None:
+                stats.ttft_s = self.first_at - self.t_start
+                stats.decode_s = self.last_at - self.first_at
+            stats.drafter_enabled = self.stats.drafted > 0
+            stats.stop_reason = stop_reason or {"length": "max_tokens"}.get(self.finish_reason or "", "eos")
+        return TurnDone(stats, "".join(self.text), tuple(self.ids))
+
+    def fail(self, message: str) -> TurnDone:
+        return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _emit(on_event, event) -> None:
+    if on_event is None:
+        return
+    try:
+        on_event(event)
+    except Exception:  # a listener's bug must not kill the turn
+        import logging
+
+        logging.getLogger(__name__).exception("event callback failed")
+
+
+def _garbage(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return repr(text[:limit] + ("…" if len(text) > limit else "")) if text else "an empty body"
+
+
+def _http_error(url: str, status: int, text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        message = err.get("message") if isinstance(err, dict) else err
+    except (ValueError, AttributeError):
+        message = None
+    if isinstance(message, str) and message:
+        return f"the server refused the request (HTTP {status}): {message}"
+    return f"HTTP {status} from {url}: {_garbage(text)}"
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return exc[0] is not None and issubclass(exc[0], Exception)

@@ -1,0 +1,471 @@
+"""`gemma-chat serve` (core.server) and `--connect` (core.remote), on 127.0.0.1 servers the tests start.
+
+Real engines on tiny checkpoints for the numbers that must match `generate` (greedy text, token ids,
+draft flags); the scripted FakeEngine where timing must be controlled (queueing, disconnects).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+
+from app.cli import main
+from app.tui.fake_engine import FakeEngine
+from app.tui.fake_engine import PairingSpec as FakeSpec
+from core.engine import Engine, PairingSpec
+from core.events import TokenEvent, TurnDone
+from core.remote import RemoteEngine, parse_spec_metrics
+from core.server import BackgroundServer, ServerConfig, StopScanner, create_app
+from core.settings import GenerationSettings
+
+PACK = "tests/data/pack/models"
+PROMPT = "How do I reverse a list in place?"
+TIMEOUT = httpx.Timeout(60.0)
+
+
+def generate_json(argv: list[str]) -> tuple[int, list[dict]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["generate", *argv, "--json"])
+    return rc, [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def serving(engine, **config):
+    app = create_app(engine, ServerConfig(model_id=config.pop("model_id", "test-model"), **config))
+    with BackgroundServer(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def real_engine(target, drafter):
+    engine = Engine()
+    try:
+        engine.load(PairingSpec("test", str(target), str(drafter) if drafter else None), None).result(timeout=120)
+        yield engine
+    finally:
+        engine.close()
+
+
+@contextlib.contextmanager
+def fake_engine(**kwargs):
+    engine = FakeEngine(**kwargs)
+    engine.load(FakeSpec("fake", "t", "d"), lambda e: None).result(timeout=5)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def sse_chunks(response) -> list[dict]:
+    chunks = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def stream_tokens(chunks: list[dict]) -> list[dict]:
+    return [t for c in chunks for t in (c.get("gemma_chat") or {}).get("tokens", [])]
+
+
+# -- the API over a real engine ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def factory_pair(tmp_path_factory):
+    from core.factory import build_pairing
+
+    return build_pairing(tmp_path_factory.mktemp("serve-factory"), "e-style")
+
+
+def test_serve_greedy_text_equals_generate_streamed_and_not(factory_pair):
+    target, drafter = factory_pair
+    rc, lines = generate_json(
+        [
+            "--model",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--prompt",
+            PROMPT,
+            "--block-size",
+            "3",
+            "--max-tokens",
+            "24",
+        ]
+    )
+    assert rc == 0
+    local = lines[:-1]
+    text = "".join(t["text"] for t in local)
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0, "block_size": 3}
+    with real_engine(target, drafter) as engine, serving(engine) as url:
+        whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert whole.status_code == 200
+        answer = whole.json()
+        assert answer["object"] == "chat.completion"
+        assert answer["choices"][0]["message"] == {"role": "assistant", "content": text}
+        assert answer["usage"]["completion_tokens"] == len(local)
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=TIMEOUT) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            chunks = sse_chunks(r)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text
+    assert [t["id"] for t in stream_tokens(chunks)] == [t["id"] for t in local]
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == len(local)
+    assert last["gemma_chat"]["stats"]["decode_tokens"] == len(local) - 1
+
+
+def test_stream_draft_flags_and_rounds_equal_the_engine():
+    pair = ["--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/e-style-assistant"]
+    rc, lines = generate_json([*pair, "--prompt", PROMPT, "--block-size", "4", "--max-tokens", "40"])
+    assert rc == 0
+    local, stats = lines[:-1], lines[-1]["stats"]
+    assert any(t["from_draft"] for t in local) and not all(t["from_draft"] for t in local)
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40, "block_size": 4, "stream": True}
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine, serving(engine) as url:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            chunks = sse_chunks(r)
+    assert stream_tokens(chunks) == local  # id, text, from_draft and round, token for token
+    rounds = [r for c in chunks for r in (c.get("gemma_chat") or {}).get("rounds", [])]
+    assert len(rounds) == stats["rounds"] and sum(r["accepted"] for r in rounds) == stats["accepted"]
+    served = chunks[-1]["gemma_chat"]["stats"]
+    for key in ("accepted", "drafted", "rounds", "decode_tokens", "block_size_counts"):
+        assert served[key] == stats[key], key
+
+
+def test_connect_reproduces_generate_tokens():
+    pair = ["--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/e-style-assistant"]
+    args = ["--prompt", PROMPT, "--block-size", "3", "--max-tokens", "32"]
+    rc, local = generate_json([*pair, *args])
+    assert rc == 0
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine, serving(engine) as url:
+        rc, remote = generate_json(["--connect", url, *args])
+    assert rc == 0
+    assert remote[:-1] == local[:-1]
+    for key in ("accepted", "drafted", "rounds", "decode_tokens", "prompt_tokens", "stop_reason"):
+        assert remote[-1]["stats"][key] == local[-1]["stats"][key], key
+
+
+# -- queueing, disconnects, limits (scripted engine) ------------------------------------------------
+
+
+def test_second_request_queues_and_one_past_the_limit_gets_429():
+    with fake_engine(step=True) as engine, serving(engine, max_waiting=1) as url:
+        body = {"messages": [{"role": "user", "content": "first"}], "stream": True}
+        results: dict[str, object] = {}
+
+        def second() -> None:
+            r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "second"}]})
+            results["second"] = (r.status_code, r.json(), time.monotonic())
+
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as first:
+            lines = first.iter_lines()
+            next(line for line in lines if '"tokens"' in line)  # the first turn is running
+            waiter = threading.Thread(target=second)
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while httpx.get(url + "/health").json()["waiting"] != 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.02)
+            assert len(engine.chats) == 1  # queued in the server, not in the engine
+            third = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "3"}]})
+            assert third.status_code == 429
+            assert "busy" in third.json()["error"]["message"] and third.json()["error"]["type"] == "server_busy"
+            assert results == {}  # still waiting
+            engine.step = False  # let the rounds run
+            engine.allow(1)
+            rest = list(lines)
+            first_done = time.monotonic()
+        waiter.join(timeout=30)
+    assert [line for line in rest if line][-1] == "data: [DONE]"
+    status, answer, second_done = results["second"]
+    assert status == 200 and answer["choices"][0]["message"]["content"] == engine.replies[0]
+    assert second_done > first_done
+    assert [m[0][-1]["content"] for m in engine.chats] == ["first", "second"]  # arrival order
+
+
+def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
+    with fake_engine(step=True) as engine, serving(engine) as url:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            next(line for line in r.iter_lines() if '"tokens"' in line)  # prefill token out, rounds held
+        deadline = time.monotonic() + 10
+        while not engine.turns:
+            assert time.monotonic() < deadline, "the turn was not cancelled"
+            time.sleep(0.02)
+        assert engine.turns[-1].stats.stop_reason == "cancelled"
+        assert engine.calls_named("cancel")
+        # the engine is free for the next client (a non-streamed request disconnecting works the same)
+        engine.step = False
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_non_loopback_bind_without_a_key_is_refused(capsys, monkeypatch):
+    monkeypatch.delenv("GEMMA_CHAT_API_KEY", raising=False)
+    assert main(["serve", "--demo", "--host", "0.0.0.0", "--port", "8123"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve on 0.0.0.0 without an API key" in err and "--api-key" in err
+
+
+def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
+    with fake_engine() as engine, serving(engine, api_key="s3cret") as url:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.get(url + "/health").status_code == 200  # liveness stays open
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_api_key"
+        ok = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(url + "/v1/models", headers=ok).json()["data"][0]["id"] == "test-model"
+        bad = [
+            ({"messages": []}, "messages"),
+            ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
+            ({**body, "temperature": "hot"}, "temperature"),
+            ({**body, "top_p": 2}, "top_p"),
+            ({**body, "n": 2}, "n=1"),
+            ({**body, "block_size": 99}, "block_size"),
+            (
+                {
+                    "messages": [
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+                    ]
+                },
+                "data: or file:",
+            ),
+        ]
+        for payload, words in bad:
+            r = httpx.post(url + "/v1/chat/completions", json=payload, headers=ok)
+            assert r.status_code == 400, payload
+            assert words in r.json()["error"]["message"], (payload, r.json())
+        r = httpx.post(url + "/v1/chat/completions", content=b"{nope", headers=ok)
+        assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+        assert httpx.get(url + "/v2/whatever", headers=ok).json()["error"]["code"] == 404
+
+
+def test_stop_strings_end_the_reply_before_the_stop():
+    reply = "alpha beta gamma delta epsilon"
+    with fake_engine(replies=[reply]) as engine, serving(engine) as url:
+        body = {"messages": [{"role": "user", "content": "x"}], "stop": [" gam"]}
+        whole = httpx.post(url + "/v1/chat/completions", json=body).json()
+        assert whole["choices"][0] == {
+            "index": 0,
+            "message": {"role": "assistant", "content": "alpha beta"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as r:
+            chunks = sse_chunks(r)
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "alpha beta"
+
+
+def test_stop_scanner_holds_back_a_possible_start_and_cuts_inside_a_token():
+    tok = lambda text: TokenEvent(1, text, False, 0)  # noqa: E731
+    scanner = StopScanner(["END"])
+    assert [t.text for t in scanner.feed([tok("ab"), tok("cE")])] == ["ab"]  # "cE" may start "END"
+    assert [t.text for t in scanner.feed([tok("Nx")])] == ["cE", "Nx"]  # it was not "END" after all
+    scanner = StopScanner(["END"])
+    out = scanner.feed([tok("abE"), tok("NDzz")])
+    assert "".join(t.text for t in out) == "ab" and scanner.stopped
+
+
+# -- --connect against the vLLM stand-in ------------------------------------------------------------
+
+
+def test_remote_engine_over_vllm_reads_text_and_spec_metrics():
+    from vllm_standin import VllmStandIn, recorded_steps
+
+    standin = VllmStandIn(chunk_delay_s=0.01)
+    steps = recorded_steps()
+    with BackgroundServer(standin.app()) as url:
+        engine = RemoteEngine(url + "/v1", metrics_poll_s=0.05)
+        try:
+            info = engine.load(None, None).result(timeout=10)
+            assert engine.kind == "vllm" and info.drafter_path is not None and not engine.live_controls
+            events: list = []
+            done = engine.chat([{"role": "user", "content": "hi"}], GenerationSettings(), events.append).result(10)
+        finally:
+            engine.close()
+    request = standin.requests[-1]
+    assert request["model"] == "google/gemma-4-31B-it" and request["stream_options"]["continuous_usage_stats"]
+    assert "block_size" not in request  # vLLM gets only what it understands
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert all(t.from_draft is None for t in tokens) and len(tokens) == sum(steps)
+    assert (
+        done.text == "Speculative decoding lets a small drafter propose tokens that the big model checks in one pass."
+    )
+    s = done.stats
+    assert (s.rounds, s.drafted, s.accepted) == (len(steps) - 1, len(steps) - 1, sum(n - 1 for n in steps[1:]))
+    assert s.decode_tokens == sum(steps) - 1 and s.stop_reason == "eos" and s.prompt_tokens == 17
+    assert s.tokens_per_round == pytest.approx(1 + s.accepted / s.rounds)
+
+
+def test_parse_spec_metrics_sums_label_sets_and_ignores_created():
+    text = "\n".join(
+        [
+            "# TYPE vllm:spec_decode_num_drafts_total counter",
+            'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
+            'vllm:spec_decode_num_drafts_total{engine="1"} 5.0',
+            'vllm:spec_decode_num_drafts_created{engine="0"} 1.7e9',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 12.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 9.0',
+        ]
+    )
+    assert parse_spec_metrics(text) == {"drafts": 15.0, "drafted": 30.0, "accepted": 12.0}
+    assert parse_spec_metrics("vllm:generation_tokens_total 5\n") is None
+
+
+# -- a dead, garbage or slow server -----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_server_gets_a_clear_error():
+    engine = RemoteEngine(f"http://127.0.0.1:{_free_port()}")
+    try:
+        with pytest.raises(Exception, match="cannot reach the server at http://127.0.0.1"):
+            engine.load(None, None).result(timeout=20)
+    finally:
+        engine.close()
+    rc, lines = generate_json(["--connect", f"http://127.0.0.1:{_free_port()}", "--prompt", "x"])
+    assert rc == 1 and "cannot reach the server" in lines[-1]["error"]
+
+
+def _garbage_app(mode: str):
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def models(request):
+        if mode == "html":
+            return HTMLResponse("<html><body>It works!</body></html>")
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "someone"}]})
+
+    async def chat(request):
+        if mode == "slow":
+            import asyncio
+
+            await asyncio.sleep(5)
+            return Response("late")
+
+        async def body():
+            yield b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+            yield b"data: {this is not json\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_garbage_or_slow_server_gets_a_clear_error():
+    with BackgroundServer(_garbage_app("html")) as url:
+        engine = RemoteEngine(url)
+        try:
+            with pytest.raises(Exception, match="not an OpenAI-compatible server"):
+                engine.load(None, None).result(timeout=10)
+        finally:
+            engine.close()
+    for mode, words in (("sse", "not JSON"), ("slow", "sent nothing for 0.5 s")):
+        with BackgroundServer(_garbage_app(mode)) as url:
+            engine = RemoteEngine(url, timeout_s=0.5)
+            try:
+                engine.load(None, None).result(timeout=10)
+                assert engine.kind == "openai"
+                done = engine.chat([{"role": "user", "content": "x"}], GenerationSettings(), None).result(timeout=10)
+            finally:
+                engine.close()
+        assert isinstance(done, TurnDone) and done.stats.stop_reason == "error" and words in done.error, done.error
+
+
+# -- the TUI on a remote engine ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_tui_panels_over_the_vllm_stand_in():
+    from pilot import ready, until
+    from vllm_standin import VllmStandIn, recorded_steps
+
+    from app.tui.app import GemmaChatApp
+    from app.tui.widgets.conversation import UNKNOWN_STYLE
+
+    standin = VllmStandIn(chunk_delay_s=0.03)
+    steps = recorded_steps()
+    with BackgroundServer(standin.app()) as url:
+        engine = RemoteEngine(url, metrics_poll_s=0.05)
+        app = GemmaChatApp(engine, PairingSpec("remote", url, None))
+        async with app.run_test(size=(110, 34)) as pilot:
+            await ready(pilot, app)
+            chat = app.chat
+            assert "google/gemma-4-31B-it (vLLM at 127.0.0.1" in str(chat.panel.pairing.content)
+            assert "origin unknown" in str(chat.legend.content)
+            chat.prompt.text = "hello"
+            await pilot.press("enter")
+            await until(pilot, lambda: chat.last_reply is not None, timeout=15)
+            reply = chat.last_reply
+            assert reply.plain.startswith("Speculative decoding")
+            assert {span.style for span in reply.tokens.text.spans} == {UNKNOWN_STYLE}
+            accepted, rounds = sum(n - 1 for n in steps[1:]), len(steps) - 1
+
+            def figures() -> str:
+                return str(chat.panel.figures.content)
+
+            await until(pilot, lambda: "Acceptance  " in figures() and "–" not in figures().splitlines()[0])
+            assert f"Acceptance  {accepted / rounds * 100:.0f} %" in figures()
+            assert f"Tok/round   {(sum(steps) - 1) / rounds:.2f}" in figures()
+            assert "Block size  server" in str(chat.panel.tuning.content)
+            chat.conversation.focus()
+            await pilot.press("plus")  # block size +1: vLLM fixes it at launch, and the screen says so
+            await pilot.pause(0.1)
+            assert any("num_speculative_tokens" in str(n.message) for n in app._notifications)
+            assert chat.history[-1] == {"role": "assistant", "content": reply.plain}
+            await app.action_quit()
+
+
+@pytest.mark.anyio
+async def test_tui_keeps_the_conversation_when_the_server_dies():
+    from pilot import ready, until
+
+    from app.tui.app import GemmaChatApp
+
+    with fake_engine() as local:
+        app_server = BackgroundServer(create_app(local, ServerConfig("m")))
+        url = app_server.__enter__()
+        engine = RemoteEngine(url)
+        app = GemmaChatApp(engine, PairingSpec("remote", url, None))
+        async with app.run_test(size=(110, 34)) as pilot:
+            await ready(pilot, app)
+            chat = app.chat
+            assert "drafted + accepted" in str(chat.legend.content)  # gemma-chat serve says the origin
+            chat.prompt.text = "first"
+            await pilot.press("enter")
+            await until(pilot, lambda: chat.last_reply is not None, timeout=15)
+            spans = {span.style for span in chat.last_reply.tokens.text.spans}
+            assert len(spans) == 2  # drafted and target colours, as local
+            app_server.__exit__(None, None, None)  # the server goes away
+            chat.prompt.text = "second"
+            await pilot.press("enter")
+            await until(pilot, lambda: chat.reply is None and chat.prompt.text == "second", timeout=15)
+            assert [m["role"] for m in chat.history] == ["user", "assistant"]
+            assert any("cannot reach the server" in str(n.message) for n in app._notifications)
+            await app.action_quit()
