@@ -122,7 +122,7 @@ def demo_row() -> Row:
         "—",
         "< 0.1 GB",
         Text("ok", style="green"),
-        "—",
+        "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
         "auto",
         "built locally",
     )
