@@ -191,3 +191,25 @@ async def test_reply_with_thinking_keeps_its_answer_colours_and_they_are_stored(
         m = store.load_chat(summary.id).messages[-1]
     assert m.thinking and m.content == "Sure.\nHello there, how can I help?"
     assert decode_origins(m.origins, len(m.content))
+
+
+# -- the settings dialog fits 80x24, its hints are whole sentences; the demo's vision ---------------------
+async def test_settings_fit_80x24_with_buttons_and_whole_hints(tmp_path):
+    from app.tui.screens.settings import SettingsScreen
+
+    app, _ = make_app(config=None)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot, app)
+        app.push_screen(SettingsScreen(tmp_path / "config.toml"))
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        await pilot.pause(0.3)
+        save = app.screen.query_one("#settings-save")
+        assert 0 < save.region.bottom <= SMALL[1] and save.region.height >= 1
+        notes = [str(w.render()) for w in app.screen.query(".form-note")]
+        assert notes and not any(n.rstrip().endswith(" can") for n in notes)
+
+
+def test_models_screen_says_the_demo_takes_images():
+    from app.tui.screens.models import COLUMNS, demo_row
+
+    assert str(demo_row().cells[COLUMNS.index("Vision")]) == "yes"
