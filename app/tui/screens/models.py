@@ -71,7 +71,7 @@ class ModelsOptions:
     token: str | bool | None = None
     offline: bool = False
     machine: object | None = None  # core.fit.MachineMemory; None = this machine
-    remember: bool = False  # save the chosen catalogue pairing as the config's default_pairing
+    remember: bool = False  # save the chosen catalogue pairing (or "demo") as the config's default_pairing
 
 
 @dataclass
@@ -476,7 +476,8 @@ class ModelsScreen(Screen):
                 partial(self._confirmed_load, spec, row.key),
             )
             return
-        self._load(spec, row.key if row.kind == "pairing" else None)
+        # the demo is remembered too (default_pairing = "demo"): the next start opens it, no welcome
+        self._load(spec, row.key if row.kind in ("pairing", "demo") else None)
 
     def _confirmed_load(self, spec, name: str, yes: bool | None) -> None:
         if yes:
