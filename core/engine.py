@@ -412,6 +412,7 @@ class Engine:
         for k in list(st.soft_tokens):
             if k not in live:
                 del st.soft_tokens[k]
+        result.stats.tokens = len(result.token_ids)
         return TurnDone(result.stats, result.text, tuple(result.token_ids))
 
     def _prepare_images(self, st: _Loaded, messages: list[dict], budget: int | None = None) -> list:

@@ -39,12 +39,19 @@ class PrefillDone:
 
 @dataclass
 class TurnStats:
+    """One turn's figures. Token counts, one definition everywhere (CLI text and JSON, the TUI's
+    summaries live and reopened, exports): `tokens` is every token of the reply, the first one
+    included (the prefill decides it, outside any round). `decode_tokens` is the rounds' tokens,
+    i.e. all but that first one: the rates divide it (decode tok/s over decode_s, which starts at the
+    first token; tokens per round over rounds), so it is a rate's numerator, not the reply's length."""
+
     prompt_tokens: int = 0
     prefill_tokens: int = 0
     reused_tokens: int = 0
     prefill_s: float = 0.0
     ttft_s: float = 0.0  # request start -> first emitted token
-    decode_tokens: int = 0
+    tokens: int = 0  # the reply's tokens, the prefill's first one included
+    decode_tokens: int = 0  # the rounds' tokens (tokens - 1 once any token is out)
     decode_s: float = 0.0
     rounds: int = 0
     drafted: int = 0
@@ -79,6 +86,15 @@ class TurnStats:
             tokens_per_round=self.tokens_per_round,
         )
         return d
+
+
+def reply_tokens(stats: dict) -> int:
+    """TurnStats.tokens from a stored TurnStats.as_dict(); stats saved before that field existed had
+    only decode_tokens, which leaves out the first token (there is one whenever ttft_s was measured)."""
+    if "tokens" in stats:
+        return int(stats["tokens"])
+    decode = int(stats.get("decode_tokens", 0) or 0)
+    return decode + 1 if decode or stats.get("ttft_s") else 0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.events import reply_tokens
 from core.store import Chat, Message
 
 
@@ -87,8 +88,8 @@ def _link_target(path: str) -> str:
 def stats_line(stats: dict) -> str:
     """'42 tokens · 31.5 tok/s · TTFT 0.21 s · acceptance 72% · 2.40 tokens/round' from TurnStats.as_dict()."""
     parts: list[str] = []
-    if "decode_tokens" in stats:
-        parts.append(f"{stats['decode_tokens']} tokens")
+    if "tokens" in stats or "decode_tokens" in stats:
+        parts.append(f"{reply_tokens(stats)} tokens")
     if stats.get("decode_tps"):
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
     if stats.get("ttft_s"):

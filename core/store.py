@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mimetypes
+import re
 import sqlite3
 import threading
 import time
@@ -102,7 +103,13 @@ FTS_DDL = (
     "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: SCHEMA_V1, 2: SCHEMA_V2}  # target version -> statements
+# v3: each reply's per-token origins (drafted + accepted / the target's own), compactly: see encode_origins.
+SCHEMA_V3 = (
+    "ALTER TABLE messages ADD COLUMN origins TEXT",
+    "PRAGMA user_version = 3",
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3}  # target version -> statements
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -157,6 +164,7 @@ class Message:
     stopped: bool = False  # the user stopped this reply; content is the partial text
     created_at: float = 0.0
     attachments: list[Attachment] = field(default_factory=list)
+    origins: str | None = None  # where each token of a reply came from (encode_origins); None: not recorded
 
 
 @dataclass
@@ -209,6 +217,41 @@ class SearchHit:
 
 # --- helpers ------------------------------------------------------------------------------------
 _UNSET: Any = object()
+
+# Per-token origins, as runs over the reply's characters: "d" drafted by the drafter and accepted by the
+# target, "t" the target's own token, "u" unattributed (text no single token produced, such as the bytes
+# of a character a detokenizer held back). Adjacent tokens of one origin share a run, so a reply of a
+# thousand tokens is typically a few hundred bytes: "t1d12t4d7t3".
+ORIGIN_KINDS = "dtu"
+_ORIGIN_RUN = re.compile(r"([dtu])(\d+)")
+
+
+def encode_origins(runs: Sequence[tuple[str, int]]) -> str:
+    """[("t", 1), ("d", 12), ...] (origin, characters) as "t1d12..."; empty runs dropped, neighbours merged."""
+    merged: list[list] = []
+    for kind, n in runs:
+        if kind not in ORIGIN_KINDS:
+            raise ValueError(f"origin must be one of {ORIGIN_KINDS!r}, got {kind!r}")
+        if n <= 0:
+            continue
+        if merged and merged[-1][0] == kind:
+            merged[-1][1] += n
+        else:
+            merged.append([kind, n])
+    return "".join(f"{k}{n}" for k, n in merged)
+
+
+def decode_origins(encoded: str | None, length: int | None = None) -> list[tuple[str, int]] | None:
+    """The runs of `encode_origins`; None when missing or malformed, or when `length` is given and
+    the runs do not cover exactly that many characters (the text and its origins disagree)."""
+    if not encoded:
+        return None
+    runs = [(m.group(1), int(m.group(2))) for m in _ORIGIN_RUN.finditer(encoded)]
+    if "".join(f"{k}{n}" for k, n in runs) != encoded:
+        return None
+    if length is not None and sum(n for _, n in runs) != length:
+        return None
+    return runs
 
 
 def _stats_to_dict(stats: Any) -> dict | None:
@@ -537,6 +580,7 @@ class Store:
                 stopped=bool(m["stopped"]),
                 created_at=m["created_at"],
                 attachments=by_message.get(m["id"], []),
+                origins=m["origins"],
             )
             for m in msg_rows
         ]
@@ -565,11 +609,14 @@ class Store:
         stats: Any = None,
         stopped: bool = False,
         attachments: Sequence[str | Path | Attachment] = (),
+        origins: str | None = None,
     ) -> Message:
         """Append one message (and its attachments) in one transaction. Attachments given as paths
         are hashed now (before the transaction, so a slow disk never holds the write lock)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if origins is not None and decode_origins(origins, len(content)) is None:
+            raise ValueError("origins must be encode_origins() runs covering the content exactly")
         atts = [a if isinstance(a, Attachment) else Attachment.from_file(a) for a in attachments]
         stats_dict = _stats_to_dict(stats)
         now = time.time()
@@ -579,8 +626,8 @@ class Store:
                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE chat_id = ?", (chat_id,)
             ).fetchone()[0]
             cur = con.execute(
-                "INSERT INTO messages (chat_id, seq, role, content, thinking, stats_json, stopped, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages (chat_id, seq, role, content, thinking, stats_json, stopped, created_at,"
+                " origins) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     chat_id,
                     seq,
@@ -590,6 +637,7 @@ class Store:
                     _json_dumps(stats_dict) if stats_dict is not None else None,
                     int(stopped),
                     now,
+                    origins,
                 ),
             )
             message_id = int(cur.lastrowid)
@@ -603,7 +651,7 @@ class Store:
             if role == "user" and chat["title"] == DEFAULT_TITLE:
                 con.execute("UPDATE chats SET title = ? WHERE id = ?", (title_from_text(content), chat_id))
             con.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
-        return Message(message_id, chat_id, seq, role, content, thinking, stats_dict, stopped, now, saved)
+        return Message(message_id, chat_id, seq, role, content, thinking, stats_dict, stopped, now, saved, origins)
 
     def append_user_message(
         self, chat_id: int, content: str, attachments: Sequence[str | Path | Attachment] = ()
@@ -618,10 +666,13 @@ class Store:
         thinking: str | None = None,
         stats: Any = None,
         stopped: bool = False,
+        origins: str | None = None,
     ) -> Message:
         """A finished reply (stopped=False) or one the user stopped (stopped=True, partial text).
-        `stats` is a TurnStats, or any mapping (stored as JSON)."""
-        return self.append_message(chat_id, "assistant", content, thinking=thinking, stats=stats, stopped=stopped)
+        `stats` is a TurnStats, or any mapping (stored as JSON); `origins`: encode_origins() runs."""
+        return self.append_message(
+            chat_id, "assistant", content, thinking=thinking, stats=stats, stopped=stopped, origins=origins
+        )
 
     def truncate_chat(self, chat_id: int, from_seq: int) -> int:
         """Delete messages with seq >= from_seq (regenerate, edit-and-resend); returns how many."""

@@ -21,7 +21,7 @@ def _private_dirs(tmp_path, monkeypatch):
 
 def fixture_chat() -> Chat:
     stats = TurnStats(
-        decode_tokens=42, decode_s=2.0, ttft_s=0.25, rounds=15, drafted=45, accepted=27, stop_reason="eos"
+        tokens=43, decode_tokens=42, decode_s=2.0, ttft_s=0.25, rounds=15, drafted=45, accepted=27, stop_reason="eos"
     ).as_dict()
     return Chat(
         id=1,
@@ -99,7 +99,7 @@ Use slicing:
 xs[::-1]
 ```
 
-*42 tokens · 21.0 tok/s · TTFT 0.25 s · acceptance 60% · 2.80 tokens/round*
+*43 tokens · 21.0 tok/s · TTFT 0.25 s · acceptance 60% · 2.80 tokens/round*
 
 ## User
 
@@ -111,7 +111,7 @@ Call `xs.reverse()`, which
 
 *(stopped)*
 
-*5 tokens · 10.0 tok/s · drafter off*
+*6 tokens · 10.0 tok/s · drafter off*
 """
 
 
@@ -132,7 +132,9 @@ def test_minimal_chat():
 
 
 def test_stats_line_error_reason():
-    assert stats_line({"decode_tokens": 3, "stop_reason": "max_tokens"}) == "3 tokens · stop: max_tokens"
+    assert stats_line({"tokens": 3, "decode_tokens": 2, "stop_reason": "max_tokens"}) == "3 tokens · stop: max_tokens"
+    # stats saved before `tokens` existed: the rounds' tokens plus the prefill's first one
+    assert stats_line({"decode_tokens": 3, "stop_reason": "max_tokens"}) == "4 tokens · stop: max_tokens"
 
 
 def test_export_from_store_never_overwrites(tmp_path):

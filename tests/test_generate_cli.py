@@ -41,6 +41,9 @@ def test_json_stream_matches_reference_greedy(capsys):
     assert s["stop_reason"] == "eos" and s["prompt_tokens"] == len(ref["prompt_ids"])
     assert s["accepted"] == sum(t["from_draft"] for t in tokens) and s["drafted"] > 0
     assert s["block_size_counts"] and 0 <= s["acceptance"] <= 1
+    # one token count: the JSON's `tokens` is every token line (the prefill's first included); the
+    # rates' decode_tokens is the rounds' share, one fewer
+    assert s["tokens"] == len(tokens) and s["decode_tokens"] == len(tokens) - 1
 
 
 def test_plain_prints_answer_and_summary(capsys):

@@ -227,13 +227,14 @@ def test_migrates_v1_database(tmp_path):
     _make_v1(db)
     assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 1
     with Store(db) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 2
+        assert store.schema_version() == SCHEMA_VERSION == 3
         chat = store.load_chat(1)
         assert chat.title == "old" and chat.params == {"top_k": 5} and not chat.pinned
         assert [(m.content, m.thinking, m.stopped) for m in chat.messages] == [
             ("hello zebra", None, False),
             ("hi there", "thought", True),
         ]
+        assert [m.origins for m in chat.messages] == [None, None]  # replies saved before v3: no origins
         assert chat.messages[0].attachments == [Attachment("/x.png", "ab", 3, "image/png", id=1)]
         assert [h.chat.id for h in store.search_chats("zebra")] == [1]  # old rows were indexed
         store.set_pinned(1, True)
@@ -421,3 +422,22 @@ def test_not_a_database(tmp_path):
     bad.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(StoreError, match="cannot open the chat history"):
         Store(bad)
+
+
+def test_reply_origins_round_trip_compactly(tmp_path):
+    from core.store import decode_origins, encode_origins
+
+    runs = [("t", 1), ("d", 5), ("d", 7), ("t", 0), ("t", 4), ("u", 2)]
+    encoded = encode_origins(runs)
+    assert encoded == "t1d12t4u2"  # neighbours of one origin merged, empty runs dropped
+    assert decode_origins(encoded, 19) == [("t", 1), ("d", 12), ("t", 4), ("u", 2)]
+    assert decode_origins(encoded, 18) is None  # does not cover the text: unusable
+    assert decode_origins("t1x2", None) is None
+    with Store(tmp_path / "h.db") as store:
+        chat = store.create_chat()
+        store.append_user_message(chat, "hi")
+        store.append_assistant_message(chat, "a" * 19, origins=encoded)
+        with pytest.raises(ValueError, match="origins"):
+            store.append_assistant_message(chat, "short", origins=encoded)
+    with Store(tmp_path / "h.db") as store:
+        assert [m.origins for m in store.load_chat(chat).messages] == [None, "t1d12t4u2"]

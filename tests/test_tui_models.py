@@ -277,7 +277,8 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
         assert engine.info.demo and app.chat.spec.demo
-    assert load_config().default_pairing == NAME  # remembered: the next start opens it
+    # remembered, the demo included: the next start opens the pairing used last
+    assert load_config().default_pairing == DEMO_KEY
 
 
 async def test_a_failed_load_is_shown_on_the_models_screen(cache):
@@ -345,7 +346,7 @@ def test_first_run_means_nothing_asked_and_no_default_pairing():
 
 async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
     spec = PairingSpec("demo (random weights)", "demo-target", "demo-drafter", demo=True)
-    app, engine = make_app(cache, spec=spec, first_run=True, offline=True)
+    app, engine = make_app(cache, spec=spec, first_run=True, offline=True, remember=True)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
         screen = app.screen
@@ -354,6 +355,24 @@ async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
         assert engine.info.demo and app.chat.spec is spec
+        await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
+    # so the next plain start is no first run: it opens the demo, no welcome screen
+    plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
+    assert not is_first_run(plain, load_config().default_pairing)
+
+
+def test_default_pairing_demo_opens_the_demo_and_a_named_pairing_is_remembered(monkeypatch, tmp_path):
+    from app.commands import tui
+
+    monkeypatch.setattr(tui, "demo_spec", lambda: "the demo spec")
+    plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
+    assert tui.pairing_spec(plain, "demo") == ("the demo spec", None)  # no "could not open" notice
+    path = tmp_path / "c.toml"
+    config = load_config(path)
+    tui.remember_pairing(argparse.Namespace(demo=True, pairing=None), config)
+    assert load_config(path).default_pairing == "demo"
+    tui.remember_pairing(argparse.Namespace(demo=False, pairing="e2b"), load_config(path))
+    assert load_config(path).default_pairing == "e2b"
 
 
 # -- the real engine ------------------------------------------------------------------------------------

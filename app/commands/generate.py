@@ -88,9 +88,9 @@ def _messages(args) -> list[dict]:
     return messages
 
 
-def _summary(stats: dict, n_tokens: int) -> str:
+def _summary(stats: dict) -> str:
     parts = [
-        f"{n_tokens} tokens",
+        f"{stats['tokens']} tokens",
         f"{stats['decode_tps']:.1f} tok/s",
         f"prefill {stats['prefill_tokens']} tok in {stats['prefill_s']:.2f}s",
         f"ttft {stats['ttft_s']:.2f}s",
@@ -192,7 +192,7 @@ def run(args) -> int:
         else:
             out.write("\n")
             out.flush()
-            print(_summary(stats, len(done.token_ids)), file=sys.stderr)
+            print(_summary(stats), file=sys.stderr)
         return 0
     finally:
         engine.close()

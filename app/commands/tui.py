@@ -4,7 +4,10 @@ Which pairing opens:
   --demo                 the offline demo pairing (tiny random weights, built once by core.demo)
   --model [--drafter]    local checkpoint directories, or Hugging Face repo ids already in the cache
   --pairing NAME         a catalogue pairing that has been downloaded
-  nothing                the config's default_pairing when it is downloaded, otherwise the demo
+  nothing                the config's default_pairing ("demo": the demo) when it is downloaded,
+                         otherwise the demo
+The pairing last chosen by name (--demo, --pairing, the models screen) is saved as default_pairing,
+so the next plain start opens it.
 First run (nothing asked for, no default_pairing configured): the demo loads underneath and the models
 screen opens over it, the demo (or a pairing already downloaded) highlighted: Enter starts it.
 --connect URL chats with a running server instead (core.remote: gemma-chat serve, vLLM, any
@@ -20,6 +23,8 @@ import sys
 from pathlib import Path
 
 from core.demo import DEMO_NAME
+
+DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models screen's row key too)
 
 FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
 FAKE_DELAY_ENV = "GEMMA_CHAT_FAKE_DELAY"
@@ -79,6 +84,8 @@ def pairing_spec(args, default_pairing: str | None = None):
         raise PairingError("--drafter needs --model (the target it drafts for)")
     if getattr(args, "pairing", None):
         return catalogue_spec(args.pairing), None
+    if default_pairing == DEMO_KEY:
+        return demo_spec(), None
     if default_pairing:
         try:
             return catalogue_spec(default_pairing), None
@@ -91,6 +98,20 @@ def is_first_run(args, default_pairing: str | None) -> bool:
     """Nothing asked for on the command line and no default pairing configured."""
     asked = any(getattr(args, a, None) for a in ("demo", "model", "drafter", "pairing"))
     return not asked and not default_pairing
+
+
+def remember_pairing(args, config) -> None:
+    """A pairing asked for by name (--demo, --pairing) becomes the one the next plain start opens,
+    as choosing it in the models screen does."""
+    name = DEMO_KEY if getattr(args, "demo", False) else getattr(args, "pairing", None)
+    if not name or name == config.default_pairing:
+        return
+    from core.config import ConfigError, save_config
+
+    try:
+        save_config({"default_pairing": name}, config.path)
+    except (ConfigError, OSError) as e:
+        print(f"gemma-chat: could not remember the pairing: {e}", file=sys.stderr)
 
 
 def run(args) -> int:
@@ -131,6 +152,7 @@ def run(args) -> int:
         except PairingError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
+        remember_pairing(args, config)
         from core.engine import Engine
 
         engine = Engine()

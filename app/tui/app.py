@@ -75,6 +75,8 @@ class GemmaChatApp(App[None]):
             self.push_screen(ModelsScreen(self.models_options, first_run=first_run, close_keys=self.models_key))
 
     async def action_quit(self) -> None:
-        # Quitting mid-reply: cancel, then close with a short timeout so a busy engine cannot hang exit.
+        # Quitting mid-reply keeps the partial reply, marked stopped, as Esc does (and saves it);
+        # then the engine closes with a short timeout so a busy engine cannot hang the exit.
+        await self.chat.stop_and_keep()
         self.chat.shutdown()
         self.exit()

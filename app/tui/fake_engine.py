@@ -296,6 +296,7 @@ class FakeEngine:
         finally:
             self._rounds_done = None
         stop = "cancelled" if cancelled else "eos" if pos >= len(tokens) else "max_tokens"
+        stats.tokens = len(emitted_ids)
         stats.decode_tokens = len(emitted_ids) - (1 if emitted_ids else 0)  # the rounds' tokens
         stats.decode_s = stats.rounds * self.round_s
         stats.peak_memory_bytes = PEAK_MEMORY_BYTES

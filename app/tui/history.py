@@ -25,9 +25,16 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Collapsible, Static
 
-from app.tui.widgets.conversation import ReplyView, UserMessage
+from app.tui.widgets.conversation import (
+    ReplyView,
+    UserMessage,
+    displayable,
+    origin_runs,
+    text_with_origins,
+)
 from core.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
+from core.store import decode_origins, encode_origins
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -180,13 +187,17 @@ class HistoryRecorder:
 
         self.submit(write)
 
-    def record_reply(self, text: str, *, thinking: str | None, stats: Any, stopped: bool) -> None:
+    def record_reply(
+        self, text: str, *, thinking: str | None, stats: Any, stopped: bool, origins: str | None = None
+    ) -> None:
         ref = self.current
         ref.count += 1
 
         def write(store):
             if ref.id is not None:
-                store.append_assistant_message(ref.id, text, thinking=thinking or None, stats=stats, stopped=stopped)
+                store.append_assistant_message(
+                    ref.id, text, thinking=thinking or None, stats=stats, stopped=stopped, origins=origins
+                )
 
         self.submit(write)
 
@@ -260,12 +271,42 @@ def thinking_section(thinking: str) -> Collapsible:
     return Collapsible(body, title="thinking", collapsed=True, classes="thinking")
 
 
+def answer_spans(text: str, markers: ThinkingMarkers) -> list[tuple[int, int]]:
+    """Where split_thinking's answer lies in `text`: the (start, end) pieces outside the channels,
+    leading whitespace of the whole answer left out (as split_thinking does)."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while True:
+        i = text.find(markers.start, pos)
+        if i < 0:
+            spans.append((pos, len(text)))
+            break
+        spans.append((pos, i))
+        j = text.find(markers.end, i + len(markers.start))
+        if j < 0:
+            break
+        pos = j + len(markers.end)
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if not out:  # still skipping the answer's leading whitespace
+            while a < b and text[a].isspace():
+                a += 1
+            if a == b:
+                continue
+        out.append((a, b))
+    return out
+
+
 def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     """Fold a finished reply's thinking into a collapsed section above the answer, and leave only the
     answer (with its token colours) in the token view and the reply text."""
     full = reply.tokens.text
-    plain = reply.plain
-    kept = full[len(plain) - len(answer) :] if answer and plain.endswith(answer) else Text(answer)
+    kept = Text()
+    if len(full) == len(reply.plain):  # the token view holds the whole reply, character for character
+        for a, b in answer_spans(reply.plain, THINKING_MARKERS):
+            kept.append_text(full[a:b])
+    if kept.plain != displayable(answer):  # the view and the text disagree: the answer, uncoloured
+        kept = Text(displayable(answer))
     reply.tokens.set_text(kept)
     reply.chunks = [answer]
     reply._markdown_dirty = True
@@ -273,27 +314,47 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
         reply.mount(thinking_section(thinking), before=reply.tokens)
 
 
+def reply_origins(reply: ReplyView, answer: str) -> str | None:
+    """The answer's per-token origins as stored (core.store.encode_origins), None when the token view
+    does not hold exactly the answer's characters."""
+    text = reply.tokens.text
+    if len(text) != len(answer):
+        return None
+    return encode_origins(origin_runs(text)) or None
+
+
 class RestoredReply(ReplyView):
-    """A reply read back from the history: its text (no per-token origin colours: those are not
-    stored), its thinking collapsed, and its stored statistics as the summary."""
+    """A reply read back from the history: its text with the per-token origin colours stored with it
+    (replies saved before those were stored show uncoloured, and say so), its thinking collapsed,
+    and its stored statistics as the summary."""
 
     def __init__(
-        self, text: str, *, thinking: str | None = None, stats: dict | None = None, stopped: bool = False
+        self,
+        text: str,
+        *,
+        thinking: str | None = None,
+        stats: dict | None = None,
+        stopped: bool = False,
+        origins: str | None = None,
     ) -> None:
         super().__init__()
         self.restored_text = text
         self.restored_thinking = thinking
         self.restored_stats = stats
+        self.restored_origins = decode_origins(origins, len(text))
         self.stopped = stopped
         self.chunks = [text]
 
     def on_mount(self) -> None:
         from core.export import stats_line
 
-        self.tokens.append_plain(self.restored_text)
+        # set_text, not an append: a finished reply keeps no blank rows reserved for streaming
+        self.tokens.set_text(text_with_origins(displayable(self.restored_text), self.restored_origins))
         self.header.update("gemma  ■ stopped" if self.stopped else "gemma")
         self.set_class(self.stopped, "-stopped")
         line = stats_line(self.restored_stats) if self.restored_stats else ""
+        if self.restored_origins is None and self.restored_text:
+            line = f"{line} · token colours not recorded" if line else "token colours not recorded"
         self.summary.update(line or "(from history)")
         self._markdown_dirty = True
         if self.restored_thinking:
@@ -347,7 +408,11 @@ class HistoryActions:
             show_thinking(reply, thinking, answer)
         if self.recorder is not None:
             self.recorder.record_reply(
-                answer, thinking=thinking or None, stats=done.stats, stopped=done.stats.stop_reason == "cancelled"
+                answer,
+                thinking=thinking or None,
+                stats=done.stats,
+                stopped=done.stats.stop_reason == "cancelled",
+                origins=reply_origins(reply, answer),
             )
         return answer
 
@@ -370,6 +435,9 @@ class HistoryActions:
         self.conversation.remove_children()
         self.history.clear()
         self.last_reply = None
+        # the panel's figures were the previous chat's last turn
+        self.stats.clear()
+        self.panel.show(self.stats)
 
     def action_new_chat(self) -> None:
         if self._busy("start a new chat"):
@@ -455,7 +523,9 @@ class HistoryActions:
                     text = f"{text}\n[image: {names}]" if text else f"[image: {names}]"
                 widgets.append(UserMessage(text))
             elif m.role == "assistant":
-                widgets.append(RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped))
+                widgets.append(
+                    RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
+                )
         self.history.extend(m for m in chat.engine_messages() if m["role"] != "system")
         if widgets:
             await self.conversation.mount_all(widgets)

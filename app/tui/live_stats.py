@@ -48,6 +48,14 @@ class LiveStats:
         self.first_token_at = self.last_token_at = None
         self.dirty = True
 
+    def clear(self) -> None:
+        """A new chat: forget the last turn's figures (the settings and what the engine can do stay)."""
+        self.start_turn(0.0)
+        self.sent_at = None
+        self.recent_per_round.clear()
+        self.prefill_tps = None
+        self.peak_memory_bytes = None
+
     def on_prefill(self, ev: PrefillDone) -> None:
         self.prefill_tps = ev.prefill_tokens / ev.prefill_s if ev.prefill_s > 0 else None
         self.dirty = True
@@ -96,11 +104,10 @@ class LiveStats:
         return self.round_tokens / self.rounds if self.rounds else None
 
 
-def summary_line(stats: TurnStats, tokens: int | None = None) -> str:
-    """The one-line summary under a finished reply; `tokens` is the whole reply's count (the
-    engine's decode_tokens leaves out the first token, which comes from the prefill)."""
-    count = stats.decode_tokens if tokens is None else tokens
-    parts = [f"{count} tokens", f"{stats.decode_tps:.1f} tok/s"]
+def summary_line(stats: TurnStats) -> str:
+    """The one-line summary under a finished reply (TurnStats.tokens: the whole reply, the
+    prefill's first token included, as everywhere)."""
+    parts = [f"{stats.tokens} tokens", f"{stats.decode_tps:.1f} tok/s"]
     if stats.drafted:
         parts.append(f"acceptance {stats.acceptance:.0%}")
     else:

@@ -38,6 +38,7 @@ class Word:
 class Found:
     paths: list[str]  # in the order they appear, as written (expanded ~, decoded URLs), no duplicates
     text: str  # the text with those words taken out
+    missing: tuple[str, ...] = ()  # image paths that name no file here: left in `text`, untouched
 
 
 def split_words(text: str) -> list[Word]:
@@ -101,18 +102,25 @@ def _looks_like_path(word: str, path: str, exists: Callable[[str], bool]) -> boo
     return exists(path)
 
 
-def find_image_paths(text: str, exists: Callable[[str], bool] = os.path.isfile) -> Found:
-    """The image paths in `text` and the text without them (see the module docstring)."""
+def find_image_paths(text: str, exists: Callable[[str], bool] = os.path.isfile, *, keep_missing: bool = False) -> Found:
+    """The image paths in `text` and the text without them (see the module docstring).
+    `keep_missing`: a path that names no file stays in the text (a paste must lose nothing) and is
+    listed in `missing` instead."""
     taken: list[tuple[int, int]] = []
     paths: list[str] = []
+    missing: list[str] = []
     for word in split_words(text):
         path = _as_path(word.value)
         if not path or not is_image_name(path) or not _looks_like_path(word.value, path, exists):
             continue
+        if keep_missing and not exists(path):
+            if path not in missing:
+                missing.append(path)
+            continue
         taken.append((word.start, word.end))
         if path not in paths:
             paths.append(path)
-    return Found(paths, remove_spans(text, taken))
+    return Found(paths, remove_spans(text, taken), tuple(missing))
 
 
 def remove_spans(text: str, spans: list[tuple[int, int]]) -> str:

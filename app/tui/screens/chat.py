@@ -183,6 +183,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.conversation.mount(reply)
         self.conversation.anchor()
         self.stats.start_turn(time.monotonic())
+        self.panel.show_status("generating… (Esc stops)")
         settings = dataclasses.replace(
             self.settings, block_size=self.stats.block_setting, drafter_enabled=self.stats.drafter_enabled
         )
@@ -258,7 +259,12 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.stats.block_by_server = not getattr(self.engine, "live_controls", True)
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
-        self.panel.show_status("ready" + ("" if info.drafter_path else " (no drafter)"))
+        if not self.generating:
+            self.show_ready()
+
+    def show_ready(self) -> None:
+        info = self.engine.info
+        self.panel.show_status("ready" + ("" if info is None or info.drafter_path else " (no drafter)"))
 
     def switch_pairing(self, spec) -> bool:
         """Load another pairing into the running engine (the models screen's Use). The conversation
@@ -287,6 +293,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._turn_future = None
         reply.finish(done)
         self.stats.on_done(done.stats)
+        if self.loaded:
+            self.show_ready()
         user = self._turn_user
         self._turn_user = None
         self.images_turn_done(failed=done.stats.stop_reason == "error")
@@ -335,6 +343,33 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
     def action_stop(self) -> None:
         if self.reply is not None:
             self.engine.cancel()
+
+    async def stop_and_keep(self, timeout_s: float = 1.0) -> None:
+        """Stop a streaming reply and keep what it said, marked stopped (quitting mid-reply): the
+        engine's own TurnDone when it comes within `timeout_s`, else the reply as streamed so far."""
+        import asyncio
+
+        if self.reply is None:
+            return
+        self.engine.cancel()
+        deadline = time.monotonic() + timeout_s
+        while self.reply is not None and time.monotonic() < deadline:
+            self._drain()
+            if self.reply is not None:
+                await asyncio.sleep(0.02)
+        reply = self.reply
+        if reply is None:
+            return
+        stats = TurnStats(
+            stop_reason="cancelled",
+            tokens=reply.token_count,
+            decode_tokens=max(reply.token_count - 1, 0),
+            rounds=self.stats.rounds,
+            drafted=self.stats.drafted,
+            accepted=self.stats.accepted,
+            drafter_enabled=self.stats.drafter_enabled,
+        )
+        self._finish(TurnDone(stats, reply.plain, ()))
 
     def action_regenerate(self) -> None:
         if self.generating:

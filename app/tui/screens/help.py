@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -27,6 +27,21 @@ def help_table(screen_keys: tuple[keys.ScreenKey, ...]) -> Table:
     return table
 
 
+class HelpBody(VerticalScroll):
+    """The keys and notes: scrolls (arrows, PgUp/PgDn, Home/End, the mouse) when the terminal is
+    too small for all of it, while the title and the close hint stay in view."""
+
+    BINDINGS = [
+        Binding("home", "scroll_home", "Top", show=False),
+        Binding("end", "scroll_end", "End", show=False),
+        Binding("space", "page_down", "Page down", show=False),
+    ]
+
+
+# rows of the help box around its scrolling body: border 2, padding 2, title 2, footer 2, spare 2
+BOX_CHROME_ROWS = 10
+
+
 class HelpScreen(ModalScreen[None]):
     CSS_PATH = str(style_path("help.tcss"))
     BINDINGS = [
@@ -40,19 +55,32 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static(Text("gemma-chat — keys", style="bold"), id="help-title")
-            yield Static(help_table(self.screen_keys), id="help-keys")
-            yield Static(
-                Text.assemble(
-                    "Plain keys (second column) act when the conversation has focus (Tab), or in an "
-                    "empty prompt: + - ? always, a d only while a reply streams. Once you type, they "
-                    "are ordinary text. The F-keys and ctrl keys always work.\n"
-                    "Block size K = drafts + 1 tokens verified per round; changes apply from the next round, "
-                    "also in the middle of a reply.\n\n",
-                    legend(),
-                ),
-                id="help-notes",
-            )
-            yield Static("Esc / F1 / q: close", id="help-footer")
+            with HelpBody(id="help-body"):
+                yield Static(help_table(self.screen_keys), id="help-keys")
+                yield Static(
+                    Text.assemble(
+                        "Plain keys (second column) act when the conversation has focus (Tab), or in an "
+                        "empty prompt: + - ? always, a d only while a reply streams. Once you type, they "
+                        "are ordinary text. The F-keys and ctrl keys always work.\n"
+                        "Block size: the tokens the target verifies per round (the drafter's drafts + 1); "
+                        "changes apply from the next round, also in the middle of a reply.\n\n",
+                        legend(),
+                    ),
+                    id="help-notes",
+                )
+            yield Static("Esc / F1 / q: close · ↑ ↓ PgUp PgDn Home End: scroll", id="help-footer")
+
+    def on_mount(self) -> None:
+        self.query_one(HelpBody).focus()
+        self._fit()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        # The body scrolls inside a box that grows with its content up to the screen: an auto-height
+        # box cannot give a child "the rest", so the body's limit follows the screen's height.
+        self.query_one(HelpBody).styles.max_height = max(self.size.height - BOX_CHROME_ROWS, 3)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -72,7 +72,7 @@ class ModelsOptions:
     token: str | bool | None = None
     offline: bool = False
     machine: object | None = None  # core.fit.MachineMemory; None = this machine
-    remember: bool = False  # save the chosen catalogue pairing as the config's default_pairing
+    remember: bool = False  # save the chosen catalogue pairing (or "demo") as the config's default_pairing
 
 
 @dataclass
@@ -123,7 +123,7 @@ def demo_row() -> Row:
         "—",
         "< 0.1 GB",
         Text("ok", style="green"),
-        "—",
+        "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
         "auto",
         "built locally",
     )
@@ -477,7 +477,8 @@ class ModelsScreen(Screen):
                 partial(self._confirmed_load, spec, row.key),
             )
             return
-        self._load(spec, row.key if row.kind == "pairing" else None)
+        # the demo is remembered too (default_pairing = "demo"): the next start opens it, no welcome
+        self._load(spec, row.key if row.kind in ("pairing", "demo") else None)
 
     def _confirmed_load(self, spec, name: str, yes: bool | None) -> None:
         if yes:

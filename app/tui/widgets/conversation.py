@@ -48,6 +48,40 @@ def displayable(text: str) -> str:
     return text.translate(_CONTROL_PICTURES)
 
 
+# Origins as stored with a reply (core.store.encode_origins): style of each run kind, and back.
+ORIGIN_STYLES = {"d": DRAFT_STYLE, "t": TARGET_STYLE}
+
+
+def origin_runs(text: Text) -> list[tuple[str, int]]:
+    """A token view's Text as (origin, characters) runs: "d" drafted + accepted, "t" the target's
+    own, "u" anything outside a token span."""
+    runs: list[tuple[str, int]] = []
+    pos = 0
+    for span in sorted(text.spans, key=lambda s: s.start):
+        kind = "d" if span.style == DRAFT_STYLE else "t" if span.style == TARGET_STYLE else None
+        if kind is None or span.start < pos:
+            continue
+        if span.start > pos:
+            runs.append(("u", span.start - pos))
+        runs.append((kind, span.end - span.start))
+        pos = span.end
+    if pos < len(text):
+        runs.append(("u", len(text) - pos))
+    return runs
+
+
+def text_with_origins(plain: str, runs: list[tuple[str, int]] | None) -> Text:
+    """`plain` (already displayable) with the origin colours of `runs` (None: no colours)."""
+    text = Text(plain)
+    pos = 0
+    for kind, n in runs or ():
+        style = ORIGIN_STYLES.get(kind)
+        if style is not None:
+            text.stylize(style, pos, pos + n)
+        pos += n
+    return text
+
+
 def legend(origin_known: bool = True) -> Text:
     t = Text("Token view: ")
     if not origin_known:  # a server that streams text only
@@ -344,7 +378,7 @@ class ReplyView(Vertical):
             label += "  (max tokens)"
         self.header.update(label)
         self.set_class(self.stopped, "-stopped")
-        self.summary.update(summary_line(stats, len(done.token_ids)) if stats.rounds else "no tokens")
+        self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
         self._markdown_dirty = True
 
     def _take_final_text(self, text: str) -> None:

@@ -56,7 +56,10 @@ class PromptArea(TextArea, inherit_bindings=False):
         # screen checks them), the rest is pasted as usual. No paths: TextArea's own paste runs.
         from app.tui.paths_in_text import find_image_paths
 
-        found = find_image_paths(event.text)
+        found = find_image_paths(event.text, keep_missing=True)
+        if found.missing and not self.read_only:
+            names = ", ".join(found.missing)
+            self.notify(f"No such image file: {names} (left in the text)", severity="warning", markup=False)
         if not found.paths or self.read_only:
             return
         event.stop()
