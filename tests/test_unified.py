@@ -335,3 +335,76 @@ def test_generate_12b_4bit_from_the_hf_cache_with_an_image(tmp_path, monkeypatch
     assert main([*args, *image, "--no-draft"]) == 0
     plain = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert [t["id"] for t in plain[:-1]] == drafted
+
+
+def test_real_shape_12b_embedder_runs_float_and_quantized():
+    """The 12B's embedder at its real widths (6912 -> 3840, a [1120, 2, 3840] position table,
+    3840 -> 3840 projection), float and 4-bit in the mlx-community layout (`.scales` predicate)."""
+    import mlx.nn as nn
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from core.image import preprocess_image
+    from core.unified import UnifiedVisionConfig, UnifiedVisionEncoder, merge_patches
+
+    config = {
+        "model_type": "gemma4_unified",
+        "text_config": {"hidden_size": 3840},
+        "vision_config": {
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "model_patch_size": 48,
+            "mm_embed_dim": 3840,
+            "mm_posemb_size": 1120,
+            "output_proj_dims": 3840,
+            "rms_norm_eps": 1e-6,
+        },
+    }
+    enc = UnifiedVisionEncoder(UnifiedVisionConfig.from_model_config(config))
+    mx.random.seed(0)
+    enc.update({"vision_embedder": {"pos_embedding": mx.random.normal((1120, 2, 3840))}})
+    im = preprocess_image(IMAGES / "inputs" / "rgb_640x480.png", max_soft_tokens=70)
+    pixels, pos = merge_patches(im.pixel_values, im.position_ids)
+    float_out = enc.encode(pixels, pos)
+    assert float_out.shape == (63, 3840) and bool(mx.isfinite(float_out).all())
+    nn.quantize(enc, group_size=64, bits=4, class_predicate=lambda p, m: isinstance(m, nn.Linear))
+    weights = {"model." + k: v for k, v in tree_flatten(enc.parameters())}  # the HF prefix this time
+    loaded = UnifiedVisionEncoder.from_weights({**config, "quantization": {"bits": 4, "group_size": 64}}, weights)
+    assert isinstance(loaded.vision_embedder.patch_dense, nn.QuantizedLinear)
+    assert isinstance(loaded.embed_vision.embedding_projection, nn.QuantizedLinear)
+    q_out = np.array(loaded.encode(pixels, pos))
+    assert np.corrcoef(q_out.ravel(), np.array(float_out).ravel())[0, 1] > 0.9
+
+
+@pytest.mark.parametrize("layout,dtype", [("hf", "bfloat16"), ("mlx", "q4")])
+def test_factory_unified_pairing_chats_with_an_image(factory_checkpoints, layout, dtype):
+    """bf16 and 4-bit unified checkpoints (embedders stay bf16, as converters leave them): an image
+    turn and a follow-up that reuses the cache, drafter on and off give the same tokens."""
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    target, drafter = factory_checkpoints.pairing("unified-style", layout=layout, dtype=dtype)
+    msg = {
+        "role": "user",
+        "content": [
+            {"type": "image", "path": str(IMAGES / "inputs" / "gray_77x143.png")},
+            {"type": "text", "text": "What is it?"},
+        ],
+    }
+    eng = Engine()
+    try:
+        info = eng.load(PairingSpec("12B-like", str(target), str(drafter)), None).result(timeout=120)
+        assert info.has_vision and eng._state.vision.vision_embedder.pos_embedding.dtype == mx.bfloat16
+        outs = []
+        for drafter_on in (True, False):
+            eng.reset().result()
+            kw = dict(max_tokens=6, ignore_eos=True, image_budget=70, block_size=3, drafter_enabled=drafter_on)
+            first = eng.chat([msg], GenerationSettings(**kw), None).result(timeout=120)
+            follow = [msg, {"role": "assistant", "content": first.text}, {"role": "user", "content": "More."}]
+            second = eng.chat(follow, GenerationSettings(**kw), None).result(timeout=120)
+            assert first.error is None and second.error is None and second.stats.reused_tokens > 66
+            outs.append((first.token_ids, second.token_ids))
+        assert all(len(a) == 6 and len(b) == 6 for a, b in outs)
+        assert outs[0] == outs[1]
+    finally:
+        eng.close()
