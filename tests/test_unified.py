@@ -408,3 +408,38 @@ def test_factory_unified_pairing_chats_with_an_image(factory_checkpoints, layout
         assert outs[0] == outs[1]
     finally:
         eng.close()
+
+
+def test_real_12b_configs_pair_and_refuse_the_others():
+    """The real-shape 12B configs (core.factory REAL_SHAPES) pass the pair check: the assistant
+    reads 8 sliding K/V heads of 256 and 1 full head of 512 from layers 46 and 47; an E2B
+    assistant is refused for the architecture and every shape it gets wrong."""
+    from core import factory
+    from core.fit import producer_layers
+
+    spec = factory.resolve_spec(full_config="12B")
+    target, drafter = factory.target_config(spec, "bfloat16"), factory.drafter_config(spec, "bfloat16")
+    assert producer_layers(target["text_config"]) == {"sliding_attention": 46, "full_attention": 47}
+    assert pairing.check_pair(target, drafter) == []
+    e2b = factory.resolve_spec(full_config="E2B")
+    problems = pairing.check_pair(target, factory.drafter_config(e2b, "bfloat16"))
+    assert len(problems) == 1 and "gemma4_assistant checkpoint" in problems[0]
+
+
+def test_sampling_with_the_unified_drafter_keeps_greedy_at_top_k_1_and_reproduces_by_seed():
+    from core.settings import GenerationSettings
+    from core.spec import Decoder, Prompt
+
+    tg, dr = load_target(UT), load_drafter(UA)
+    p = json.loads((PACK / "references" / "text" / "unified-style.json").read_text())["prompts"]["long"]
+
+    def run(**kw):
+        settings = GenerationSettings(max_tokens=20, ignore_eos=True, **kw)
+        return Decoder(tg, dr, None, {1, 22, 12}).run(
+            tg.make_cache(), Prompt(p["prompt_ids"]), settings, lambda e: None
+        )
+
+    greedy_like = run(temperature=0.8, top_k=1, block_size=4, seed=3)
+    assert greedy_like.token_ids == p["greedy_no_eos_stop"]["ids"][:20]
+    a, b = run(temperature=1.0, block_size=4, seed=11), run(temperature=1.0, block_size=4, seed=11)
+    assert a.token_ids == b.token_ids and a.stats.drafted > 0
