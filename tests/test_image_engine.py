@@ -104,7 +104,7 @@ def _prefill_last_logits(tg, ids, spans, soft, *, chunk=16, bidirectional=True):
     return np.array(logits[0])
 
 
-@pytest.mark.parametrize("family", ["e-style", "moe-style", "dense-style"])
+@pytest.mark.parametrize("family", ["e-style", "moe-style", "dense-style", "unified-style"])
 def test_full_image_prompt_last_logits_match_hf(family):
     ref = load_file(f"{IMAGES}/{family}.safetensors")
     ids, spans, soft = _assemble(family)
@@ -130,7 +130,7 @@ def test_full_image_prompt_last_logits_match_hf(family):
 # --- engine: drafter identity, cache reuse, encode once ----------------------------------
 
 
-@pytest.mark.parametrize("family", ["e-style", "moe-style", "dense-style"])
+@pytest.mark.parametrize("family", ["e-style", "moe-style", "dense-style", "unified-style"])
 def test_drafter_identity_with_images_across_reused_turns(family):
     eng = Engine()
     try:

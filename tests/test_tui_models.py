@@ -409,3 +409,37 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
             assert app.chat.history[-1]["role"] == "assistant"
     finally:
         app.chat.shutdown()
+
+
+async def test_12b_4bit_shows_its_size_and_fit_and_loads_with_its_own_drafter(cache):
+    """The 12B (`gemma4_unified`) pairing a 16 GB Mac runs: listed with size, memory and fit, marked
+    unconfirmed, and Enter loads its target with the unified assistant."""
+    name = "12b-4bit"
+    p = catalog.get_pairing(name)
+    mac16 = fit.MachineMemory(16 * 10**9, 12 * 10**9, "16 GB Mac")
+    app, engine = make_app(cache, machine=mac16)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(name)
+        assert cell(screen, name, 0).startswith("12b-4bit  Gemma 4 12B (unified) 4bit")
+        assert cell(screen, name, 1) == "not downloaded" and cell(screen, name, 2) == "7.8 GB"
+        assert cell(screen, name, 3) == "9.2 GB" and cell(screen, name, 4) == "ok"
+        assert cell(screen, name, 5) == "yes" and cell(screen, name, 7) == "unconfirmed"
+        assert cell(screen, "12b", 4) == "won't fit"
+        await pilot.pause()
+        details = str(screen.details.content)
+        assert (
+            p.target_repo in details and "gemma-4-12B-it-assistant-bf16" in details and "not independently" in details
+        )
+        await pilot.press("enter")  # not downloaded: says so
+        assert "not downloaded" in screen.message
+    target = put_in_cache(cache, p.target_repo, files("gemma4_unified", 5000))
+    drafter = put_in_cache(cache, p.drafter_repo, files("gemma4_unified_assistant", 3000))
+    app, engine = make_app(cache, machine=mac16)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(name)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert app.chat.spec.name == name
+        assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)

@@ -165,3 +165,281 @@ def test_bad_drafter_type_message_names_both_assistants():
     dr = load_drafter(UA)
     assert not dr.ordered and dr.softcap is None  # tied dense head, no soft-cap
     assert dr.cfg.backbone_hidden_size == 88
+
+
+# -- images -------------------------------------------------------------------------------------
+
+IMAGES = PACK / "references" / "images"
+
+
+def test_unified_preprocessing_matches_hf_at_every_budget():
+    """48 x 48 model patches from our 16-px preprocessing: the HF unified pipeline's exact pixels,
+    positions and padding for the eight synthetic images at 70 / 140 / 280 / 560 / 1120."""
+    import hashlib
+
+    import numpy as np
+
+    from core.image import SUPPORTED_SOFT_TOKENS, preprocess_image
+    from core.unified import model_inputs
+
+    ref = json.loads((IMAGES / "preprocess-unified.json").read_text())
+    assert tuple(ref["budgets"]) == SUPPORTED_SOFT_TOKENS
+    checked = 0
+    for case in ref["cases"].values():
+        for budget, want in case["budgets"].items():
+            im = preprocess_image(IMAGES / case["input"]["file"], max_soft_tokens=int(budget))
+            pixels, pos = model_inputs(im)
+            n = want["num_soft_tokens"]
+            assert im.num_soft_tokens == n and im.resized_size == (want["resized_height"], want["resized_width"])
+            assert [1, *pixels.shape] == want["pixel_values_shape"]
+            u8 = np.round(pixels[:n] * 255).astype(np.uint8)
+            assert hashlib.sha256(u8.tobytes()).hexdigest() == want["pixel_values_u8_sha256"], (case, budget)
+            assert not pixels[n:].any() and (pos[n:] == -1).all() and len(pos) - n == want["position_ids_num_padding"]
+            assert pos[:4].tolist() == want["position_ids_first4"][: min(4, n)]
+            assert pos[n - 4 : n].tolist() == want["position_ids_last_real4"]
+            np.testing.assert_allclose(pixels[0, 144:152], want["patch0_values_144_to_151"], atol=1e-7)
+            checked += 1
+    assert checked == 40
+
+
+def test_vision_embedder_and_soft_tokens_match_hf():
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from core.image import ImageProcessorConfig, preprocess_image
+    from core.unified import UnifiedVisionEncoder, model_inputs
+    from core.vision import load_vision
+
+    enc = load_vision(UT)
+    assert isinstance(enc, UnifiedVisionEncoder) and enc.config.mm_embed_dim == 32 and enc.config.raw_dims == 6912
+    ref = load_file(str(IMAGES / "unified-style.safetensors"))
+    inputs = load_file(str(IMAGES / "unified-style_inputs.safetensors"))
+    pixels, pos = inputs["pixel_values_u8"].astype(np.float32) / np.float32(255), inputs["image_position_ids"]
+    embedded, soft = enc.embedder(pixels, pos), enc.encode(pixels, pos)
+    assert embedded.shape == (130, 32) and soft.shape == (130, 88) and enc.soft_token_count(pos) == 130
+    # the pack allows 5e-4 on MLX's CPU backend; the host-side float64 patch_ln1 statistics do better
+    assert float(np.abs(np.array(embedded) - ref["vision_embedder_output"]).max()) < 5e-5
+    assert float(np.abs(np.array(soft) - ref["soft_tokens"]).max()) < 5e-5
+    # from the PNG through our processor with the checkpoint's budget (140, in processor_config.json)
+    config = ImageProcessorConfig.from_model_dir(UT)
+    im = preprocess_image(IMAGES / "test_image.png", config)
+    assert config.max_soft_tokens == 140 and im.num_soft_tokens == 130
+    mine_pixels, mine_pos = model_inputs(im)
+    assert np.array_equal(mine_pixels, pixels[0]) and np.array_equal(mine_pos, pos[0])
+    assert float(np.abs(np.array(enc.encode_image(im)) - ref["soft_tokens"]).max()) < 5e-5
+    # padding rows and row order do not matter: positions carry the layout
+    perm = np.random.default_rng(0).permutation(130)
+    shuffled = np.array(enc.encode(pixels[0][:130][perm], pos[0][:130][perm]))
+    assert float(np.abs(shuffled - np.array(soft)[perm]).max()) < 1e-5
+
+
+def test_image_attention_rule_is_the_unified_one():
+    """Image tokens see their whole image both ways on every layer, past the window too; the
+    26B/31B rule (sliding only, within the window) or a causal prefill misses the reference."""
+    from core.cache import attention_mask
+
+    spans = [(2, 20)]
+    unified = attention_mask(0, 24, 0, 24, 4, spans, spans_past_window=True)
+    gemma4 = attention_mask(0, 24, 0, 24, 4, spans)
+    assert bool(unified[19, 2]) and not bool(gemma4[19, 2])  # the image's first token, 17 back
+    assert bool(unified[2, 19]) and bool(gemma4[2, 19])  # later image tokens, both rules
+    assert not bool(unified[23, 2]) and not bool(unified[21, 2])  # text after the image: window only
+    assert bool(unified[21, 18]) and not bool(unified[21, 17])
+    full = attention_mask(0, 24, 0, 24, None, spans)
+    assert bool(full[3, 19]) and not bool(full[21, 22])
+
+
+def test_mm_posemb_bound_and_raw_width_are_checked():
+    import numpy as np
+
+    from core.vision import load_vision
+
+    enc = load_vision(UT)
+    with pytest.raises(ValueError, match="6912 values, got 768"):
+        enc.encode(np.zeros((9, 768), np.float32), np.zeros((9, 2), np.int64))
+    pos = np.array([[1119, 0], [1120, 0]])
+    with pytest.raises(ValueError, match="smaller image token budget"):
+        enc.encode(np.zeros((2, 6912), np.float32), pos)
+
+
+def test_engine_image_prompt_greedy_equals_hf_with_small_chunks_drafter_on_and_off(monkeypatch):
+    """The 158-token image prompt through the engine in 16-token prefill chunks: the 130-token image
+    (ten sliding windows long) sits in one chunk with its span as the overlay, and 30 greedy tokens
+    equal HF's, drafter on (block 3) and off."""
+    import core.spec as spec_mod
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    meta = json.loads((IMAGES / "unified-style.json").read_text())
+    monkeypatch.setattr(spec_mod, "PREFILL_CHUNK", 16)
+    eng = Engine()
+    try:
+        info = eng.load(PairingSpec("12B-like", str(UT), str(UA)), None).result(timeout=120)
+        assert info.has_vision
+        tg = eng._state.target
+        calls = []
+        real = tg.forward
+
+        def spy(tokens, cache, **kw):
+            calls.append((cache.offset, len(tokens), kw.get("bidirectional")))
+            return real(tokens, cache, **kw)
+
+        tg.forward = spy
+        msg = {
+            "role": "user",
+            "content": [
+                {"type": "image", "path": str(IMAGES / "test_image.png")},
+                {"type": "text", "text": "Describe this picture in one sentence."},
+            ],
+        }
+        for drafter_on in (True, False):
+            eng.reset().result()
+            calls.clear()
+            settings = GenerationSettings(max_tokens=30, ignore_eos=True, block_size=3, drafter_enabled=drafter_on)
+            done = eng.chat([msg], settings, None).result(timeout=120)
+            assert done.error is None and list(done.token_ids) == meta["hf"]["greedy_ids"]
+            assert [c for c in calls if c[2]] == [(6, 130, [(6, 136)])]
+            assert (done.stats.drafted > 0) == drafter_on
+    finally:
+        eng.close()
+
+
+def test_generate_12b_4bit_from_the_hf_cache_with_an_image(tmp_path, monkeypatch, capsys):
+    """`generate --pairing 12b-4bit` with the pairing's two repositories in the HF cache (the pack's
+    tiny unified model standing in for the weights): text and an image, drafter on equals off."""
+    from fakehub import put_in_cache
+    from huggingface_hub import constants
+
+    from app.cli import main
+    from core import catalog
+
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    p = catalog.get_pairing("12b-4bit")
+    files = lambda d: {f.name: f.read_bytes() for f in d.iterdir()}  # noqa: E731
+    args = ["generate", "--pairing", "12b-4bit", "--max-tokens", "8", "--ignore-eos", "--json"]
+    assert main([*args, "--prompt", "hi"]) == 1  # not downloaded yet: says what to run
+    said = capsys.readouterr()
+    assert "gemma-chat models download 12b-4bit" in said.out + said.err
+    put_in_cache(cache, p.target_repo, files(UT))
+    put_in_cache(cache, p.drafter_repo, files(UA))
+    image = ["--image", str(IMAGES / "test_image.png"), "--prompt", "Describe this picture in one sentence."]
+    assert main([*args, *image, "--block-size", "4"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    stats = lines[-1]["stats"]
+    assert stats["prompt_tokens"] == 158 and stats["drafted"] > 0
+    drafted = [t["id"] for t in lines[:-1]]
+    meta = json.loads((IMAGES / "unified-style.json").read_text())
+    assert drafted == meta["hf"]["greedy_ids"][:8]
+    assert main([*args, *image, "--no-draft"]) == 0
+    plain = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [t["id"] for t in plain[:-1]] == drafted
+
+
+def test_real_shape_12b_embedder_runs_float_and_quantized():
+    """The 12B's embedder at its real widths (6912 -> 3840, a [1120, 2, 3840] position table,
+    3840 -> 3840 projection), float and 4-bit in the mlx-community layout (`.scales` predicate)."""
+    import mlx.nn as nn
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from core.image import preprocess_image
+    from core.unified import UnifiedVisionConfig, UnifiedVisionEncoder, merge_patches
+
+    config = {
+        "model_type": "gemma4_unified",
+        "text_config": {"hidden_size": 3840},
+        "vision_config": {
+            "patch_size": 16,
+            "pooling_kernel_size": 3,
+            "model_patch_size": 48,
+            "mm_embed_dim": 3840,
+            "mm_posemb_size": 1120,
+            "output_proj_dims": 3840,
+            "rms_norm_eps": 1e-6,
+        },
+    }
+    enc = UnifiedVisionEncoder(UnifiedVisionConfig.from_model_config(config))
+    mx.random.seed(0)
+    enc.update({"vision_embedder": {"pos_embedding": mx.random.normal((1120, 2, 3840))}})
+    im = preprocess_image(IMAGES / "inputs" / "rgb_640x480.png", max_soft_tokens=70)
+    pixels, pos = merge_patches(im.pixel_values, im.position_ids)
+    float_out = enc.encode(pixels, pos)
+    assert float_out.shape == (63, 3840) and bool(mx.isfinite(float_out).all())
+    nn.quantize(enc, group_size=64, bits=4, class_predicate=lambda p, m: isinstance(m, nn.Linear))
+    weights = {"model." + k: v for k, v in tree_flatten(enc.parameters())}  # the HF prefix this time
+    loaded = UnifiedVisionEncoder.from_weights({**config, "quantization": {"bits": 4, "group_size": 64}}, weights)
+    assert isinstance(loaded.vision_embedder.patch_dense, nn.QuantizedLinear)
+    assert isinstance(loaded.embed_vision.embedding_projection, nn.QuantizedLinear)
+    q_out = np.array(loaded.encode(pixels, pos))
+    assert np.corrcoef(q_out.ravel(), np.array(float_out).ravel())[0, 1] > 0.9
+
+
+@pytest.mark.parametrize("layout,dtype", [("hf", "bfloat16"), ("mlx", "q4")])
+def test_factory_unified_pairing_chats_with_an_image(factory_checkpoints, layout, dtype):
+    """bf16 and 4-bit unified checkpoints (embedders stay bf16, as converters leave them): an image
+    turn and a follow-up that reuses the cache, drafter on and off give the same tokens."""
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    target, drafter = factory_checkpoints.pairing("unified-style", layout=layout, dtype=dtype)
+    msg = {
+        "role": "user",
+        "content": [
+            {"type": "image", "path": str(IMAGES / "inputs" / "gray_77x143.png")},
+            {"type": "text", "text": "What is it?"},
+        ],
+    }
+    eng = Engine()
+    try:
+        info = eng.load(PairingSpec("12B-like", str(target), str(drafter)), None).result(timeout=120)
+        assert info.has_vision and eng._state.vision.vision_embedder.pos_embedding.dtype == mx.bfloat16
+        outs = []
+        for drafter_on in (True, False):
+            eng.reset().result()
+            kw = dict(max_tokens=6, ignore_eos=True, image_budget=70, block_size=3, drafter_enabled=drafter_on)
+            first = eng.chat([msg], GenerationSettings(**kw), None).result(timeout=120)
+            follow = [msg, {"role": "assistant", "content": first.text}, {"role": "user", "content": "More."}]
+            second = eng.chat(follow, GenerationSettings(**kw), None).result(timeout=120)
+            assert first.error is None and second.error is None and second.stats.reused_tokens > 66
+            outs.append((first.token_ids, second.token_ids))
+        assert all(len(a) == 6 and len(b) == 6 for a, b in outs)
+        assert outs[0] == outs[1]
+    finally:
+        eng.close()
+
+
+def test_real_12b_configs_pair_and_refuse_the_others():
+    """The real-shape 12B configs (core.factory REAL_SHAPES) pass the pair check: the assistant
+    reads 8 sliding K/V heads of 256 and 1 full head of 512 from layers 46 and 47; an E2B
+    assistant is refused for the architecture and every shape it gets wrong."""
+    from core import factory
+    from core.fit import producer_layers
+
+    spec = factory.resolve_spec(full_config="12B")
+    target, drafter = factory.target_config(spec, "bfloat16"), factory.drafter_config(spec, "bfloat16")
+    assert producer_layers(target["text_config"]) == {"sliding_attention": 46, "full_attention": 47}
+    assert pairing.check_pair(target, drafter) == []
+    e2b = factory.resolve_spec(full_config="E2B")
+    problems = pairing.check_pair(target, factory.drafter_config(e2b, "bfloat16"))
+    assert len(problems) == 1 and "gemma4_assistant checkpoint" in problems[0]
+
+
+def test_sampling_with_the_unified_drafter_keeps_greedy_at_top_k_1_and_reproduces_by_seed():
+    from core.settings import GenerationSettings
+    from core.spec import Decoder, Prompt
+
+    tg, dr = load_target(UT), load_drafter(UA)
+    p = json.loads((PACK / "references" / "text" / "unified-style.json").read_text())["prompts"]["long"]
+
+    def run(**kw):
+        settings = GenerationSettings(max_tokens=20, ignore_eos=True, **kw)
+        return Decoder(tg, dr, None, {1, 22, 12}).run(
+            tg.make_cache(), Prompt(p["prompt_ids"]), settings, lambda e: None
+        )
+
+    greedy_like = run(temperature=0.8, top_k=1, block_size=4, seed=3)
+    assert greedy_like.token_ids == p["greedy_no_eos_stop"]["ids"][:20]
+    a, b = run(temperature=1.0, block_size=4, seed=11), run(temperature=1.0, block_size=4, seed=11)
+    assert a.token_ids == b.token_ids and a.stats.drafted > 0
