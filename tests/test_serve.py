@@ -156,6 +156,37 @@ def test_connect_reproduces_generate_tokens():
         assert remote[-1]["stats"][key] == local[-1]["stats"][key], key
 
 
+def test_images_as_data_and_file_urls_match_generate_with_image():
+    import base64
+    from pathlib import Path
+
+    image = Path("tests/data/pack/references/images/test_image.png").resolve()
+    pair = ["--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/e-style-assistant"]
+    args = ["--prompt", "Describe this image.", "--block-size", "3", "--max-tokens", "12"]
+    rc, local = generate_json([*pair, *args, "--image", str(image)])
+    assert rc == 0
+    text = "".join(t["text"] for t in local[:-1])
+    data_url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+
+    def body(url: str) -> dict:
+        parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]
+        return {"messages": [{"role": "user", "content": parts}], "max_tokens": 12, "block_size": 3}
+
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine:
+        with serving(engine) as url:
+            for image_url in (data_url, image.as_uri()):
+                r = httpx.post(url + "/v1/chat/completions", json=body(image_url), timeout=TIMEOUT)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == text
+            rc, remote = generate_json(["--connect", url, *args, "--image", str(image)])  # sent as a data URL
+            assert rc == 0 and remote[:-1] == local[:-1]
+            r = httpx.post(url + "/v1/chat/completions", json=body("data:image/png;base64,bm90IGFuIGltYWdl"))
+            assert r.status_code == 400 and "image" in r.json()["error"]["message"].lower()
+        with serving(engine, allow_file_urls=False) as url:  # what a non-loopback `serve` gets
+            r = httpx.post(url + "/v1/chat/completions", json=body(image.as_uri()), timeout=TIMEOUT)
+            assert r.status_code == 400 and "file: image URLs are refused" in r.json()["error"]["message"]
+
+
 # -- queueing, disconnects, limits (scripted engine) ------------------------------------------------
 
 
