@@ -536,6 +536,7 @@ class _Turn:
             self.finish_reason = choice["finish_reason"]
 
     def finish(self, stop_reason: str | None = None) -> TurnDone:
+        ids = tuple(self.ids)
         if self.server_stats is not None and stop_reason is None:
             stats = TurnStats(**_known(TurnStats, self.server_stats))
             stats.block_size_counts = {int(k): int(v) for k, v in (stats.block_size_counts or {}).items()}
@@ -552,7 +553,9 @@ class _Turn:
                 stats.decode_s = self.last_at - self.first_at
             stats.drafter_enabled = self.stats.drafted > 0
             stats.stop_reason = stop_reason or {"length": "max_tokens"}.get(self.finish_reason or "", "eos")
-        return TurnDone(stats, "".join(self.text), tuple(self.ids))
+            if not ids:  # the server sends no ids: one -1 per token, so counts still add up
+                ids = (-1,) * n
+        return TurnDone(stats, "".join(self.text), ids)
 
     def fail(self, message: str) -> TurnDone:
         return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)

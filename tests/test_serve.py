@@ -337,6 +337,7 @@ def test_remote_engine_over_vllm_reads_text_and_spec_metrics():
     s = done.stats
     assert (s.rounds, s.drafted, s.accepted) == (len(steps) - 1, len(steps) - 1, sum(n - 1 for n in steps[1:]))
     assert s.decode_tokens == sum(steps) - 1 and s.stop_reason == "eos" and s.prompt_tokens == 17
+    assert done.token_ids == (-1,) * sum(steps)  # ids unknown, the count known
     assert s.tokens_per_round == pytest.approx(1 + s.accepted / s.rounds)
 
 
@@ -464,6 +465,7 @@ async def test_tui_panels_over_the_vllm_stand_in():
             await until(pilot, lambda: "Acceptance  " in figures() and "–" not in figures().splitlines()[0])
             assert f"Acceptance  {accepted / rounds * 100:.0f} %" in figures()
             assert f"Tok/round   {(sum(steps) - 1) / rounds:.2f}" in figures()
+            assert str(reply.summary.content).startswith(f"{sum(steps)} tokens · ")
             assert "Block size  server" in str(chat.panel.tuning.content)
             chat.conversation.focus()
             await pilot.press("plus")  # block size +1: vLLM fixes it at launch, and the screen says so
