@@ -515,10 +515,18 @@ class _Turn:
         if isinstance(ext, dict):
             if isinstance(ext.get("prefill"), dict):
                 _emit(self.on_event, PrefillDone(**_known(PrefillDone, ext["prefill"])))
-            for t in ext.get("tokens") or ():
-                self._token(TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"])))
-            for r in ext.get("rounds") or ():
-                _emit(self.on_event, RoundEvent(**_known(RoundEvent, r)))
+            events: list = [
+                TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"]))
+                for t in ext.get("tokens") or ()
+            ]
+            events += [RoundEvent(**_known(RoundEvent, r)) for r in ext.get("rounds") or ()]
+            # the engine's order: a round's tokens, then its summary (stable sort keeps token order)
+            events.sort(key=lambda ev: (ev.round, isinstance(ev, RoundEvent)))
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._token(ev)
+                else:
+                    _emit(self.on_event, ev)
             if isinstance(ext.get("stats"), dict):
                 self.server_stats = ext["stats"]
             if content and not ext.get("tokens"):

@@ -11,6 +11,7 @@ waiting or while its turn runs, cancels its turn (the engine stops within one ro
 
 The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" object per chunk:
   {"tokens": [{"id", "text", "from_draft", "round"}], "rounds": [RoundEvent fields], "prefill": {...}}
+(a round's summary may ride on the chunk of the next round's tokens: order events by round)
 and on the last chunk (finish_reason set) "usage" and {"stats": TurnStats.as_dict()}. OpenAI clients
 ignore the extension; `core.remote.RemoteEngine` rebuilds the engine's events from it.
 
@@ -417,6 +418,7 @@ class ChatCompletion(Response):
         await write(self._chunk({"role": "assistant", "content": ""}))
         scanner = StopScanner(self.request.stops)
         streamed = []  # tokens sent
+        held_rounds: list[dict] = []
         queue = list(head)
         done: TurnDone | None = None
         it = events.__aiter__()
@@ -428,7 +430,7 @@ class ChatCompletion(Response):
                 if isinstance(ev, TokenEvent):
                     tokens.append(ev)
                 elif isinstance(ev, RoundEvent):
-                    ext.setdefault("rounds", []).append(dataclasses.asdict(ev))
+                    held_rounds.append(dataclasses.asdict(ev))
                 elif isinstance(ev, PrefillDone):
                     ext["prefill"] = dataclasses.asdict(ev)
                 elif isinstance(ev, TurnDone):
@@ -440,6 +442,10 @@ class ChatCompletion(Response):
             if tokens:
                 ext["tokens"] = [_token_json(t) for t in tokens]
                 streamed.extend(tokens)
+            # A round's summary comes just after its tokens, often a wake-up later: it rides on the
+            # next chunk rather than costing one of its own.
+            if held_rounds and (ext or done is not None):
+                ext["rounds"], held_rounds = held_rounds, []
             if ext:
                 await write(self._chunk({"content": "".join(t.text for t in tokens)} if tokens else {}, ext))
             if scanner.stopped and done is None:

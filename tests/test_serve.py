@@ -187,6 +187,37 @@ def test_images_as_data_and_file_urls_match_generate_with_image():
             assert r.status_code == 400 and "file: image URLs are refused" in r.json()["error"]["message"]
 
 
+def test_remote_engine_events_equal_the_local_engines_in_order():
+    from core.events import PrefillDone, RoundEvent
+
+    def shape(events):
+        out = []
+        for e in events:
+            if isinstance(e, TokenEvent):
+                out.append(("token", e.id, e.text, e.from_draft, e.round))
+            elif isinstance(e, RoundEvent):
+                out.append(("round", e.round, e.drafted, e.accepted, e.block_size, e.emitted))
+            elif isinstance(e, (PrefillDone, TurnDone)):
+                out.append(type(e).__name__)
+        return out
+
+    settings = GenerationSettings(max_tokens=30, block_size=4)
+    messages = [{"role": "user", "content": PROMPT}]
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine, serving(engine) as url:
+        local: list = []
+        engine.chat(messages, settings, local.append).result(timeout=60)
+        remote_engine = RemoteEngine(url)
+        try:
+            remote_engine.load(None, None).result(timeout=10)
+            remote: list = []
+            done = remote_engine.chat(messages, settings, remote.append).result(timeout=60)
+        finally:
+            remote_engine.close()
+    assert shape(remote) == shape(local)
+    assert done.token_ids == local[-1].token_ids and done.text == local[-1].text
+    assert done.stats.accepted == local[-1].stats.accepted > 0
+
+
 # -- queueing, disconnects, limits (scripted engine) ------------------------------------------------
 
 
