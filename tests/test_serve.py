@@ -267,10 +267,60 @@ def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
             time.sleep(0.02)
         assert engine.turns[-1].stats.stop_reason == "cancelled"
         assert engine.calls_named("cancel")
-        # the engine is free for the next client (a non-streamed request disconnecting works the same)
+        # a client that gives up while queued never reaches the engine
+        engine.step = True
+        running = httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        first = running.__enter__()
+        lines = first.iter_lines()  # kept: a dropped line iterator closes the connection
+        next(line for line in lines if '"tokens"' in line)
+        quitter = httpx.Client(timeout=0.5)
+        with pytest.raises(httpx.ReadTimeout):
+            quitter.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "gone"}]})
+        quitter.close()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").json()["waiting"] != 0:
+            assert time.monotonic() < deadline, "the queued request stayed after its client left"
+            time.sleep(0.02)
+        running.__exit__(None, None, None)
+        while len(engine.turns) < 2:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.02)
+        assert [m[0][-1]["content"] for m in engine.chats] == ["hi", "hi"]  # "gone" never ran
+        # the engine is free for the next client
         engine.step = False
         r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_block_size_keys_reach_a_running_turn_through_the_server():
+    with fake_engine(step=True) as engine, serving(engine) as url:
+        remote = RemoteEngine(url)
+        try:
+            remote.load(None, None).result(timeout=10)
+            assert remote.live_controls and remote.token_origin_known
+            events: list = []
+            future = remote.chat([{"role": "user", "content": "x"}], GenerationSettings(block_size=4), events.append)
+            deadline = time.monotonic() + 10
+            while not any(isinstance(e, TokenEvent) for e in events):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            engine.allow(1)
+            while engine.rounds_done != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            remote.set_block_size(2)
+            remote.set_drafter_enabled(False)
+            while not engine.calls_named("set_drafter_enabled"):
+                assert time.monotonic() < deadline, "the control never reached the engine"
+                time.sleep(0.02)
+            assert [(c.arg, c.rounds_done) for c in engine.calls_named("set_block_size")] == [(2, 1)]
+            engine.step = False
+            engine.allow(1)
+            done = future.result(timeout=10)
+        finally:
+            remote.close()
+    assert engine.rounds[0].block_size == 4 and engine.rounds[1].drafted == 0
+    assert done.stats.rounds == len(engine.rounds)
 
 
 def test_non_loopback_bind_without_a_key_is_refused(capsys, monkeypatch):
