@@ -292,6 +292,17 @@ def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_non_streamed_client_that_leaves_cancels_its_turn():
+    with fake_engine(step=True) as engine, serving(engine) as url:
+        with httpx.Client(timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
+            client.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        deadline = time.monotonic() + 10
+        while not engine.turns:
+            assert time.monotonic() < deadline, "the turn was not cancelled"
+            time.sleep(0.02)
+        assert engine.turns[-1].stats.stop_reason == "cancelled"
+
+
 def test_block_size_keys_reach_a_running_turn_through_the_server():
     with fake_engine(step=True) as engine, serving(engine) as url:
         remote = RemoteEngine(url)
