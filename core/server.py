@@ -419,6 +419,7 @@ class ChatCompletion(Response):
         scanner = StopScanner(self.request.stops)
         streamed = []  # tokens sent
         held_rounds: list[dict] = []
+        cancelled = False
         queue = list(head)
         done: TurnDone | None = None
         it = events.__aiter__()
@@ -448,11 +449,9 @@ class ChatCompletion(Response):
                 ext["rounds"], held_rounds = held_rounds, []
             if ext:
                 await write(self._chunk({"content": "".join(t.text for t in tokens)} if tokens else {}, ext))
-            if scanner.stopped and done is None:
-                await events.aclose()  # cancel the turn: the client has all it asked for
-                done = TurnDone(dataclasses.replace(_stats_so_far(streamed)), "", ())
-                break
-        assert done is not None
+            if scanner.stopped and done is None and not cancelled:
+                self.gate.engine.cancel()  # the client has all it asked for; the turn ends within a round
+                cancelled = True
         if done.error:
             err = {"error": {"message": done.error, "type": "server_error", "param": None, "code": 500}}
             await write(b"data: " + json.dumps(err).encode() + b"\n\n")
@@ -478,6 +477,7 @@ class ChatCompletion(Response):
         tokens: list[TokenEvent] = []
         pending = list(head)
         done: TurnDone | None = None
+        cancelled = False
         it = events.__aiter__()
         while done is None:
             if not pending:
@@ -485,9 +485,9 @@ class ChatCompletion(Response):
             ev = pending.pop(0)
             if isinstance(ev, TokenEvent):
                 tokens += scanner.feed([ev])
-                if scanner.stopped:
-                    await events.aclose()
-                    done = TurnDone(_stats_so_far(tokens), "", ())
+                if scanner.stopped and not cancelled:
+                    self.gate.engine.cancel()  # the turn ends within a round; its TurnDone still comes
+                    cancelled = True
             elif isinstance(ev, TurnDone):
                 done = ev
                 tokens += scanner.flush()
@@ -514,12 +514,6 @@ class ChatCompletion(Response):
             EXTENSION: {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]},
         }
         await JSONResponse(body)(self.scope, None, send)
-
-
-def _stats_so_far(tokens: list[TokenEvent]):
-    from core.events import TurnStats
-
-    return TurnStats(decode_tokens=max(len(tokens) - 1, 0), stop_reason="stop")
 
 
 # -- the application ---------------------------------------------------------------------------------

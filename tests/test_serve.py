@@ -376,8 +376,8 @@ def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
 
 
 def test_stop_strings_end_the_reply_before_the_stop():
-    reply = "alpha beta gamma delta epsilon"
-    with fake_engine(replies=[reply]) as engine, serving(engine) as url:
+    reply = "alpha beta gamma delta epsilon" + " zeta" * 40
+    with fake_engine(replies=[reply], delay_s=0.05) as engine, serving(engine) as url:
         body = {"messages": [{"role": "user", "content": "x"}], "stop": [" gam"]}
         whole = httpx.post(url + "/v1/chat/completions", json=body).json()
         assert whole["choices"][0] == {
@@ -386,9 +386,12 @@ def test_stop_strings_end_the_reply_before_the_stop():
             "logprobs": None,
             "finish_reason": "stop",
         }
+        assert whole["usage"]["completion_tokens"] == 2 and whole["usage"]["prompt_tokens"] > 0
         with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as r:
             chunks = sse_chunks(r)
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "alpha beta"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert [t.stats.stop_reason for t in engine.turns] == ["cancelled", "cancelled"]  # stopped early
 
 
 def test_stop_scanner_holds_back_a_possible_start_and_cuts_inside_a_token():
