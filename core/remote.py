@@ -515,10 +515,18 @@ class _Turn:
         if isinstance(ext, dict):
             if isinstance(ext.get("prefill"), dict):
                 _emit(self.on_event, PrefillDone(**_known(PrefillDone, ext["prefill"])))
-            for t in ext.get("tokens") or ():
-                self._token(TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"])))
-            for r in ext.get("rounds") or ():
-                _emit(self.on_event, RoundEvent(**_known(RoundEvent, r)))
+            events: list = [
+                TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"]))
+                for t in ext.get("tokens") or ()
+            ]
+            events += [RoundEvent(**_known(RoundEvent, r)) for r in ext.get("rounds") or ()]
+            # the engine's order: a round's tokens, then its summary (stable sort keeps token order)
+            events.sort(key=lambda ev: (ev.round, isinstance(ev, RoundEvent)))
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._token(ev)
+                else:
+                    _emit(self.on_event, ev)
             if isinstance(ext.get("stats"), dict):
                 self.server_stats = ext["stats"]
             if content and not ext.get("tokens"):
@@ -536,6 +544,7 @@ class _Turn:
             self.finish_reason = choice["finish_reason"]
 
     def finish(self, stop_reason: str | None = None) -> TurnDone:
+        ids = tuple(self.ids)
         if self.server_stats is not None and stop_reason is None:
             stats = TurnStats(**_known(TurnStats, self.server_stats))
             stats.block_size_counts = {int(k): int(v) for k, v in (stats.block_size_counts or {}).items()}
@@ -552,7 +561,9 @@ class _Turn:
                 stats.decode_s = self.last_at - self.first_at
             stats.drafter_enabled = self.stats.drafted > 0
             stats.stop_reason = stop_reason or {"length": "max_tokens"}.get(self.finish_reason or "", "eos")
-        return TurnDone(stats, "".join(self.text), tuple(self.ids))
+            if not ids:  # the server sends no ids: one -1 per token, so counts still add up
+                ids = (-1,) * n
+        return TurnDone(stats, "".join(self.text), ids)
 
     def fail(self, message: str) -> TurnDone:
         return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)

@@ -11,6 +11,7 @@ waiting or while its turn runs, cancels its turn (the engine stops within one ro
 
 The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" object per chunk:
   {"tokens": [{"id", "text", "from_draft", "round"}], "rounds": [RoundEvent fields], "prefill": {...}}
+(a round's summary may ride on the chunk of the next round's tokens: order events by round)
 and on the last chunk (finish_reason set) "usage" and {"stats": TurnStats.as_dict()}. OpenAI clients
 ignore the extension; `core.remote.RemoteEngine` rebuilds the engine's events from it.
 
@@ -417,6 +418,8 @@ class ChatCompletion(Response):
         await write(self._chunk({"role": "assistant", "content": ""}))
         scanner = StopScanner(self.request.stops)
         streamed = []  # tokens sent
+        held_rounds: list[dict] = []
+        cancelled = False
         queue = list(head)
         done: TurnDone | None = None
         it = events.__aiter__()
@@ -428,7 +431,7 @@ class ChatCompletion(Response):
                 if isinstance(ev, TokenEvent):
                     tokens.append(ev)
                 elif isinstance(ev, RoundEvent):
-                    ext.setdefault("rounds", []).append(dataclasses.asdict(ev))
+                    held_rounds.append(dataclasses.asdict(ev))
                 elif isinstance(ev, PrefillDone):
                     ext["prefill"] = dataclasses.asdict(ev)
                 elif isinstance(ev, TurnDone):
@@ -440,13 +443,15 @@ class ChatCompletion(Response):
             if tokens:
                 ext["tokens"] = [_token_json(t) for t in tokens]
                 streamed.extend(tokens)
+            # A round's summary comes just after its tokens, often a wake-up later: it rides on the
+            # next chunk rather than costing one of its own.
+            if held_rounds and (ext or done is not None):
+                ext["rounds"], held_rounds = held_rounds, []
             if ext:
                 await write(self._chunk({"content": "".join(t.text for t in tokens)} if tokens else {}, ext))
-            if scanner.stopped and done is None:
-                await events.aclose()  # cancel the turn: the client has all it asked for
-                done = TurnDone(dataclasses.replace(_stats_so_far(streamed)), "", ())
-                break
-        assert done is not None
+            if scanner.stopped and done is None and not cancelled:
+                self.gate.engine.cancel()  # the client has all it asked for; the turn ends within a round
+                cancelled = True
         if done.error:
             err = {"error": {"message": done.error, "type": "server_error", "param": None, "code": 500}}
             await write(b"data: " + json.dumps(err).encode() + b"\n\n")
@@ -472,6 +477,7 @@ class ChatCompletion(Response):
         tokens: list[TokenEvent] = []
         pending = list(head)
         done: TurnDone | None = None
+        cancelled = False
         it = events.__aiter__()
         while done is None:
             if not pending:
@@ -479,9 +485,9 @@ class ChatCompletion(Response):
             ev = pending.pop(0)
             if isinstance(ev, TokenEvent):
                 tokens += scanner.feed([ev])
-                if scanner.stopped:
-                    await events.aclose()
-                    done = TurnDone(_stats_so_far(tokens), "", ())
+                if scanner.stopped and not cancelled:
+                    self.gate.engine.cancel()  # the turn ends within a round; its TurnDone still comes
+                    cancelled = True
             elif isinstance(ev, TurnDone):
                 done = ev
                 tokens += scanner.flush()
@@ -508,12 +514,6 @@ class ChatCompletion(Response):
             EXTENSION: {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]},
         }
         await JSONResponse(body)(self.scope, None, send)
-
-
-def _stats_so_far(tokens: list[TokenEvent]):
-    from core.events import TurnStats
-
-    return TurnStats(decode_tokens=max(len(tokens) - 1, 0), stop_reason="stop")
 
 
 # -- the application ---------------------------------------------------------------------------------

@@ -156,6 +156,68 @@ def test_connect_reproduces_generate_tokens():
         assert remote[-1]["stats"][key] == local[-1]["stats"][key], key
 
 
+def test_images_as_data_and_file_urls_match_generate_with_image():
+    import base64
+    from pathlib import Path
+
+    image = Path("tests/data/pack/references/images/test_image.png").resolve()
+    pair = ["--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/e-style-assistant"]
+    args = ["--prompt", "Describe this image.", "--block-size", "3", "--max-tokens", "12"]
+    rc, local = generate_json([*pair, *args, "--image", str(image)])
+    assert rc == 0
+    text = "".join(t["text"] for t in local[:-1])
+    data_url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+
+    def body(url: str) -> dict:
+        parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]
+        return {"messages": [{"role": "user", "content": parts}], "max_tokens": 12, "block_size": 3}
+
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine:
+        with serving(engine) as url:
+            for image_url in (data_url, image.as_uri()):
+                r = httpx.post(url + "/v1/chat/completions", json=body(image_url), timeout=TIMEOUT)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == text
+            rc, remote = generate_json(["--connect", url, *args, "--image", str(image)])  # sent as a data URL
+            assert rc == 0 and remote[:-1] == local[:-1]
+            r = httpx.post(url + "/v1/chat/completions", json=body("data:image/png;base64,bm90IGFuIGltYWdl"))
+            assert r.status_code == 400 and "image" in r.json()["error"]["message"].lower()
+        with serving(engine, allow_file_urls=False) as url:  # what a non-loopback `serve` gets
+            r = httpx.post(url + "/v1/chat/completions", json=body(image.as_uri()), timeout=TIMEOUT)
+            assert r.status_code == 400 and "file: image URLs are refused" in r.json()["error"]["message"]
+
+
+def test_remote_engine_events_equal_the_local_engines_in_order():
+    from core.events import PrefillDone, RoundEvent
+
+    def shape(events):
+        out = []
+        for e in events:
+            if isinstance(e, TokenEvent):
+                out.append(("token", e.id, e.text, e.from_draft, e.round))
+            elif isinstance(e, RoundEvent):
+                out.append(("round", e.round, e.drafted, e.accepted, e.block_size, e.emitted))
+            elif isinstance(e, (PrefillDone, TurnDone)):
+                out.append(type(e).__name__)
+        return out
+
+    settings = GenerationSettings(max_tokens=30, block_size=4)
+    messages = [{"role": "user", "content": PROMPT}]
+    with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine, serving(engine) as url:
+        local: list = []
+        engine.chat(messages, settings, local.append).result(timeout=60)
+        remote_engine = RemoteEngine(url)
+        try:
+            remote_engine.load(None, None).result(timeout=10)
+            remote: list = []
+            done = remote_engine.chat(messages, settings, remote.append).result(timeout=60)
+        finally:
+            remote_engine.close()
+    assert shape(remote) == shape(local)
+    assert done.token_ids == local[-1].token_ids and done.text == local[-1].text
+    assert done.stats.accepted == local[-1].stats.accepted > 0
+
+
 # -- queueing, disconnects, limits (scripted engine) ------------------------------------------------
 
 
@@ -205,10 +267,71 @@ def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
             time.sleep(0.02)
         assert engine.turns[-1].stats.stop_reason == "cancelled"
         assert engine.calls_named("cancel")
-        # the engine is free for the next client (a non-streamed request disconnecting works the same)
+        # a client that gives up while queued never reaches the engine
+        engine.step = True
+        running = httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        first = running.__enter__()
+        lines = first.iter_lines()  # kept: a dropped line iterator closes the connection
+        next(line for line in lines if '"tokens"' in line)
+        quitter = httpx.Client(timeout=0.5)
+        with pytest.raises(httpx.ReadTimeout):
+            quitter.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "gone"}]})
+        quitter.close()
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").json()["waiting"] != 0:
+            assert time.monotonic() < deadline, "the queued request stayed after its client left"
+            time.sleep(0.02)
+        running.__exit__(None, None, None)
+        while len(engine.turns) < 2:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.02)
+        assert [m[0][-1]["content"] for m in engine.chats] == ["hi", "hi"]  # "gone" never ran
+        # the engine is free for the next client
         engine.step = False
         r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_non_streamed_client_that_leaves_cancels_its_turn():
+    with fake_engine(step=True) as engine, serving(engine) as url:
+        with httpx.Client(timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
+            client.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        deadline = time.monotonic() + 10
+        while not engine.turns:
+            assert time.monotonic() < deadline, "the turn was not cancelled"
+            time.sleep(0.02)
+        assert engine.turns[-1].stats.stop_reason == "cancelled"
+
+
+def test_block_size_keys_reach_a_running_turn_through_the_server():
+    with fake_engine(step=True) as engine, serving(engine) as url:
+        remote = RemoteEngine(url)
+        try:
+            remote.load(None, None).result(timeout=10)
+            assert remote.live_controls and remote.token_origin_known
+            events: list = []
+            future = remote.chat([{"role": "user", "content": "x"}], GenerationSettings(block_size=4), events.append)
+            deadline = time.monotonic() + 10
+            while not any(isinstance(e, TokenEvent) for e in events):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            engine.allow(1)
+            while engine.rounds_done != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            remote.set_block_size(2)
+            remote.set_drafter_enabled(False)
+            while not engine.calls_named("set_drafter_enabled"):
+                assert time.monotonic() < deadline, "the control never reached the engine"
+                time.sleep(0.02)
+            assert [(c.arg, c.rounds_done) for c in engine.calls_named("set_block_size")] == [(2, 1)]
+            engine.step = False
+            engine.allow(1)
+            done = future.result(timeout=10)
+        finally:
+            remote.close()
+    assert engine.rounds[0].block_size == 4 and engine.rounds[1].drafted == 0
+    assert done.stats.rounds == len(engine.rounds)
 
 
 def test_non_loopback_bind_without_a_key_is_refused(capsys, monkeypatch):
@@ -253,8 +376,8 @@ def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
 
 
 def test_stop_strings_end_the_reply_before_the_stop():
-    reply = "alpha beta gamma delta epsilon"
-    with fake_engine(replies=[reply]) as engine, serving(engine) as url:
+    reply = "alpha beta gamma delta epsilon" + " zeta" * 40
+    with fake_engine(replies=[reply], delay_s=0.05) as engine, serving(engine) as url:
         body = {"messages": [{"role": "user", "content": "x"}], "stop": [" gam"]}
         whole = httpx.post(url + "/v1/chat/completions", json=body).json()
         assert whole["choices"][0] == {
@@ -263,9 +386,12 @@ def test_stop_strings_end_the_reply_before_the_stop():
             "logprobs": None,
             "finish_reason": "stop",
         }
+        assert whole["usage"]["completion_tokens"] == 2 and whole["usage"]["prompt_tokens"] > 0
         with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as r:
             chunks = sse_chunks(r)
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "alpha beta"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert [t.stats.stop_reason for t in engine.turns] == ["cancelled", "cancelled"]  # stopped early
 
 
 def test_stop_scanner_holds_back_a_possible_start_and_cuts_inside_a_token():
@@ -306,6 +432,7 @@ def test_remote_engine_over_vllm_reads_text_and_spec_metrics():
     s = done.stats
     assert (s.rounds, s.drafted, s.accepted) == (len(steps) - 1, len(steps) - 1, sum(n - 1 for n in steps[1:]))
     assert s.decode_tokens == sum(steps) - 1 and s.stop_reason == "eos" and s.prompt_tokens == 17
+    assert done.token_ids == (-1,) * sum(steps)  # ids unknown, the count known
     assert s.tokens_per_round == pytest.approx(1 + s.accepted / s.rounds)
 
 
@@ -433,6 +560,7 @@ async def test_tui_panels_over_the_vllm_stand_in():
             await until(pilot, lambda: "Acceptance  " in figures() and "–" not in figures().splitlines()[0])
             assert f"Acceptance  {accepted / rounds * 100:.0f} %" in figures()
             assert f"Tok/round   {(sum(steps) - 1) / rounds:.2f}" in figures()
+            assert str(reply.summary.content).startswith(f"{sum(steps)} tokens · ")
             assert "Block size  server" in str(chat.panel.tuning.content)
             chat.conversation.focus()
             await pilot.press("plus")  # block size +1: vLLM fixes it at launch, and the screen says so

@@ -136,7 +136,7 @@ def run(args) -> int:
         except RemoteError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
-        spec = PairingSpec(name=f"connecting to {engine.base}", target=engine.url, drafter=None)
+        spec = PairingSpec(name=f"server at {engine.base}", target=engine.url, drafter=None)
     elif os.environ.get(FAKE_ENV):
         from app.tui.fake_engine import FakeEngine
         from app.tui.fake_engine import PairingSpec as FakeSpec
