@@ -38,11 +38,17 @@ def resolve_checkpoint(value: str) -> str:
         raise PairingError(str(e)) from None
 
 
+DEMO_NOTES: list[str] = []  # where the demo went when the cache directory could not take it
+
+
 def demo_spec():
-    from core.demo import ensure_demo_pairing
+    from core.demo import DemoError, ensure_demo_pairing
     from core.engine import PairingSpec
 
-    target, drafter = ensure_demo_pairing()
+    try:
+        target, drafter = ensure_demo_pairing(on_notice=DEMO_NOTES.append)
+    except DemoError as e:
+        raise PairingError(str(e)) from None
     return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter), demo=True)
 
 
@@ -114,6 +120,8 @@ def run(args) -> int:
             first = is_first_run(args, config.default_pairing)
             if first:
                 notice = None  # the models screen says it
+            if DEMO_NOTES:
+                notice = " ".join(filter(None, [notice, f"Note: {DEMO_NOTES[-1]}."]))
         except PairingError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
