@@ -276,8 +276,9 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
             f.write(new_text)
             f.flush()
             os.fsync(f.fileno())
+        # the user's own file: mkstemp made it 0600; an existing file keeps only its owner's bits
         if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
+            os.chmod(tmp, path.stat().st_mode & 0o700 or 0o600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -314,5 +315,7 @@ def write_default_config(path: str | Path | None = None) -> Path:
     path = Path(path) if path is not None else paths.config_file()
     if not path.exists():
         paths.ensure_dir(path.parent)
-        path.write_text(DEFAULT_CONFIG_TEXT, encoding="utf-8")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(DEFAULT_CONFIG_TEXT)
     return path

@@ -156,5 +156,11 @@ def run(args) -> int:
         app.run()
     finally:
         app.chat.shutdown()
-        history.close()  # waits for the last writes
+        unsaved = history.close()  # waits for the last writes
+        if history.backlog:
+            where = f"they are in {unsaved}" if unsaved else "and no file could be written to keep them"
+            print(
+                f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
+                file=sys.stderr,
+            )
     return 0
