@@ -126,10 +126,15 @@ def parse_block_sizes(text: str) -> list:
         if part == "auto":
             out.append("auto")
             continue
-        k = int(part)
+        try:
+            k = int(part)
+        except ValueError:
+            raise ValueError(f"block sizes must be integers 2..16 or auto, got {part!r}") from None
         if not 2 <= k <= 16:
             raise ValueError(f"block sizes must be 2..16 or auto (K=1 is the drafter-off run), got {k}")
         out.append(k)
+    if not out:
+        raise ValueError(f"no block size given in {text!r}: list at least one, e.g. 2,3,4,auto")
     return out
 
 

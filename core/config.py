@@ -1,7 +1,7 @@
 """The user's config file (TOML): read with tomllib, validated, written back with tomlkit.
 
 Every problem is reported with the file, the key and why, e.g.
-  config.toml: [sampling].temperature must be a number >= 0, got "hot"
+  config.toml: [sampling].temperature must be a finite number >= 0, got "hot"
 Unknown keys are errors too (a typo silently ignored is worse), with a "did you mean" hint.
 Saving edits only the keys that changed, so the user's comments and layout survive.
 """
@@ -19,9 +19,16 @@ from typing import Any
 
 from core import paths
 from core.keymap import ACTION_NAMES, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
-from core.settings import GenerationSettings
-
-IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # soft tokens per image the vision encoder may use
+from core.settings import (
+    IMAGE_BUDGETS as IMAGE_BUDGETS,  # re-exported: the settings screen lists them
+)
+from core.settings import (
+    SAMPLING_CHECKS,
+    BadValue,
+    GenerationSettings,
+    check_block_size,
+    check_image_budget,
+)
 
 
 @dataclass
@@ -83,17 +90,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-class _Bad(Exception):
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
+_Bad = BadValue  # the checks below raise it with `why`
 
 
 def _string(v: Any) -> str:
@@ -114,46 +111,9 @@ def _bool(v: Any) -> bool:
     return v
 
 
-def _block_size(v: Any) -> int | str:
-    if v == "auto" or (_is_int(v) and 1 <= v <= 16):
-        return v
-    raise _Bad('must be an integer 1..16 or "auto"')
-
-
-def _temperature(v: Any) -> float:
-    if not _is_number(v) or v < 0:
-        raise _Bad("must be a number >= 0")
-    return float(v)
-
-
-def _top_p(v: Any) -> float:
-    if not _is_number(v) or not 0 < v <= 1:
-        raise _Bad("must be a number > 0 and <= 1")
-    return float(v)
-
-
-def _top_k(v: Any) -> int:
-    if not _is_int(v) or v < 0:
-        raise _Bad("must be an integer >= 0 (0 turns top-k off)")
-    return v
-
-
-def _max_tokens(v: Any) -> int:
-    if not _is_int(v) or v < 1:
-        raise _Bad("must be an integer >= 1")
-    return v
-
-
-def _seed(v: Any) -> int:
-    if not _is_int(v) or v < 0:
-        raise _Bad("must be an integer >= 0 (leave it out for a random seed)")
-    return v
-
-
-def _image_budget(v: Any) -> int:
-    if not _is_int(v) or v not in IMAGE_BUDGETS:
-        raise _Bad(f"must be one of {', '.join(map(str, IMAGE_BUDGETS))}")
-    return v
+# one set of checks for the config, the command line and the TUI (core.settings)
+_block_size = check_block_size
+_image_budget = check_image_budget
 
 
 def _system_prompt(v: Any) -> str | None:
@@ -169,13 +129,7 @@ TOP_LEVEL: dict[str, Callable[[Any], Any]] = {
     "offline": _bool,
     "image_budget": _image_budget,
 }
-SAMPLING: dict[str, Callable[[Any], Any]] = {
-    "temperature": _temperature,
-    "top_p": _top_p,
-    "top_k": _top_k,
-    "max_tokens": _max_tokens,
-    "seed": _seed,
-}
+SAMPLING: dict[str, Callable[[Any], Any]] = SAMPLING_CHECKS
 TABLES = ("sampling", "keys")
 ALL_KEYS = (*TOP_LEVEL, *(f"[sampling].{k}" for k in SAMPLING), *(f"[keys].{a}" for a in ACTION_NAMES))
 
@@ -322,8 +276,9 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
             f.write(new_text)
             f.flush()
             os.fsync(f.fileno())
+        # the user's own file: mkstemp made it 0600; an existing file keeps only its owner's bits
         if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
+            os.chmod(tmp, path.stat().st_mode & 0o700 or 0o600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -360,5 +315,7 @@ def write_default_config(path: str | Path | None = None) -> Path:
     path = Path(path) if path is not None else paths.config_file()
     if not path.exists():
         paths.ensure_dir(path.parent)
-        path.write_text(DEFAULT_CONFIG_TEXT, encoding="utf-8")
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(DEFAULT_CONFIG_TEXT)
     return path

@@ -78,9 +78,38 @@ def _complete(root: Path, version: str) -> tuple[Path, Path] | None:
         return None
     target, drafter = root / marker["target"], root / marker["drafter"]
     needed = ("config.json", "model.safetensors", "tokenizer.json", DEMO_MARKER)
-    if all((d / f).is_file() for d in (target, drafter) for f in needed):
-        return target, drafter
-    return None
+    if not all((d / f).is_file() for d in (target, drafter) for f in needed):
+        return None
+    # a truncated or altered file (a full disk, a stray edit) must not stay broken: every file the
+    # build wrote is checked against the size and sha256 recorded when it was complete
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return None
+    for rel, (size, digest) in files.items():
+        f = root / rel
+        try:
+            if f.stat().st_size != size or _sha256(f) != digest:
+                return None
+        except OSError:
+            return None
+    return target, drafter
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _manifest(root: Path) -> dict[str, list]:
+    """relative path -> [size, sha256] of every file under `root` but the markers."""
+    return {
+        p.relative_to(root).as_posix(): [p.stat().st_size, _sha256(p)]
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != DEMO_MARKER
+    }
 
 
 def _builder_alive(name: str) -> bool:
@@ -108,12 +137,57 @@ def _sweep(demo_root: Path, keep: str) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
-def ensure_demo_pairing(cache_dir=None) -> tuple[Path, Path]:
-    """Build the demo pairing unless a complete one of this version exists; return its paths."""
+class DemoError(OSError):
+    """The demo pairing can be built nowhere; the message says where it tried and what to fix."""
+
+
+def fallback_root() -> Path:
+    """Where the demo goes when the cache directory cannot take it: a per-user temp directory."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"gemma-chat-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "demo"
+
+
+def ensure_demo_pairing(cache_dir=None, on_notice=None) -> tuple[Path, Path]:
+    """Build the demo pairing unless a complete one of this version exists; return its paths.
+
+    When the cache directory cannot hold it (not writable, a file, the disk full), it is built in
+    `fallback_root()` instead and `on_notice(message)` says so; DemoError when that fails too."""
+    primary = Path(cache_dir) if cache_dir is not None else cache_root() / "demo"
+    try:
+        return _ensure_in(primary)
+    except (OSError, RuntimeError) as e:  # mx.save_safetensors reports a full disk as RuntimeError
+        first = f"{primary}: {getattr(e, 'strerror', None) or e}"
+    fallback = fallback_root()
+    try:
+        _private_dir(fallback.parent)
+        found = _ensure_in(fallback)
+    except (OSError, RuntimeError) as e:
+        raise DemoError(
+            f"cannot build the demo pairing ({first}; {fallback}: {getattr(e, 'strerror', None) or e}): "
+            "free some disk space "
+            f"or point {_CACHE_ENV} at a writable directory"
+        ) from None
+    if on_notice is not None:
+        on_notice(f"the demo pairing is in {fallback.parent} because {first}")
+    return found
+
+
+_CACHE_ENV = "GEMMA_CHAT_CACHE_DIR"
+
+
+def _private_dir(path: Path) -> None:
+    """A shared temp directory: ours only (0700, owned by us), so nobody else can plant a checkpoint."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    st = path.stat()
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o077):
+        raise PermissionError(f"{path} belongs to someone else or is open to other users")
+
+
+def _ensure_in(demo_root: Path) -> tuple[Path, Path]:
     from core import factory
 
     version = demo_version()
-    demo_root = Path(cache_dir) if cache_dir is not None else cache_root() / "demo"
     final = demo_root / version
     found = _complete(final, version)
     if found:
@@ -127,8 +201,11 @@ def ensure_demo_pairing(cache_dir=None) -> tuple[Path, Path]:
     try:
         target, drafter = factory.build_pairing(tmp, **DEMO_BUILD)
         marker = _marker(version, target.name, drafter.name)
-        for d in (target, drafter, tmp):  # the root's marker last: it means "complete"
+        for d in (target, drafter):
             (d / DEMO_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        # the root's marker last, with every file's size and hash: it means "complete"
+        marker["files"] = _manifest(tmp)
+        (tmp / DEMO_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(tmp, final)
         except OSError:

@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from core import modeltypes, sampling
-from core.loader import CheckpointError, read_json
+from core.loader import CheckpointError, check_finite, read_config, weights_error
 from core.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
@@ -227,16 +227,17 @@ def _sanitize(weights: dict) -> dict:
 
 def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
     path = Path(path)
-    config = read_json(path / "config.json")
-    if not config:
-        raise CheckpointError(f"{path} has no config.json")
+    config = read_config(path)
     cfg = DrafterConfig.from_dict(config)
     files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise CheckpointError(f"{path} has no model*.safetensors weights")
     weights = {}
     for f in files:
-        weights.update(mx.load(str(f)))
+        try:
+            weights.update(mx.load(str(f)))
+        except RuntimeError as e:  # a truncated or corrupt file
+            raise weights_error(path, e) from None
     weights = _sanitize(weights)
     model = Drafter(cfg)
     quant = config.get("quantization") or config.get("quantization_config")
@@ -254,7 +255,11 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
         raise CheckpointError(f"{path}: drafter weights do not match its config: {e}") from e
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
-    mx.eval(model.parameters())
+    try:
+        mx.eval(model.parameters())
+    except RuntimeError as e:
+        raise weights_error(path, e) from None
+    check_finite(path, model.parameters())
     model.eval()
     return model
 

@@ -57,7 +57,7 @@ class TurnStats:
     drafted: int = 0
     accepted: int = 0
     peak_memory_bytes: int = 0
-    stop_reason: str = ""  # "eos" | "max_tokens" | "cancelled" | "error"
+    stop_reason: str = ""  # "eos" | "max_tokens" | "context_full" | "cancelled" | "error"
     drafter_enabled: bool = True
     block_size_counts: dict[int, int] = field(default_factory=dict)
 

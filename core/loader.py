@@ -46,11 +46,55 @@ def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object file; {} when the file is missing. A file that is there but unreadable, not
+    JSON or not an object is a CheckpointError that says so."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_config(path: Path) -> dict:
+    """A checkpoint's config.json: missing and empty are different faults, and each says which."""
+    file = path / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{path} has no config.json")
+    config = read_json(file)
+    if not config:
+        raise CheckpointError(f"{file} is empty ({{}}): it must describe the model (model_type, text_config, ...)")
+    return config
+
+
+def weights_error(path: Path, error: Exception) -> CheckpointError:
+    """A safetensors file that cannot be read (truncated, corrupt, a header that lies about its data)."""
+    return CheckpointError(
+        f"{path}: its weights cannot be read, a .safetensors file is truncated or corrupt ({error}); "
+        "download the checkpoint again (or delete it)"
+    )
+
+
+def check_finite(path: Path, params) -> None:
+    """Refuse weights holding NaN or inf: the model would emit one token (id 0) forever."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    floats = [(n, v) for n, v in tree_flatten(params) if mx.issubdtype(v.dtype, mx.floating)]
+    if not floats:
+        return
+    # one reduction over everything (a memory pass, small next to reading the files), then find the culprit
+    finite = mx.stack([mx.all(mx.isfinite(v)) for _, v in floats])
+    if mx.all(finite).item():
+        return
+    name = next(n for (n, _), ok in zip(floats, finite.tolist()) if not ok)
+    raise CheckpointError(f"{path}: weight {name} holds NaN or infinite values; the checkpoint is corrupt")
 
 
 def load_tokenizer(path: Path):
@@ -62,6 +106,9 @@ def load_tokenizer(path: Path):
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no such checkpoint directory: {path}")
+    if not (path / "tokenizer.json").is_file():
+        # without it transformers falls back to a tiny stand-in tokenizer that decodes to nothing useful
+        raise CheckpointError(f"{path} has no tokenizer.json: copy it from the model's original repository")
     return mlx_load_tokenizer(path)
 
 
@@ -76,9 +123,7 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    config = read_json(path / "config.json")
-    if not config:
-        raise CheckpointError(f"{path} has no config.json")
+    config = read_config(path)
     model_type = config.get("model_type")
     if modeltypes.is_drafter(model_type):
         raise CheckpointError(f"{path} is a {model_type} drafter, not a target model")
@@ -91,12 +136,19 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
         overrides = unified_model_config(path, config)
     if not list(path.glob("model*.safetensors")):
         raise CheckpointError(f"{path} has no model*.safetensors weights")
-    model, config = load_model(path, lazy=True, model_config=overrides)
+    try:
+        model, config = load_model(path, lazy=True, model_config=overrides)
+    except RuntimeError as e:  # mx.load of a truncated or corrupt file
+        raise weights_error(path, e) from None
     config["model_type"] = model_type  # the checkpoint's own, whatever mlx-lm was told
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
     _cpu_safe_experts(model)
-    mx.eval(model.parameters())
+    try:
+        mx.eval(model.parameters())
+    except RuntimeError as e:  # lazy loading reads the data only now
+        raise weights_error(path, e) from None
+    check_finite(path, model.parameters())
     return LoadedTarget(path=path, config=config, model=model)
 
 

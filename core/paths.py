@@ -51,7 +51,10 @@ def history_db() -> Path:
 
 
 def ensure_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    """Create `path` if needed, private to the user (0700): it holds their config and conversations.
+    A folder that already exists keeps the permissions the user gave it."""
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

@@ -105,6 +105,46 @@ def encode_messages(
     return encode_rendered(tokenizer, render_messages(tokenizer, messages, thinking=thinking, template=template))
 
 
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: Any) -> None:
+    """Raise ValueError naming the first item that is not a chat message of the form above:
+    "message 2: role must be one of system, user, assistant, got 'bot'"."""
+    if not isinstance(messages, list):
+        raise ValueError(f"expected a list of messages, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("the message list is empty")
+    for i, m in enumerate(messages, 1):
+        where = f"message {i}"
+        if not isinstance(m, dict):
+            raise ValueError(f"{where}: expected an object {{role, content}}, got {type(m).__name__}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
+        if "content" not in m or m["content"] is None:
+            raise ValueError(f"{where}: has no content")
+        content = m["content"]
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise ValueError(f"{where}: content must be a string or a list of items, got {type(content).__name__}")
+        for j, item in enumerate(content, 1):
+            at = f"{where}, item {j}"
+            if not isinstance(item, dict):
+                raise ValueError(f"{at}: expected an object with a type, got {type(item).__name__}")
+            kind = item.get("type")
+            if kind == "text":
+                if not isinstance(item.get("text"), str):
+                    raise ValueError(f'{at}: a text item needs "text": a string')
+            elif kind == "image":
+                source = item.get("path") or item.get("image") or item.get("url")
+                if not isinstance(source, str) or not source:
+                    raise ValueError(f'{at}: an image item needs "path": a file name')
+            else:
+                raise ValueError(f"{at}: type must be text or image, got {kind!r}")
+
+
 def count_images(messages: Sequence[Message]) -> int:
     """Image items in the messages, i.e. the placeholders the template will write."""
     return sum(

@@ -1,8 +1,87 @@
-"""Per-turn generation settings, shared by the CLI, the TUI and the engine."""
+"""Per-turn generation settings, shared by the CLI, the TUI and the engine.
+
+The checks of the sampling values live here, once: the config file (core.config), the command line
+(`generate`), the TUI's parameter forms and the engine all call them, so a value one of them accepts
+can never fail in another (a NaN temperature, a negative seed).
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+SEED_MAX = 2**64 - 1  # MLX's PRNG key is a uint64
+IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # soft tokens per image the vision encoder may use
+
+
+class BadValue(ValueError):
+    """A setting's value is out of range; `why` says what is allowed ("must be a number >= 0")."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_temperature(v: Any) -> float:
+    if not _is_finite_number(v) or v < 0:
+        raise BadValue("must be a finite number >= 0")
+    return float(v)
+
+
+def check_top_p(v: Any) -> float:
+    if not _is_finite_number(v) or not 0 < v <= 1:
+        raise BadValue("must be a number > 0 and <= 1")
+    return float(v)
+
+
+def check_top_k(v: Any) -> int:
+    if not _is_int(v) or v < 0:
+        raise BadValue("must be an integer >= 0 (0 turns top-k off)")
+    return v
+
+
+def check_max_tokens(v: Any) -> int:
+    if not _is_int(v) or v < 1:
+        raise BadValue("must be an integer >= 1")
+    return v
+
+
+def check_seed(v: Any) -> int:
+    if not _is_int(v) or not 0 <= v <= SEED_MAX:
+        raise BadValue("must be an integer from 0 to 2**64-1 (leave it out for a random seed)")
+    return v
+
+
+def check_block_size(v: Any) -> int | str:
+    if v == "auto" or (_is_int(v) and 1 <= v <= 16):
+        return v
+    raise BadValue('must be an integer 1..16 or "auto"')
+
+
+def check_image_budget(v: Any) -> int:
+    if not _is_int(v) or v not in IMAGE_BUDGETS:
+        raise BadValue(f"must be one of {', '.join(map(str, IMAGE_BUDGETS))}")
+    return v
+
+
+# the sampling fields, as the config's [sampling] table and the TUI's forms name them
+SAMPLING_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "temperature": check_temperature,
+    "top_p": check_top_p,
+    "top_k": check_top_k,
+    "max_tokens": check_max_tokens,
+    "seed": check_seed,
+}
 
 
 @dataclass
@@ -20,15 +99,13 @@ class GenerationSettings:
     image_budget: int | None = None  # soft tokens per image (70/140/280/560/1120); None: the checkpoint's
 
     def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if self.block_size != "auto" and not (isinstance(self.block_size, int) and 1 <= self.block_size <= 16):
-            raise ValueError("block_size must be 1..16 or 'auto'")
-        if self.image_budget is not None and self.image_budget not in (70, 140, 280, 560, 1120):
-            raise ValueError(f"image budget must be one of 70, 140, 280, 560, 1120 (got {self.image_budget!r})")
+        """Raise BadValue (a ValueError) naming the first bad field: "temperature must be ..., got nan"."""
+        checks = {**SAMPLING_CHECKS, "block_size": check_block_size, "image_budget": check_image_budget}
+        for name, check in checks.items():
+            value = getattr(self, name)
+            if value is None and name in ("seed", "image_budget"):
+                continue
+            try:
+                check(value)
+            except BadValue as bad:
+                raise BadValue(f"{name} {bad.why}, got {value!r}") from None

@@ -178,7 +178,7 @@ class Decoder:
             P = cache.offset - (1 if pending is not None else 0)
             room = min(settings.max_tokens - len(emitted), tg.context_length - P)
             if room < 1:
-                reason = "max_tokens"
+                reason = "max_tokens" if len(emitted) >= settings.max_tokens else "context_full"
                 break
             use_drafter = self.drafter is not None and controls.drafter_enabled
             auto = use_drafter and controls.block_size == "auto"

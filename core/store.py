@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mimetypes
+import os
 import re
 import sqlite3
 import threading
@@ -114,7 +115,52 @@ SCHEMA_VERSION = max(MIGRATIONS)
 
 
 class StoreError(RuntimeError):
-    pass
+    """The history cannot be read or written; the message is one sentence a user can act on."""
+
+
+def _why(e: BaseException) -> str:
+    """sqlite3 / OS errors in words: what is wrong with the history file and what to do."""
+    text = str(e)
+    low = text.lower()
+    if isinstance(e, sqlite3.Error):
+        if "locked" in low or "busy" in low:
+            return "the chat history is locked by another program (another gemma-chat?); close it and retry"
+        if "not a database" in low or "malformed" in low or "corrupt" in low:
+            return (
+                "the chat history file is damaged; move it aside (gemma-chat then starts a new one) "
+                "or repair it with `sqlite3 history.sqlite3 .recover`"
+            )
+        if "readonly" in low or "read-only" in low:
+            return "the chat history is read-only; make the file and its folder writable"
+        if "unable to open" in low:
+            return "the chat history file cannot be opened; check that its folder exists, is writable and is not a file"
+        if "disk" in low and ("full" in low or "i/o" in low):
+            return f"the disk holding the chat history failed or is full ({text})"
+        return f"the chat history failed: {text}"
+    if isinstance(e, OSError):
+        return f"{e.strerror or text}" + (f": {e.filename}" if e.filename else "")
+    return text
+
+
+@contextmanager
+def _translated(path: Path) -> Iterator[None]:
+    """sqlite3.Error and OSError out of the store become one StoreError that names the file."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (sqlite3.Error, OSError) as e:
+        raise StoreError(f"{path}: {_why(e)}") from e
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    """A JSON column; one damaged row must not make the chat unopenable."""
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
 
 
 class ChatNotFound(KeyError):
@@ -313,27 +359,57 @@ def _like_snippet(content: str, needle: str, width: int = 40) -> str:
     )
 
 
+def _private_dir(path: Path) -> None:
+    """The history's folder: created 0700; an existing one is left as the user set it."""
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{path}: the chat history's folder is a file; move it aside or set GEMMA_CHAT_DATA_DIR")
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _private_file(path: Path) -> None:
+    """history.sqlite3 (and its WAL files) readable by the user only."""
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.exists() and p.stat().st_mode & 0o077:
+                os.chmod(p, 0o600)
+        except OSError:
+            pass  # not ours to change (a shared file): it still works
+
+
 # --- the store ----------------------------------------------------------------------------------
 class Store:
     """Conversation history. Every public method is thread-safe and commits before it returns."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else paths.history_db()
-        if str(self.path) != ":memory:":
-            paths.ensure_dir(self.path.parent)
         self._lock = threading.RLock()
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly one `_tx`.
-        self._con = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=10.0)
-        self._con.row_factory = sqlite3.Row
         self.has_fts = fts5_available()
-        try:
-            self._con.execute("PRAGMA journal_mode = WAL")
-            self._con.execute("PRAGMA synchronous = FULL")
-            self._con.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
-        except sqlite3.DatabaseError as e:
-            self._con.close()
-            raise StoreError(f"{self.path}: cannot open the chat history: {e}") from e
+        with _translated(self.path):
+            if str(self.path) != ":memory:":
+                _private_dir(self.path.parent)
+                if self.path.is_dir():
+                    raise StoreError(f"{self.path}: the chat history path is a directory, not a file")
+                # the history is the user's conversations: readable by the user only
+                if not self.path.exists():
+                    os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly one `_tx`.
+            self._con = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
+            )
+            self._con.row_factory = sqlite3.Row
+            try:
+                self._con.execute("PRAGMA journal_mode = WAL")
+                self._con.execute("PRAGMA synchronous = FULL")
+                self._con.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+                if str(self.path) != ":memory:":
+                    _private_file(self.path)
+            except BaseException:
+                self._con.close()
+                raise
+
+    busy_timeout_s = 10.0  # how long a write waits for another process's lock before it is an error
 
     # lifecycle
     def close(self) -> None:
@@ -348,23 +424,31 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, _translated(self.path):
             self._con.execute("BEGIN IMMEDIATE")
             try:
                 yield self._con
             except BaseException:
-                self._con.execute("ROLLBACK")
+                try:
+                    self._con.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the failure already ended the transaction
                 raise
             self._con.execute("COMMIT")
 
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, _translated(self.path):
+            yield self._con
+
     # schema
     def schema_version(self) -> int:
-        with self._lock:
-            return self._con.execute("PRAGMA user_version").fetchone()[0]
+        with self._read() as con:
+            return con.execute("PRAGMA user_version").fetchone()[0]
 
     def integrity_check(self) -> str:
-        with self._lock:
-            return self._con.execute("PRAGMA integrity_check").fetchone()[0]
+        with self._read() as con:
+            return con.execute("PRAGMA integrity_check").fetchone()[0]
 
     def _migrate(self) -> None:
         # The version is read inside each write transaction, so two processes opening an old file
@@ -502,12 +586,12 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             args = (limit,)
-        with self._lock:
-            return [self._summary(r) for r in self._con.execute(sql, args)]
+        with self._read() as con:
+            return [self._summary(r) for r in con.execute(sql, args)]
 
     def get_chat_summary(self, chat_id: int) -> ChatSummary:
-        with self._lock:
-            row = self._con.execute(self._SUMMARY_SQL + " WHERE c.id = ?", (chat_id,)).fetchone()
+        with self._read() as con:
+            row = con.execute(self._SUMMARY_SQL + " WHERE c.id = ?", (chat_id,)).fetchone()
         if row is None:
             raise ChatNotFound(chat_id)
         return self._summary(row)
@@ -520,7 +604,7 @@ class Store:
         if not query:
             return []
         hits: dict[int, SearchHit] = {}
-        with self._lock:
+        with self._read():
             # FTS5 indexes words only: punctuation-only queries ("%", "->") go to the LIKE scan
             if self.has_fts and any(ch.isalnum() for ch in query):
                 rows = self._con.execute(
@@ -553,7 +637,7 @@ class Store:
         return list(hits.values())[:limit]
 
     def load_chat(self, chat_id: int) -> Chat:
-        with self._lock:
+        with self._read():
             row = self._con.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
             if row is None:
                 raise ChatNotFound(chat_id)
@@ -576,7 +660,7 @@ class Store:
                 role=m["role"],
                 content=m["content"],
                 thinking=m["thinking"],
-                stats=json.loads(m["stats_json"]) if m["stats_json"] else None,
+                stats=_loads(m["stats_json"], None),
                 stopped=bool(m["stopped"]),
                 created_at=m["created_at"],
                 attachments=by_message.get(m["id"], []),
@@ -592,7 +676,7 @@ class Store:
             pairing=row["pairing"],
             target_id=row["target_id"],
             drafter_id=row["drafter_id"],
-            params=json.loads(row["params_json"] or "{}"),
+            params=_loads(row["params_json"], {}),
             system_prompt=row["system_prompt"],
             pinned=bool(row["pinned"]),
             messages=messages,
@@ -617,7 +701,8 @@ class Store:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if origins is not None and decode_origins(origins, len(content)) is None:
             raise ValueError("origins must be encode_origins() runs covering the content exactly")
-        atts = [a if isinstance(a, Attachment) else Attachment.from_file(a) for a in attachments]
+        with _translated(self.path):
+            atts = [a if isinstance(a, Attachment) else Attachment.from_file(a) for a in attachments]
         stats_dict = _stats_to_dict(stats)
         now = time.time()
         with self._tx() as con:

@@ -117,12 +117,12 @@ quit = "Ctrl+X"
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('[sampling]\ntemperature = "hot"', '[sampling].temperature must be a number >= 0, got "hot"'),
-        ("[sampling]\ntemperature = -0.5", "[sampling].temperature must be a number >= 0, got -0.5"),
+        ('[sampling]\ntemperature = "hot"', '[sampling].temperature must be a finite number >= 0, got "hot"'),
+        ("[sampling]\ntemperature = -0.5", "[sampling].temperature must be a finite number >= 0, got -0.5"),
         ("[sampling]\ntop_p = 1.5", "[sampling].top_p must be a number > 0 and <= 1, got 1.5"),
         ("[sampling]\ntop_k = 2.5", "[sampling].top_k must be an integer >= 0"),
         ("[sampling]\nmax_tokens = 0", "[sampling].max_tokens must be an integer >= 1, got 0"),
-        ("[sampling]\nseed = true", "[sampling].seed must be an integer >= 0"),
+        ("[sampling]\nseed = true", "[sampling].seed must be an integer from 0 to 2**64-1"),
         ("block_size = 17", 'block_size must be an integer 1..16 or "auto", got 17'),
         ('block_size = "fast"', 'block_size must be an integer 1..16 or "auto", got "fast"'),
         ("block_size = true", 'block_size must be an integer 1..16 or "auto", got true'),

@@ -145,7 +145,7 @@ def test_demo_uses_the_demo_pairing(monkeypatch, capsys):
     monkeypatch.setattr(
         core.demo,
         "ensure_demo_pairing",
-        lambda cache_dir=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
+        lambda cache_dir=None, on_notice=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
     )
     rc = main(
         [

@@ -420,7 +420,7 @@ def test_sigkill_while_appending_turns(tmp_path):
 def test_not_a_database(tmp_path):
     bad = tmp_path / "h.db"
     bad.write_bytes(b"this is not sqlite at all" * 100)
-    with pytest.raises(StoreError, match="cannot open the chat history"):
+    with pytest.raises(StoreError, match="chat history file is damaged"):
         Store(bad)
 
 

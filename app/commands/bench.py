@@ -46,7 +46,9 @@ def run(args) -> int:
     except BenchError as e:
         return fail(str(e))
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError: a bad --model/--drafter
-        return fail(f"{type(e).__name__}: {e}")
+        from core.loader import CheckpointError
+
+        return fail(str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}")
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

@@ -29,9 +29,12 @@ def _pairing(args):
 
     no_draft = getattr(args, "no_draft", False)
     if getattr(args, "demo", False):
-        from core.demo import DEMO_NAME, ensure_demo_pairing
+        from core.demo import DEMO_NAME, DemoError, ensure_demo_pairing
 
-        target, drafter = ensure_demo_pairing()
+        try:
+            target, drafter = ensure_demo_pairing(on_notice=lambda m: print(f"note: {m}", file=sys.stderr))
+        except DemoError as e:
+            raise _UsageError(str(e)) from None
         return DEMO_NAME, str(target), None if no_draft else str(drafter), True
     if getattr(args, "model", None):
         try:
@@ -66,15 +69,53 @@ def _remote(args):
     return engine, None
 
 
+MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds what a stray file costs
+
+
+def read_messages_file(path: str) -> list[dict]:
+    """The --messages file, checked: a regular file (a FIFO or /dev/zero would block or never end),
+    at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.prompt.check_messages)."""
+    import os
+    import stat
+
+    from core.prompt import check_messages
+
+    what = f"--messages {path}"
+    try:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise _UsageError(f"cannot read {what}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _UsageError(f"{what} is not a regular file")
+        if st.st_size > MESSAGES_MAX_BYTES:
+            raise _UsageError(f"{what} is {st.st_size} bytes; the limit is {MESSAGES_MAX_BYTES >> 20} MiB")
+        try:
+            data = f.read(MESSAGES_MAX_BYTES + 1)
+        except OSError as e:
+            raise _UsageError(f"cannot read {what}: {e.strerror or e}") from None
+    if len(data) > MESSAGES_MAX_BYTES:
+        raise _UsageError(f"{what} is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+    try:
+        messages = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise _UsageError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise _UsageError(f"{what} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    except RecursionError:
+        raise _UsageError(f"{what} nests brackets too deeply to be a list of messages") from None
+    try:
+        check_messages(messages)
+    except ValueError as e:
+        raise _UsageError(f"{what}: {e}") from None
+    return messages
+
+
 def _messages(args) -> list[dict]:
     if args.messages:
-        try:
-            with open(args.messages, encoding="utf-8") as f:
-                messages = json.load(f)
-        except (OSError, ValueError) as e:
-            raise _UsageError(f"cannot read --messages {args.messages}: {e}") from e
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise _UsageError("--messages must hold a JSON list of {role, content} objects")
+        messages = read_messages_file(args.messages)
     else:
         messages = [{"role": "user", "content": args.prompt if args.prompt is not None else ""}]
     if args.image:

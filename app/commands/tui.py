@@ -45,11 +45,17 @@ def resolve_checkpoint(value: str) -> str:
         raise PairingError(str(e)) from None
 
 
+DEMO_NOTES: list[str] = []  # where the demo went when the cache directory could not take it
+
+
 def demo_spec():
-    from core.demo import ensure_demo_pairing
+    from core.demo import DemoError, ensure_demo_pairing
     from core.engine import PairingSpec
 
-    target, drafter = ensure_demo_pairing()
+    try:
+        target, drafter = ensure_demo_pairing(on_notice=DEMO_NOTES.append)
+    except DemoError as e:
+        raise PairingError(str(e)) from None
     return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter), demo=True)
 
 
@@ -149,6 +155,8 @@ def run(args) -> int:
             first = is_first_run(args, config.default_pairing)
             if first:
                 notice = None  # the models screen says it
+            if DEMO_NOTES:
+                notice = " ".join(filter(None, [notice, f"Note: {DEMO_NOTES[-1]}."]))
         except PairingError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
@@ -184,5 +192,11 @@ def run(args) -> int:
         app.run()
     finally:
         app.chat.shutdown()
-        history.close()  # waits for the last writes
+        unsaved = history.close()  # waits for the last writes
+        if history.backlog:
+            where = f"they are in {unsaved}" if unsaved else "and no file could be written to keep them"
+            print(
+                f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
+                file=sys.stderr,
+            )
     return 0

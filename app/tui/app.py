@@ -47,19 +47,29 @@ class GemmaChatApp(App[None]):
             self.theme = theme
 
     def on_mount(self) -> None:
-        if self.history is not None and self.history.on_error is None:
-            self.history.on_error = self._history_error
+        if self.history is not None:
+            if self.history.on_error is None:
+                self.history.on_error = self._history_error
+            if getattr(self.history, "on_recovered", None) is None:
+                self.history.on_recovered = self._history_recovered
+            # writes kept while the history was unusable are retried on a timer, not only at the next message
+            self.set_interval(self.history.RETRY_S, self.history.retry)
         self.push_screen(self.chat)
         if self._notice:
             self.notify(self._notice, timeout=10)
 
     def _history_error(self, message: str) -> None:
+        self._notify_from_thread(message, severity="error", timeout=10)
+
+    def _history_recovered(self, message: str) -> None:
+        self._notify_from_thread(message, severity="information")
+
+    def _notify_from_thread(self, message: str, **kwargs) -> None:
         # called on the history writer thread; the loop may be gone when the app is closing
         from functools import partial
 
         try:
-            notify = partial(self.notify, f"History not saved: {message}", severity="error", markup=False)
-            self._loop.call_soon_threadsafe(notify)
+            self._loop.call_soon_threadsafe(partial(self.notify, message, markup=False, **kwargs))
         except (AttributeError, RuntimeError):
             pass
 

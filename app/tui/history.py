@@ -82,7 +82,18 @@ class ChatRef:
     system_prompt: str | None = None
 
 
+@dataclass
+class PendingWrite:
+    """One recorded change waiting for the store: the function the writer runs, and what it saves
+    (for the recovery file when the history never comes back)."""
+
+    fn: Callable
+    record: dict | None = None
+
+
 class HistoryRecorder:
+    RETRY_S = 15.0  # how often the app retries writes kept while the history is unusable
+
     def __init__(
         self,
         store=None,
@@ -92,18 +103,24 @@ class HistoryRecorder:
         export_dir: str | Path | None = None,
     ) -> None:
         self._store = store
+        self._owns_store = store is None  # opened (and, after a failure, reopened) here
         self._path = path
-        self.on_error = on_error  # called on the writer thread with a message
+        # called on the writer thread with one sentence: the history failed (messages kept), or is back
+        self.on_error = on_error
+        self.on_recovered: Callable[[str], None] | None = None
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="history")
         self._lock = threading.Lock()
         self.current = ChatRef()
-        self.failed = False
+        self.failed = False  # the last write could not be saved; `backlog` holds it and what followed
+        self.backlog: list[PendingWrite] = []  # writer thread only
+        self.recovery_file: Path | None = None  # where close() put what could never be saved
 
     # -- the writer thread ------------------------------------------------------------------------
     @property
     def store(self):
-        """The Store, opened on first use (call only on the writer thread)."""
+        """The Store, opened on first use (call only on the writer thread). A failed open is retried
+        at the next use: the user may have fixed the file meanwhile."""
         if self._store is None:
             from core.store import Store
 
@@ -111,29 +128,129 @@ class HistoryRecorder:
         return self._store
 
     def submit(self, fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
-        """Run `fn(store, *args)` on the writer thread."""
+        """Run `fn(store, *args)` on the writer thread; a failure is the future's (the caller says it)."""
         return self._pool.submit(self._run, fn, args, kwargs)
 
     def _run(self, fn: Callable, args: tuple, kwargs: dict):
         try:
             return fn(self.store, *args, **kwargs)
         except Exception as e:
-            if self.on_error is not None:
-                self.on_error(f"{type(e).__name__}: {e}")
+            self._forget_broken_store(e)
             raise
+
+    def _forget_broken_store(self, error: Exception) -> None:
+        from core.store import StoreError
+
+        if isinstance(error, StoreError) and self._store is not None and self._owns_store:
+            try:
+                self._store.close()
+            except Exception:
+                pass
+            self._store = None  # reopened at the next use
 
     async def call(self, fn: Callable, *args, **kwargs):
         """Await `fn(store, *args)` without blocking the UI."""
         return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
 
+    def write(self, fn: Callable, record: dict | None = None) -> concurrent.futures.Future:
+        """Queue a recorded change. When the store fails it is kept, with everything after it, in
+        order, and written when the store works again (the next write, `retry`, or `close`)."""
+        return self._pool.submit(self._queue_write, PendingWrite(fn, record))
+
+    def _queue_write(self, pending: PendingWrite) -> None:
+        self.backlog.append(pending)
+        self._drain()
+
+    def retry(self) -> concurrent.futures.Future | None:
+        """Try the kept writes again (the app calls it on a timer while `failed`)."""
+        return self._pool.submit(self._drain) if self.failed else None
+
+    def _drain(self) -> bool:
+        from core.store import StoreError
+
+        saved = 0
+        while self.backlog:
+            pending = self.backlog[0]
+            try:
+                pending.fn(self.store)
+            except (StoreError, OSError) as e:  # the history is unusable: keep it, try again later
+                self._forget_broken_store(e)
+                if not self.failed:
+                    self.failed = True
+                    self._tell(
+                        self.on_error,
+                        f"History not saved: {e}. Your messages are kept and saved when it works again.",
+                    )
+                return False
+            except Exception as e:  # this one write is wrong (its chat was deleted meanwhile): skip it
+                self._tell(self.on_error, f"History not saved: {type(e).__name__}: {e}")
+            else:
+                saved += 1
+            self.backlog.pop(0)
+        if self.failed:
+            self.failed = False
+            n = saved
+            self._tell(self.on_recovered, f"History saved again ({n} kept change{'s' if n != 1 else ''} written)")
+        return True
+
+    @staticmethod
+    def _tell(callback: Callable[[str], None] | None, message: str) -> None:
+        if callback is not None:
+            try:
+                callback(message)
+            except Exception:
+                pass
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is written (tests, shutdown)."""
         self._pool.submit(lambda: None).result(timeout)
 
-    def close(self) -> None:
+    def close(self) -> Path | None:
+        """Write what is queued (one last try for kept writes); what still cannot be saved goes to a
+        JSON recovery file, whose path is returned (and kept in `recovery_file`)."""
+        try:
+            self._pool.submit(self._drain).result(30.0)
+        except Exception:
+            pass
         self._pool.shutdown(wait=True)
+        if self.backlog:
+            self.recovery_file = self._write_recovery()
         if self._store is not None:
-            self._store.close()
+            try:
+                self._store.close()
+            except Exception:
+                pass
+        return self.recovery_file
+
+    def _write_recovery(self) -> Path | None:
+        import json
+        import os
+        import tempfile
+        import time
+
+        records = [p.record for p in self.backlog if p.record is not None]
+        if not records:
+            return None
+        name = f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+        places = []
+        if self._path is not None and str(self._path) != ":memory:":
+            places.append(Path(self._path).parent)
+        else:
+            from core import paths
+
+            places.append(paths.data_dir())
+        places.append(Path(tempfile.gettempdir()))
+        body = json.dumps({"messages": records}, ensure_ascii=False, indent=2, default=str)
+        for place in places:
+            target = place / name
+            try:
+                fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(body)
+                return target
+            except OSError:
+                continue
+        return None
 
     # -- recording the current chat (UI thread) ----------------------------------------------------
     def start_chat(
@@ -185,7 +302,7 @@ class HistoryRecorder:
                 )
             store.append_user_message(ref.id, text, attachments=[p for p in images if Path(p).is_file()])
 
-        self.submit(write)
+        self.write(write, {"role": "user", "content": text, "images": list(images)})
 
     def record_reply(
         self, text: str, *, thinking: str | None, stats: Any, stopped: bool, origins: str | None = None
@@ -199,7 +316,7 @@ class HistoryRecorder:
                     ref.id, text, thinking=thinking or None, stats=stats, stopped=stopped, origins=origins
                 )
 
-        self.submit(write)
+        self.write(write, {"role": "assistant", "content": text, "thinking": thinking or None, "stopped": stopped})
 
     def drop_last(self) -> None:
         """The last message (a reply being regenerated, or a user message whose turn failed) is gone."""
@@ -213,7 +330,7 @@ class HistoryRecorder:
             if ref.id is not None:
                 store.truncate_chat(ref.id, seq)
 
-        self.submit(write)
+        self.write(write, {"drop_from": seq})
 
     def update_params(self, params: dict, system_prompt: str | None) -> None:
         ref = self.current
@@ -224,7 +341,7 @@ class HistoryRecorder:
             if ref.id is not None:  # not saved yet: create_chat will take them
                 store.update_chat(ref.id, params=ref.params, system_prompt=ref.system_prompt)
 
-        self.submit(write)
+        self.write(write)
 
     def current_id(self) -> int | None:
         """The current chat's id once its first message is written (waits for the writer)."""

@@ -2,7 +2,7 @@
 
 Dismisses with the new GenerationSettings (the chat screen saves them with the chat and uses them
 from the next turn) or None. Values are checked with the config file's own rules, so a message
-reads the same in both places: "Temperature: must be a number >= 0, got "hot"".
+reads the same in both places: "Temperature: must be a finite number >= 0, got "hot"".
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
         self.summaries: dict[int, object] = {}
         self.query_text = ""
         self.deleted_current = False
+        self.error: str | None = None  # why the list could not be read
         self.loaded = False  # the list shows the latest query's result (tests wait on this)
 
     def compose(self) -> ComposeResult:
@@ -111,11 +112,23 @@ class ChatListScreen(ModalScreen[tuple | None]):
         self.run_worker(self._load(self.query_text), exclusive=True, group="load")
 
     async def _load(self, query: str) -> None:
-        if query.strip():
-            hits = await self.recorder.call(lambda store: store.search_chats(query))
-            rows = [(h.chat, h.snippet if h.message_seq is not None else None) for h in hits]
-        else:
-            rows = [(s, None) for s in await self.recorder.call(lambda store: store.list_chats())]
+        try:
+            if query.strip():
+                hits = await self.recorder.call(lambda store: store.search_chats(query))
+                rows = [(h.chat, h.snippet if h.message_seq is not None else None) for h in hits]
+            else:
+                rows = [(s, None) for s in await self.recorder.call(lambda store: store.list_chats())]
+        except Exception as e:  # a damaged, locked or unreadable history: say so, keep the app and the chat
+            if query == self.query_text:
+                self.error = str(e)
+                self.option_list.clear_options()
+                self.query_one("#chats-title", Static).update(
+                    Text.assemble(("Chats", "bold"), ("  the chat history cannot be read", "bold red"))
+                )
+                self.notify(f"Chat history unavailable: {e}", severity="error", timeout=10, markup=False)
+                self.loaded = True
+            return
+        self.error = None
         if query != self.query_text:
             return  # typed on meanwhile: a newer load follows
         self.summaries = {s.id: s for s, _ in rows}

@@ -376,6 +376,8 @@ class ReplyView(Vertical):
         label = "gemma  ■ stopped" if self.stopped else "gemma"
         if stats.stop_reason == "max_tokens":
             label += "  (max tokens)"
+        elif stats.stop_reason == "context_full":
+            label += "  (context full: start a new chat)"
         self.header.update(label)
         self.set_class(self.stopped, "-stopped")
         self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
