@@ -47,6 +47,7 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("models", "f2", "Open the models screen (pairings, downloads)"),
     KeyAction("settings", "f3", "Open the settings"),
     KeyAction("chat_params", "f9", "This chat's parameters: system prompt, sampling, thinking"),
+    KeyAction("toggle_panel", "f10", "Hide or show the side panel (speed figures); narrow terminals get one line"),
     KeyAction("help", "f1", "Show the keys and what they do"),
     KeyAction("palette", "ctrl+p", "Open the command palette"),
     KeyAction("quit", "ctrl+q", "Quit"),

@@ -213,3 +213,86 @@ def test_models_screen_says_the_demo_takes_images():
     from app.tui.screens.models import COLUMNS, demo_row
 
     assert str(demo_row().cells[COLUMNS.index("Vision")]) == "yes"
+
+
+# -- 80x24: compact panel, F10, a footer that fits ----------------------------------------------------------
+async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_fits():
+    from app.tui.widgets.key_hints import fit_hints
+
+    app, _ = make_app()
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot, app)
+        chat = app.chat
+        assert not chat.panel.display and chat.compact_panel.display
+        await send(pilot, app, "hello")
+        await until(pilot, lambda: chat.last_reply is not None)
+        await until(pilot, lambda: "tok/round" in str(chat.compact_panel.render()))
+        assert chat.conversation.region.width >= 78  # the conversation has the whole width
+        shown = " ".join(
+            f"{h.key} {h.label}" for h in fit_hints(chat.key_hints.hints, chat.key_hints.content_size.width)
+        )
+        for wanted in ("^O image", "^L chats", "F2 models", "F1 help"):
+            assert wanted in shown
+        assert len(shown) <= SMALL[0] - 2
+        await pilot.press("f10")
+        assert not chat.compact_panel.display and not chat.panel.display
+        await pilot.press("f10")
+        assert chat.compact_panel.display
+    app, _ = make_app()
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        assert app.chat.panel.display and not app.chat.compact_panel.display
+        await pilot.press("f10")
+        assert not app.chat.panel.display
+        assert "Enter sends" in app.chat.prompt.placeholder and "^O" in app.chat.prompt.placeholder
+
+
+# -- auto block size explains itself; the sparkline is scaled to the block size; context use -----------
+def test_auto_note_explains_plain_decoding_and_counts_down_to_the_next_try():
+    from app.tui.live_stats import LiveStats
+    from core.events import RoundEvent
+
+    s = LiveStats()
+    s.on_round(RoundEvent(1, 3, 0, 4, True, 1))  # drafting, nothing accepted
+    for i in range(5):
+        s.on_round(RoundEvent(2 + i, 0, 0, 1, True, 1))
+    assert s.auto_note() == "auto → 1: drafts not paying, 0 % accepted; trying again in 11 rounds"
+    for i in range(11):
+        s.on_round(RoundEvent(10 + i, 0, 0, 1, True, 1))
+    s.on_round(RoundEvent(30, 1, 0, 2, True, 1))  # the probe: nothing accepted, the wait doubles
+    s.on_round(RoundEvent(31, 0, 0, 1, True, 1))
+    assert s.auto_note().endswith("trying again in 31 rounds")
+    s.on_round(RoundEvent(32, 3, 3, 4, True, 4))
+    assert s.auto_note().startswith("auto → 4: drafting pays")
+    s.block_setting = 3
+    assert s.auto_note() is None
+
+
+def test_sparkline_is_scaled_to_the_block_size():
+    from app.tui.widgets.panel import spark_rows
+
+    # one token per round at block size 4 is a quarter column, not a full one
+    assert spark_rows([1.0, 4.0], 2, 1, top=4.0) == ["▂█"]
+    assert spark_rows([1.0, 1.0], 2, 1, top=4.0) == ["▂▂"]
+
+
+async def test_panel_shows_context_use():
+    app, _ = make_app(FakeEngine(context_length=4096))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await until(pilot, lambda: "/ 4,096 tok" in str(app.chat.panel.figures.render()))
+
+
+async def test_chat_parameters_dialog_fits_80x24():
+    from app.tui.screens.chat_params import ChatParamsScreen
+
+    app, _ = make_app()
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f9")
+        await until(pilot, lambda: isinstance(app.screen, ChatParamsScreen))
+        await pilot.pause(0.3)
+        save = app.screen.query_one("#params-save")
+        assert save.region.height >= 1 and save.region.bottom <= SMALL[1]

@@ -23,10 +23,11 @@ CHAT_ACTIONS: dict[str, str] = {
     "stop": "Stop",
     "regenerate": "Regen",
     "toggle_view": "View",
-    "block_size_down": "K-",
-    "block_size_up": "K+",
-    "toggle_auto": "Auto K",
+    "block_size_down": "Block-",
+    "block_size_up": "Block+",
+    "toggle_auto": "Auto block",
     "toggle_drafter": "Drafter",
+    "toggle_panel": "Panel",
     "help": "Help",
     "attach_image": "Image",  # app.tui.widgets.attachments; in the help screen and palette
     # chats, settings, copy and export (app.tui.history): in the help screen and palette, not the footer

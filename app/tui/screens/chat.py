@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.resources import style_path
 from app.tui import keys
@@ -20,12 +20,15 @@ from app.tui.live_stats import LiveStats
 from app.tui.messages import PromptSubmitted, QuickKey
 from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_content
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
+from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
 
 MAX_BLOCK = 16
+# Below this many columns the side panel gives way to a one-line summary under the conversation.
+COMPACT_BELOW = 100
 
 
 def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
@@ -36,6 +39,16 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
             bindings.bind(sk.always, sk.action, sk.label, show=sk.show, priority=sk.action != "stop")
         if sk.quick:  # when the conversation (not the prompt) has focus
             bindings.bind(sk.quick, sk.action, sk.label, show=sk.show and not sk.always)
+
+
+def prompt_placeholder(overrides=None) -> str:
+    from core.keymap import resolve_keys
+
+    k = {a: keys.display_key(v.split(",")[0]) for a, v in resolve_keys(overrides).items()}
+    return (
+        f"Message · {k['send']} sends · {k['newline'].split()[0]} new line · "
+        f"{k['attach_image']} or /image PATH: image · {k['help']}: keys"
+    )
 
 
 class ChatCommands(Provider):
@@ -50,6 +63,7 @@ class ChatCommands(Provider):
             ("Block size -1", "block_size_down", "verify one token fewer per round (from the next round)"),
             ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
             ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
+            ("Hide / show the side panel", "toggle_panel", "the speed figures (one line in narrow terminals)"),
             ("Help: keys", "help", "show every key"),
             ("Attach an image", "attach_image", "pick an image file (or paste a path, or type /image PATH)"),
             ("New chat", "new_chat", "start a new conversation"),
@@ -108,10 +122,15 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._last_markdown = 0.0
         self._ticks = 0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
+        self.prompt.placeholder = prompt_placeholder(key_overrides)
         self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
         self.conversation = VerticalScroll(id="conversation")
         self.panel = StatsPanel(id="panel")
+        self.compact_panel = Static("", id="compact-panel", markup=False)
+        self.panel.compact = self.compact_panel
+        self.panel_hidden = False  # the user's choice (F10)
         self.legend = Static(legend(), id="legend")
+        self.key_hints = KeyHints(hints_for(self.screen_keys, key_overrides), id="key-hints")
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -119,12 +138,14 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             with Vertical(id="main"):
                 yield self.legend
                 yield self.conversation
+                yield self.compact_panel
                 yield self.attachments
                 yield self.prompt
             yield self.panel
-        yield Footer()
+        yield self.key_hints
 
     def on_mount(self) -> None:
+        self._place_panel()
         self.conversation.anchor()
         self.panel.show_pairing(self.spec.name, bool(getattr(self.spec, "demo", False)))
         self.panel.show_status("loading…")
@@ -135,6 +156,21 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         # meets the changed rows), so the panels ride on a drain tick rather than adding frames.
         self.set_interval(1 / DRAIN_HZ, self._tick, name="drain")
         self.prompt.focus()
+
+    def on_resize(self) -> None:
+        self._place_panel()
+
+    def _place_panel(self) -> None:
+        """The side panel when there is room, a one-line summary when narrow, neither when hidden."""
+        compact = self.size.width < COMPACT_BELOW if self.size.width else False
+        self.panel.display = not self.panel_hidden and not compact
+        self.compact_panel.display = not self.panel_hidden and compact
+        self.stats.dirty = True
+
+    def action_toggle_panel(self) -> None:
+        self.panel_hidden = not self.panel_hidden
+        self._place_panel()
+        self._refresh_panels()
 
     # -- sending ----------------------------------------------------------------------------------
     @property
@@ -254,6 +290,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             return
         self.loaded = True
         self.stats.has_drafter = info.drafter_path is not None
+        self.stats.context_length = getattr(info, "context_length", None)
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         if not self.generating:

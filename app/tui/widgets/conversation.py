@@ -76,10 +76,10 @@ def text_with_origins(plain: str, runs: list[tuple[str, int]] | None) -> Text:
 
 
 def legend() -> Text:
-    t = Text("Token view: ")
+    t = Text("Tokens: ")
     t.append("drafted + accepted", DRAFT_STYLE)
-    t.append(" (underlined)   ")
-    t.append("target's own token", TARGET_STYLE)
+    t.append(" (underlined) · ")
+    t.append("target's own", TARGET_STYLE)
     return t
 
 
