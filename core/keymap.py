@@ -31,6 +31,8 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("newline", "shift+enter,ctrl+j", "Insert a new line in the message"),
     KeyAction("stop", "escape", "Stop the reply being generated"),
     KeyAction("regenerate", "ctrl+r", "Generate the last reply again"),
+    KeyAction("prev_variant", "alt+left", "Show the previous variant of the last reply (Ctrl+R makes variants)"),
+    KeyAction("next_variant", "alt+right", "Show the next variant of the last reply"),
     KeyAction("new_chat", "ctrl+n", "Start a new chat"),
     KeyAction("toggle_view", "ctrl+t", "Switch the reply view: rendered Markdown / tokens with accepted drafts marked"),
     KeyAction("toggle_thinking", "f4", "Turn thinking on or off for the next turn"),

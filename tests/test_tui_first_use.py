@@ -244,7 +244,7 @@ async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_
         assert app.chat.panel.display and not app.chat.compact_panel.display
         await pilot.press("f10")
         assert not app.chat.panel.display
-        assert "Enter sends" in app.chat.prompt.placeholder and "^O" in app.chat.prompt.placeholder
+        assert app.chat.prompt.placeholder == "Enter send · Shift+Enter new line · ^O image · F1 help"
 
 
 # -- auto block size explains itself; the sparkline is scaled to the block size; context use -----------
@@ -296,3 +296,45 @@ async def test_chat_parameters_dialog_fits_80x24():
         await pilot.pause(0.3)
         save = app.screen.query_one("#params-save")
         assert save.region.height >= 1 and save.region.bottom <= SMALL[1]
+
+
+# -- regenerate keeps the earlier variants -------------------------------------------------------------
+async def test_regenerate_keeps_variants_and_alt_arrows_switch_between_them(tmp_path):
+    from app.tui.history import HistoryRecorder
+    from core.store import Store
+
+    db = tmp_path / "h.db"
+    engine = FakeEngine(replies=["First answer here.", "Second, different answer."])
+    app, _ = make_app(engine, history=HistoryRecorder(path=db))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: app.chat.last_reply is not None and "Second" in app.chat.last_reply.plain)
+        reply = app.chat.last_reply
+        assert [v.text for v in reply.variants] == ["First answer here.", "Second, different answer."]
+        assert "2/2" in str(reply.header.render())
+        await pilot.press("alt+left")
+        assert reply.plain == "First answer here." and "1/2" in str(reply.header.render())
+        assert reply.tokens.text.plain == "First answer here." and reply.tokens.text.spans  # its colours
+        assert app.chat.history[-1] == {"role": "assistant", "content": "First answer here."}
+        await pilot.press("ctrl+l")  # (any later turn continues from the variant shown)
+        await pilot.press("escape")
+    app.history.close()
+    with Store(db) as store:
+        (summary,) = store.list_chats()
+        messages = store.load_chat(summary.id).messages
+    assert [m.content for m in messages] == ["hi", "First answer here."]  # the variant shown is the one saved
+
+
+async def test_regenerate_at_temperature_zero_says_the_variant_is_identical():
+    app, _ = make_app(FakeEngine(replies=["Always the same."]))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: app.chat.last_reply is not None and len(app.chat.last_reply.variants) == 2)
+        assert "identical: temperature 0" in str(app.chat.last_reply.header.render())
+        assert any("temperature 0" in str(n.message) for n in app._notifications)

@@ -150,15 +150,11 @@ class LiveStats:
 
 
 def summary_line(stats: TurnStats) -> str:
-    """The one-line summary under a finished reply (TurnStats.tokens: the whole reply, the
-    prefill's first token included, as everywhere)."""
-    parts = [f"{stats.tokens} tokens", f"{stats.decode_tps:.1f} tok/s"]
-    if stats.drafted:
-        parts.append(f"acceptance {stats.acceptance:.0%}")
-    else:
-        parts.append("drafter off" if not stats.drafter_enabled else "no drafts")
-    parts.append(f"{stats.tokens_per_round:.2f} tok/round")
-    return " · ".join(parts)
+    """The one-line summary under a finished reply: the same line a reopened reply shows
+    (core.export.stats_line; TurnStats.tokens, the prefill's first token included, as everywhere)."""
+    from core.export import stats_line
+
+    return stats_line(stats.as_dict())
 
 
 def format_bytes(n: int | None) -> str:

@@ -72,8 +72,8 @@ def context_text(s: LiveStats) -> str | None:
     return f"{s.context_tokens:,} / {s.context_length:,} tok ({s.context_tokens / s.context_length:.0%})"
 
 
-def compact_line(s: LiveStats, status: str) -> str:
-    """The panel in one or two lines, for terminals too narrow for the side panel."""
+def compact_line(s: LiveStats, status: str, name: str = "") -> str:
+    """The panel in two or three lines, for terminals too narrow for the side panel."""
     block = f"auto → {s.last_block_size}" if s.block_setting == "auto" and s.last_block_size else str(s.block_setting)
     acc = "–" if s.acceptance is None else f"{s.acceptance * 100:.0f} %"
     parts = [
@@ -85,9 +85,10 @@ def compact_line(s: LiveStats, status: str) -> str:
     ]
     if not s.has_drafter or not s.drafter_enabled:
         parts[2] = "drafter " + ("none" if not s.has_drafter else "off")
-    line = " · ".join(p for p in parts if p)
+    parts[0] = f"{name} · {status}" if name else status
+    head, figures = parts[0], " · ".join(p for p in parts[1:] if p)
     note = s.auto_note()
-    return line + (f"\n{note}" if note else "")
+    return "\n".join(x for x in (head, figures, note) if x)
 
 
 class StatsPanel(Vertical):
@@ -96,6 +97,7 @@ class StatsPanel(Vertical):
         self.compact_name = ""
         self.status_text = ""
         self.compact: Static | None = None  # the one-line panel (the chat screen shows it when narrow)
+        self._last: LiveStats | None = None
         self.pairing = Static("", id="panel-pairing", markup=False)
         self.status = Static("", id="panel-status", markup=False)
         self.tuning = Static("", id="panel-tuning", markup=False)
@@ -115,12 +117,18 @@ class StatsPanel(Vertical):
         t = Text(name, style="bold")
         if demo:
             t.append("\nDEMO — random weights", style="bold reverse #E69F00")
-        self.compact_name = name + ("  DEMO" if demo else "")
+        self.compact_name = name + ("  DEMO — random weights" if demo else "")
+        self._update_compact()
         self.pairing.update(t)
 
     def show_status(self, text: str) -> None:
         self.status_text = text
         self.status.update(text)
+        self._update_compact()
+
+    def _update_compact(self) -> None:
+        if self.compact is not None and self._last is not None:
+            _set(self.compact, compact_line(self._last, self.status_text, self.compact_name))
 
     def show(self, s: LiveStats) -> None:
         if s.block_setting == "auto":
@@ -131,7 +139,8 @@ class StatsPanel(Vertical):
         _set(self.auto, s.auto_note() or "")
         self.auto.display = bool(s.auto_note())
         if self.compact is not None:
-            _set(self.compact, compact_line(s, self.status_text))
+            self._last = s
+            self._update_compact()
         context = context_text(s)
         _set(
             self.tuning,
