@@ -213,3 +213,128 @@ def test_models_screen_says_the_demo_takes_images():
     from app.tui.screens.models import COLUMNS, demo_row
 
     assert str(demo_row().cells[COLUMNS.index("Vision")]) == "yes"
+
+
+# -- 80x24: compact panel, F10, a footer that fits ----------------------------------------------------------
+async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_fits():
+    from app.tui.widgets.key_hints import fit_hints
+
+    app, _ = make_app()
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot, app)
+        chat = app.chat
+        assert not chat.panel.display and chat.compact_panel.display
+        await send(pilot, app, "hello")
+        await until(pilot, lambda: chat.last_reply is not None)
+        await until(pilot, lambda: "tok/round" in str(chat.compact_panel.render()))
+        assert chat.conversation.region.width >= 78  # the conversation has the whole width
+        shown = " ".join(
+            f"{h.key} {h.label}" for h in fit_hints(chat.key_hints.hints, chat.key_hints.content_size.width)
+        )
+        for wanted in ("^O image", "^L chats", "F2 models", "F1 help"):
+            assert wanted in shown
+        assert len(shown) <= SMALL[0] - 2
+        await pilot.press("f10")
+        assert not chat.compact_panel.display and not chat.panel.display
+        await pilot.press("f10")
+        assert chat.compact_panel.display
+    app, _ = make_app()
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        assert app.chat.panel.display and not app.chat.compact_panel.display
+        await pilot.press("f10")
+        assert not app.chat.panel.display
+        assert app.chat.prompt.placeholder == "Enter send · Shift+Enter new line · ^O image · F1 help"
+
+
+# -- auto block size explains itself; the sparkline is scaled to the block size; context use -----------
+def test_auto_note_explains_plain_decoding_and_counts_down_to_the_next_try():
+    from app.tui.live_stats import LiveStats
+    from core.events import RoundEvent
+
+    s = LiveStats()
+    s.on_round(RoundEvent(1, 3, 0, 4, True, 1))  # drafting, nothing accepted
+    for i in range(5):
+        s.on_round(RoundEvent(2 + i, 0, 0, 1, True, 1))
+    assert s.auto_note() == "auto → 1: drafts not paying, 0 % accepted; trying again in 11 rounds"
+    for i in range(11):
+        s.on_round(RoundEvent(10 + i, 0, 0, 1, True, 1))
+    s.on_round(RoundEvent(30, 1, 0, 2, True, 1))  # the probe: nothing accepted, the wait doubles
+    s.on_round(RoundEvent(31, 0, 0, 1, True, 1))
+    assert s.auto_note().endswith("trying again in 31 rounds")
+    s.on_round(RoundEvent(32, 3, 3, 4, True, 4))
+    assert s.auto_note().startswith("auto → 4: drafting pays")
+    s.block_setting = 3
+    assert s.auto_note() is None
+
+
+def test_sparkline_is_scaled_to_the_block_size():
+    from app.tui.widgets.panel import spark_rows
+
+    # one token per round at block size 4 is a quarter column, not a full one
+    assert spark_rows([1.0, 4.0], 2, 1, top=4.0) == ["▂█"]
+    assert spark_rows([1.0, 1.0], 2, 1, top=4.0) == ["▂▂"]
+
+
+async def test_panel_shows_context_use():
+    app, _ = make_app(FakeEngine(context_length=4096))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await until(pilot, lambda: "/ 4,096 tok" in str(app.chat.panel.figures.render()))
+
+
+async def test_chat_parameters_dialog_fits_80x24():
+    from app.tui.screens.chat_params import ChatParamsScreen
+
+    app, _ = make_app()
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f9")
+        await until(pilot, lambda: isinstance(app.screen, ChatParamsScreen))
+        await pilot.pause(0.3)
+        save = app.screen.query_one("#params-save")
+        assert save.region.height >= 1 and save.region.bottom <= SMALL[1]
+
+
+# -- regenerate keeps the earlier variants -------------------------------------------------------------
+async def test_regenerate_keeps_variants_and_alt_arrows_switch_between_them(tmp_path):
+    from app.tui.history import HistoryRecorder
+    from core.store import Store
+
+    db = tmp_path / "h.db"
+    engine = FakeEngine(replies=["First answer here.", "Second, different answer."])
+    app, _ = make_app(engine, history=HistoryRecorder(path=db))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: app.chat.last_reply is not None and "Second" in app.chat.last_reply.plain)
+        reply = app.chat.last_reply
+        assert [v.text for v in reply.variants] == ["First answer here.", "Second, different answer."]
+        assert "2/2" in str(reply.header.render())
+        await pilot.press("alt+left")
+        assert reply.plain == "First answer here." and "1/2" in str(reply.header.render())
+        assert reply.tokens.text.plain == "First answer here." and reply.tokens.text.spans  # its colours
+        assert app.chat.history[-1] == {"role": "assistant", "content": "First answer here."}
+        await pilot.press("ctrl+l")  # (any later turn continues from the variant shown)
+        await pilot.press("escape")
+    app.history.close()
+    with Store(db) as store:
+        (summary,) = store.list_chats()
+        messages = store.load_chat(summary.id).messages
+    assert [m.content for m in messages] == ["hi", "First answer here."]  # the variant shown is the one saved
+
+
+async def test_regenerate_at_temperature_zero_says_the_variant_is_identical():
+    app, _ = make_app(FakeEngine(replies=["Always the same."]))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: app.chat.last_reply is not None)
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: app.chat.last_reply is not None and len(app.chat.last_reply.variants) == 2)
+        assert "identical: temperature 0" in str(app.chat.last_reply.header.render())
+        assert any("temperature 0" in str(n.message) for n in app._notifications)

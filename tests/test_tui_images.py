@@ -185,9 +185,12 @@ async def test_image_command_attaches_and_clears_the_prompt(pics):
         await until(pilot, lambda: isinstance(app.screen, FilePicker))
         await pilot.press("escape")
         await submit(pilot, app, f"/image {pics / 'landscape.jpg'} what is in these two?")
-        await until(pilot, lambda: len(chips(app)) == 2)
-        await until(pilot, lambda: app.chat.prompt.text == "what is in these two?")
-        assert engine.chats == []
+        # one Enter: both images and the question go out together
+        await until(pilot, lambda: len(engine.chats) == 1)
+        content = last_user_content(engine)
+        assert [c.get("path") for c in content[:2]] == [str(pics / "my chart.png"), str(pics / "landscape.jpg")]
+        assert content[2] == {"type": "text", "text": "what is in these two?"}
+        assert chips(app) == [] and app.chat.prompt.text == ""
 
 
 # -- chips and thumbnails -------------------------------------------------------------------------

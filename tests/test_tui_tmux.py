@@ -42,7 +42,7 @@ def _ensure_tmux() -> str | None:
 
 
 class Tmux:
-    def __init__(self, tmux: str, env: dict[str, str], command: list[str]):
+    def __init__(self, tmux: str, env: dict[str, str], command: list[str], size: tuple[int, int] = (WIDTH, HEIGHT)):
         self.tmux = tmux
         self.socket = f"gc-test-{uuid.uuid4().hex[:8]}"
         self.env = env
@@ -54,9 +54,9 @@ class Tmux:
             "-s",
             "chat",
             "-x",
-            str(WIDTH),
+            str(size[0]),
             "-y",
-            str(HEIGHT),
+            str(size[1]),
             *[f"-e{k}={v}" for k, v in env.items()],
             " ".join(command),
         )
@@ -119,9 +119,9 @@ def term_env(tmp_path):
     return env
 
 
-def _session(term_env, extra_env: dict[str, str], args: list[str]) -> Tmux:
+def _session(term_env, extra_env: dict[str, str], args: list[str], size: tuple[int, int] = (WIDTH, HEIGHT)) -> Tmux:
     assert GEMMA_CHAT.exists(), f"the gemma-chat script is not installed next to {sys.executable}"
-    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [str(GEMMA_CHAT), *args])
+    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [str(GEMMA_CHAT), *args], size)
 
 
 def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):

@@ -533,6 +533,18 @@ class HistoryActions:
             )
         return answer
 
+    def history_variant_shown(self, reply: ReplyView, variant) -> None:
+        """Another variant of the last reply is now the reply: it replaces the saved one."""
+        if self.recorder is not None:
+            self.recorder.drop_last()
+            self.recorder.record_reply(
+                variant.text,
+                thinking=variant.thinking,
+                stats=variant.stats,
+                stopped=variant.stopped,
+                origins=reply_origins(reply, variant.text),
+            )
+
     def history_reply_dropped(self) -> None:
         if self.recorder is not None:
             self.recorder.drop_last()

@@ -22,11 +22,14 @@ from core.keymap import DESCRIPTIONS, SCOPES, resolve_keys
 CHAT_ACTIONS: dict[str, str] = {
     "stop": "Stop",
     "regenerate": "Regen",
+    "prev_variant": "Prev variant",
+    "next_variant": "Next variant",
     "toggle_view": "View",
-    "block_size_down": "K-",
-    "block_size_up": "K+",
-    "toggle_auto": "Auto K",
+    "block_size_down": "Block-",
+    "block_size_up": "Block+",
+    "toggle_auto": "Auto block",
     "toggle_drafter": "Drafter",
+    "toggle_panel": "Panel",
     "help": "Help",
     "attach_image": "Image",  # app.tui.widgets.attachments; in the help screen and palette
     # chats, settings, copy and export (app.tui.history): in the help screen and palette, not the footer
@@ -41,6 +44,8 @@ CHAT_ACTIONS: dict[str, str] = {
     "models": "Models",  # app.tui.screens.models; in the help screen and palette
 }
 FOOTER_HIDDEN = {
+    "prev_variant",
+    "next_variant",
     "attach_image",
     "new_chat",
     "chat_params",
@@ -101,7 +106,15 @@ def prompt_keys(overrides: Mapping[str, str] | None = None) -> list[tuple[str, s
     return [(resolved[a], DESCRIPTIONS[a]) for a in PROMPT_ACTIONS]
 
 
-_NAMES = {"escape": "Esc", "question_mark": "?", "plus": "+", "minus": "-", "enter": "Enter"}
+_NAMES = {
+    "escape": "Esc",
+    "question_mark": "?",
+    "plus": "+",
+    "minus": "-",
+    "enter": "Enter",
+    "alt+left": "Alt+←",
+    "alt+right": "Alt+→",
+}
 
 
 def display_key(keys: str) -> str:

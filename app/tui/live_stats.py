@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from core.autoblock import AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TurnStats
+
+_AUTO = AutoBlockConfig()  # the engine's auto block size rules (core.autoblock), to explain its choice
 
 SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
 
@@ -39,6 +42,14 @@ class LiveStats:
     first_token_at: float | None = None
     last_token_at: float | None = None
     dirty: bool = True
+    # auto block size, as the engine's AutoBlock plays it (core.autoblock): plain rounds since it last
+    # drafted, the wait before its next probe, and how the recent drafting rounds went
+    plain_streak: int = 0
+    probe_wait: int = _AUTO.probe_every
+    recent_drafted: int = 0
+    recent_accepted: int = 0
+    context_tokens: int | None = None  # the conversation's tokens in the model's context
+    context_length: int | None = None
 
     def start_turn(self, now: float) -> None:
         self.drafted = self.accepted = self.emitted = self.round_tokens = self.rounds = 0
@@ -55,8 +66,10 @@ class LiveStats:
         self.recent_per_round.clear()
         self.prefill_tps = None
         self.peak_memory_bytes = None
+        self.context_tokens = None
 
     def on_prefill(self, ev: PrefillDone) -> None:
+        self.context_tokens = ev.prompt_tokens + 1  # the conversation so far, and the reply's first token
         self.prefill_tps = ev.prefill_tokens / ev.prefill_s if ev.prefill_s > 0 else None
         self.dirty = True
 
@@ -74,6 +87,9 @@ class LiveStats:
         self.dirty = True
 
     def on_round(self, ev: RoundEvent) -> None:
+        self._follow_auto(ev)
+        if self.context_tokens is not None:
+            self.context_tokens += ev.emitted
         self.rounds += 1
         self.drafted += ev.drafted
         self.accepted += ev.accepted
@@ -95,6 +111,36 @@ class LiveStats:
             self.peak_memory_bytes = stats.peak_memory_bytes
         self.dirty = True
 
+    def _follow_auto(self, ev: RoundEvent) -> None:
+        if not ev.auto:
+            return
+        if ev.block_size == 1:
+            self.plain_streak += 1
+            return
+        probe = self.plain_streak > 0 and ev.block_size == _AUTO.probe_k
+        if probe and not ev.accepted:
+            self.probe_wait = min(2 * self.probe_wait, _AUTO.probe_every_max)
+        else:
+            self.probe_wait = _AUTO.probe_every
+        self.plain_streak = 0
+        # recent drafting rounds, fading like the engine's acceptance estimate
+        self.recent_drafted = self.recent_drafted * _AUTO.alpha_decay + ev.drafted
+        self.recent_accepted = self.recent_accepted * _AUTO.alpha_decay + ev.accepted
+
+    def auto_note(self) -> str | None:
+        """Why auto block size chose what it did, in words, or None when it is not choosing."""
+        if self.block_setting != "auto" or not self.has_drafter or not self.drafter_enabled:
+            return None
+        k = self.last_block_size
+        if k is None:
+            return None
+        rate = self.recent_accepted / self.recent_drafted if self.recent_drafted else None
+        accepted = "" if rate is None else f", {rate * 100:.0f} % accepted"
+        if k == 1:
+            left = max(self.probe_wait - self.plain_streak, 0)
+            return f"auto → 1: drafts not paying{accepted}; trying again in {left} rounds"
+        return f"auto → {k}: drafting pays{accepted}"
+
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
@@ -105,15 +151,11 @@ class LiveStats:
 
 
 def summary_line(stats: TurnStats) -> str:
-    """The one-line summary under a finished reply (TurnStats.tokens: the whole reply, the
-    prefill's first token included, as everywhere)."""
-    parts = [f"{stats.tokens} tokens", f"{stats.decode_tps:.1f} tok/s"]
-    if stats.drafted:
-        parts.append(f"acceptance {stats.acceptance:.0%}")
-    else:
-        parts.append("drafter off" if not stats.drafter_enabled else "no drafts")
-    parts.append(f"{stats.tokens_per_round:.2f} tok/round")
-    return " · ".join(parts)
+    """The one-line summary under a finished reply: the same line a reopened reply shows
+    (core.export.stats_line; TurnStats.tokens, the prefill's first token included, as everywhere)."""
+    from core.export import stats_line
+
+    return stats_line(stats.as_dict())
 
 
 def format_bytes(n: int | None) -> str:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from functools import partial
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.resources import style_path
 from app.tui import keys
@@ -20,12 +22,30 @@ from app.tui.live_stats import LiveStats
 from app.tui.messages import PromptSubmitted, QuickKey
 from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_content
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
+from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
 
 MAX_BLOCK = 16
+
+
+@dataclass
+class Variant:
+    """One generated version of the last reply (regenerate keeps them; Alt+Left/Right switch)."""
+
+    text: str
+    tokens: Text  # the token view, origin colours included
+    summary: str
+    header: str
+    stopped: bool
+    thinking: str | None
+    stats: TurnStats | None
+
+
+# Below this many columns the side panel gives way to a one-line summary under the conversation.
+COMPACT_BELOW = 100
 
 
 def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
@@ -36,6 +56,18 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
             bindings.bind(sk.always, sk.action, sk.label, show=sk.show, priority=sk.action != "stop")
         if sk.quick:  # when the conversation (not the prompt) has focus
             bindings.bind(sk.quick, sk.action, sk.label, show=sk.show and not sk.always)
+
+
+def prompt_placeholder(overrides=None) -> str:
+    from core.keymap import resolve_keys
+
+    resolved = resolve_keys(overrides)
+
+    def key(action: str) -> str:
+        first = resolved[action].split(",")[0]
+        return "Shift+Enter" if first == "shift+enter" else keys.display_key(first)
+
+    return f"{key('send')} send · {key('newline')} new line · {key('attach_image')} image · {key('help')} help"
 
 
 class ChatCommands(Provider):
@@ -50,6 +82,9 @@ class ChatCommands(Provider):
             ("Block size -1", "block_size_down", "verify one token fewer per round (from the next round)"),
             ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
             ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
+            ("Hide / show the side panel", "toggle_panel", "the speed figures (one line in narrow terminals)"),
+            ("Previous variant of the last reply", "prev_variant", "after regenerating (Ctrl+R)"),
+            ("Next variant of the last reply", "next_variant", "after regenerating (Ctrl+R)"),
             ("Help: keys", "help", "show every key"),
             ("Attach an image", "attach_image", "pick an image file (or paste a path, or type /image PATH)"),
             ("New chat", "new_chat", "start a new conversation"),
@@ -99,6 +134,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.turn = 0
         self.reply: ReplyView | None = None  # the reply being streamed
         self.last_reply: ReplyView | None = None
+        self._carry_variants: list[Variant] = []  # the earlier variants of a reply being regenerated
         self.load_error: str | None = None
         self.loaded = False
         self.load_stage = ""  # the latest LoadProgress (the models screen shows it)
@@ -108,10 +144,15 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._last_markdown = 0.0
         self._ticks = 0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
+        self.prompt.placeholder = prompt_placeholder(key_overrides)
         self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
         self.conversation = VerticalScroll(id="conversation")
         self.panel = StatsPanel(id="panel")
+        self.compact_panel = Static("", id="compact-panel", markup=False)
+        self.panel.compact = self.compact_panel
+        self.panel_hidden = False  # the user's choice (F10)
         self.legend = Static(legend(), id="legend")
+        self.key_hints = KeyHints(hints_for(self.screen_keys, key_overrides), id="key-hints")
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -119,12 +160,14 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             with Vertical(id="main"):
                 yield self.legend
                 yield self.conversation
+                yield self.compact_panel
                 yield self.attachments
                 yield self.prompt
             yield self.panel
-        yield Footer()
+        yield self.key_hints
 
     def on_mount(self) -> None:
+        self._place_panel()
         self.conversation.anchor()
         self.panel.show_pairing(self.spec.name, bool(getattr(self.spec, "demo", False)))
         self.panel.show_status("loading…")
@@ -135,6 +178,21 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         # meets the changed rows), so the panels ride on a drain tick rather than adding frames.
         self.set_interval(1 / DRAIN_HZ, self._tick, name="drain")
         self.prompt.focus()
+
+    def on_resize(self) -> None:
+        self._place_panel()
+
+    def _place_panel(self) -> None:
+        """The side panel when there is room, a one-line summary when narrow, neither when hidden."""
+        compact = self.size.width < COMPACT_BELOW if self.size.width else False
+        self.panel.display = not self.panel_hidden and not compact
+        self.compact_panel.display = not self.panel_hidden and compact
+        self.stats.dirty = True
+
+    def action_toggle_panel(self) -> None:
+        self.panel_hidden = not self.panel_hidden
+        self._place_panel()
+        self._refresh_panels()
 
     # -- sending ----------------------------------------------------------------------------------
     @property
@@ -257,6 +315,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.legend.update(legend(origin_known=False))
         self.stats.has_drafter = info.drafter_path is not None
         self.stats.block_by_server = not getattr(self.engine, "live_controls", True)
+        self.stats.context_length = getattr(info, "context_length", None)
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         if not self.generating:
@@ -311,10 +370,81 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
                     self.prompt.move_cursor(self.prompt.document.end)
             self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
             return
-        self.history.append({"role": "assistant", "content": self.history_reply_done(reply, done)})
+        answer = self.history_reply_done(reply, done)
+        self.history.append({"role": "assistant", "content": answer})
         self.last_reply = reply
+        self._keep_variant(reply, done)
         if self.view_mode == "rendered":
             reply.flush_markdown()
+
+    # -- variants of the last reply (regenerate keeps the earlier ones) -----------------------------
+    def _keep_variant(self, reply: ReplyView, done: TurnDone) -> None:
+        earlier, self._carry_variants = self._carry_variants, []
+        thinking = next((c.query_one(".thinking-text").content for c in reply.query(".thinking")), None)
+        variant = Variant(
+            text=reply.plain,
+            tokens=reply.tokens.text.copy(),
+            summary=str(reply.summary.render()),
+            header=str(reply.header.render()),
+            stopped=reply.stopped,
+            thinking=str(thinking) if thinking else None,
+            stats=done.stats,
+        )
+        reply.variants = [*earlier, variant]
+        reply.variant_index = len(reply.variants) - 1
+        if earlier:
+            same = earlier[-1].text == variant.text
+            greedy = self.settings.temperature == 0
+            if same and greedy:
+                variant.header += "  (identical: temperature 0 is greedy)"
+                self.notify(
+                    "Same reply: at temperature 0 (greedy) every variant is identical. Raise the "
+                    "temperature (F9, chat parameters) for a different one.",
+                    severity="warning",
+                    timeout=8,
+                    markup=False,
+                )
+            self._show_variant(reply, reply.variant_index, record=False)
+
+    def _show_variant(self, reply: ReplyView, index: int, record: bool = True) -> None:
+        v = reply.variants[index]
+        reply.variant_index = index
+        reply.tokens.set_text(v.tokens)
+        reply.chunks = [v.text]
+        reply._markdown_dirty = True
+        if self.view_mode == "rendered":
+            reply.flush_markdown()
+        n = len(reply.variants)
+        keys_hint = f"  ◀ {index + 1}/{n} ▶" if n > 1 else ""
+        reply.header.update(v.header + keys_hint)
+        reply.summary.update(v.summary)
+        reply.stopped = v.stopped
+        reply.set_class(v.stopped, "-stopped")
+        for old in reply.query(".thinking"):
+            old.remove()
+        if v.thinking:
+            from app.tui.history import thinking_section
+
+            reply.mount(thinking_section(v.thinking), before=reply.tokens)
+        if record:
+            self.history[-1] = {"role": "assistant", "content": v.text}
+            self.history_variant_shown(reply, v)
+
+    def _step_variant(self, step: int) -> None:
+        reply = self.last_reply
+        if self.generating or reply is None or len(getattr(reply, "variants", ())) < 2:
+            self.notify("No other variant: Ctrl+R regenerates the last reply", severity="warning")
+            return
+        index = reply.variant_index + step
+        if not 0 <= index < len(reply.variants):
+            return
+        self._show_variant(reply, index)
+
+    def action_prev_variant(self) -> None:
+        self._step_variant(-1)
+
+    def action_next_variant(self) -> None:
+        self._step_variant(+1)
 
     # -- periodic panel / markdown refresh --------------------------------------------------------
     def _tick(self) -> None:
@@ -384,6 +514,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             return
         self.history.pop()
         self.history_reply_dropped()
+        self._carry_variants = list(getattr(self.last_reply, "variants", ()))  # kept: Alt+←/→ switch back
         self.last_reply.remove()
         self.last_reply = None
         self._turn_user = None

@@ -66,6 +66,10 @@ def form_row(label: str, widget, note: str = "") -> Horizontal:
     return Horizontal(*children, classes="form-row -switch" if isinstance(widget, Switch) else "form-row")
 
 
+# rows of the box around its form: border 2, padding 2, title 2, error 1, buttons 1, spare 2
+FORM_CHROME_ROWS = 10
+
+
 class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
     CSS_PATH = str(style_path("chat_params.tcss"))
     BINDINGS = [
@@ -106,7 +110,15 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
                 yield Button("Save", id="params-save", variant="primary", compact=True)
 
     def on_mount(self) -> None:
+        self._fit()
         self.query_one("#params-system_prompt", TextArea).focus()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        # the form scrolls, so Save and Cancel stay on screen however small the terminal
+        self.query_one("#params-form").styles.max_height = max(self.size.height - FORM_CHROME_ROWS, 3)
 
     def values(self) -> GenerationSettings:
         """The form as settings; raises FieldError naming the first bad field."""

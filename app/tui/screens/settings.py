@@ -35,6 +35,10 @@ def parse_block_size(text: str) -> int | str:
     return k
 
 
+# rows of the settings box around its form: border 2, padding 2, title and file 3, error 1, buttons 1, spare 1
+FORM_CHROME_ROWS = 10
+
+
 class SettingsScreen(ModalScreen[Config | None]):
     CSS_PATH = str(style_path("settings.tcss"))
     BINDINGS = [
@@ -65,7 +69,7 @@ class SettingsScreen(ModalScreen[Config | None]):
                 yield form_row(
                     "System prompt", Input(id="set-system_prompt", placeholder="none", compact=True), "for new chats"
                 )
-                yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, where the model can")
+                yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, on models that support it")
                 themes = sorted(self.app.available_themes)
                 theme = self.app.theme if self.app.theme in themes else themes[0]
                 yield form_row(
@@ -86,7 +90,15 @@ class SettingsScreen(ModalScreen[Config | None]):
 
     def on_mount(self) -> None:
         self.query_one("#settings-save", Button).disabled = True
+        self._fit()
         self._load()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        # the form scrolls, so the buttons stay on screen however small the terminal
+        self.query_one("#settings-form").styles.max_height = max(self.size.height - FORM_CHROME_ROWS, 3)
 
     # -- reading ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="settings-io")

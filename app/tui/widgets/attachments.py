@@ -212,7 +212,8 @@ class ImageActions:
     def image_command(self, text: str) -> bool:
         """Handle a `/image PATH [PATH...] [message]` prompt; False if the prompt is an ordinary
         message. The command stays in the prompt until every path attached, so a mistyped path can
-        be fixed; then any message after the paths is left in the prompt, to send."""
+        be fixed; then any message after the paths is sent with them (or, if it cannot be sent yet,
+        left in the prompt)."""
         parsed = parse_image_command(text)
         if parsed is None:
             return False
@@ -225,7 +226,9 @@ class ImageActions:
         def done(ok: bool) -> None:
             if ok and self.prompt.text == text:
                 self.prompt.accept()
-                if message:  # `/image cat.png what is this?` leaves the question to send
+                # `/image cat.png what is this?` sends the question with the image in the same Enter;
+                # if it cannot be sent now (still loading, a reply streaming) it waits in the prompt
+                if message and not self.send(message):
                     self.prompt.text = message
                     self.prompt.move_cursor(self.prompt.document.end)
 

@@ -83,14 +83,14 @@ def text_with_origins(plain: str, runs: list[tuple[str, int]] | None) -> Text:
 
 
 def legend(origin_known: bool = True) -> Text:
-    t = Text("Token view: ")
+    t = Text("Tokens: ")
     if not origin_known:  # a server that streams text only
         t.append("origin unknown", UNKNOWN_STYLE)
         t.append(" (the server does not say which tokens were drafted)")
         return t
     t.append("drafted + accepted", DRAFT_STYLE)
-    t.append(" (underlined)   ")
-    t.append("target's own token", TARGET_STYLE)
+    t.append(" (underlined) · ")
+    t.append("target's own", TARGET_STYLE)
     return t
 
 

@@ -27,11 +27,11 @@ def _num(value: float | None, fmt: str) -> str:
 BARS = " ▁▂▃▄▅▆▇█"
 
 
-def spark_rows(data: list[float], width: int, height: int) -> list[str]:
-    """The last `width` values as columns of block characters, `height` rows tall, scaled so the
-    largest value fills the column (eighths of a row per step). Empty columns are spaces."""
+def spark_rows(data: list[float], width: int, height: int, top: float | None = None) -> list[str]:
+    """The last `width` values as columns of block characters, `height` rows tall, scaled so `top`
+    (default: the largest value) fills the column (eighths of a row per step). Empty columns are spaces."""
     data = data[-width:] if width > 0 else []
-    top = max(data, default=0.0)
+    top = max(data, default=0.0) if top is None else max(top, max(data, default=0.0))
     levels = [round(v / top * height * 8) if top > 0 else 0 for v in data]
     rows = []
     for r in range(height):
@@ -41,7 +41,8 @@ def spark_rows(data: list[float], width: int, height: int) -> list[str]:
 
 
 class RoundSparkline(Widget):
-    """Tokens emitted per round, most recent on the right, one column per round, drawn as block
+    """Tokens emitted per round, most recent on the right, one column per round, scaled to the block
+    size (a full column: every verified token emitted; one row in K: only the target's own), drawn as block
     characters (Textual's Sparkline blends a colour per bar: 1.5 ms per repaint against 0.6 ms)."""
 
     DEFAULT_CSS = "RoundSparkline { height: 3; color: $accent; }"
@@ -49,6 +50,7 @@ class RoundSparkline(Widget):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._data: list[float] = []
+        self.top = 1.0  # the block size: a full column is a round that emitted all it verified
 
     @property
     def data(self) -> list[float]:
@@ -60,15 +62,46 @@ class RoundSparkline(Widget):
         self.refresh()
 
     def render(self) -> Text:
-        return Text("\n".join(spark_rows(self._data, self.content_size.width, self.content_size.height)))
+        rows = spark_rows(self._data, self.content_size.width, self.content_size.height, self.top)
+        return Text("\n".join(rows))
+
+
+def context_text(s: LiveStats) -> str | None:
+    if s.context_tokens is None or not s.context_length:
+        return None
+    return f"{s.context_tokens:,} / {s.context_length:,} tok ({s.context_tokens / s.context_length:.0%})"
+
+
+def compact_line(s: LiveStats, status: str, name: str = "") -> str:
+    """The panel in two or three lines, for terminals too narrow for the side panel."""
+    block = f"auto → {s.last_block_size}" if s.block_setting == "auto" and s.last_block_size else str(s.block_setting)
+    acc = "–" if s.acceptance is None else f"{s.acceptance * 100:.0f} %"
+    parts = [
+        status,
+        f"block size {block}",
+        f"accepted {acc}",
+        f"{_num(s.tokens_per_round, '.2f')} tok/round",
+        f"{_num(s.decode_tps, '.1f')} tok/s",
+    ]
+    if not s.has_drafter or not s.drafter_enabled:
+        parts[2] = "drafter " + ("none" if not s.has_drafter else "off")
+    parts[0] = f"{name} · {status}" if name else status
+    head, figures = parts[0], " · ".join(p for p in parts[1:] if p)
+    note = s.auto_note()
+    return "\n".join(x for x in (head, figures, note) if x)
 
 
 class StatsPanel(Vertical):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.compact_name = ""
+        self.status_text = ""
+        self.compact: Static | None = None  # the one-line panel (the chat screen shows it when narrow)
+        self._last: LiveStats | None = None
         self.pairing = Static("", id="panel-pairing", markup=False)
         self.status = Static("", id="panel-status", markup=False)
         self.tuning = Static("", id="panel-tuning", markup=False)
+        self.auto = Static("", id="panel-auto", markup=False)
         self.figures = Static("", id="panel-figures", markup=False)
         self.spark = RoundSparkline(id="panel-spark")
 
@@ -76,6 +109,7 @@ class StatsPanel(Vertical):
         yield self.pairing
         yield self.status
         yield self.tuning
+        yield self.auto
         yield self.figures
         yield self.spark
 
@@ -83,10 +117,18 @@ class StatsPanel(Vertical):
         t = Text(name, style="bold")
         if demo:
             t.append("\nDEMO — random weights", style="bold reverse #E69F00")
+        self.compact_name = name + ("  DEMO — random weights" if demo else "")
+        self._update_compact()
         self.pairing.update(t)
 
     def show_status(self, text: str) -> None:
+        self.status_text = text
         self.status.update(text)
+        self._update_compact()
+
+    def _update_compact(self) -> None:
+        if self.compact is not None and self._last is not None:
+            _set(self.compact, compact_line(self._last, self.status_text, self.compact_name))
 
     def show(self, s: LiveStats) -> None:
         chose = f" → {s.last_block_size}" if s.last_block_size is not None else ""
@@ -96,6 +138,12 @@ class StatsPanel(Vertical):
             block = f"auto{chose}"
         else:
             block = f"{s.block_setting} (manual)"
+        _set(self.auto, s.auto_note() or "")
+        self.auto.display = bool(s.auto_note())
+        if self.compact is not None:
+            self._last = s
+            self._update_compact()
+        context = context_text(s)
         _set(
             self.tuning,
             f"Drafter     {'none (plain decoding)' if not s.has_drafter else 'on' if s.drafter_enabled else 'off'}\n"
@@ -111,8 +159,11 @@ class StatsPanel(Vertical):
             f"TTFT        {_num(None if s.ttft_s is None else s.ttft_s * 1000, '.0f')}"
             f"{'' if s.ttft_s is None else ' ms'}\n"
             f"Peak mem    {format_bytes(s.peak_memory_bytes)}\n"
-            f"Tok/round, last {len(s.recent_per_round)} rounds:",
+            f"Context     {context or '–'}\n"
+            f"Tok/round, last {len(s.recent_per_round)} (1..{max(s.last_block_size or 1, 1)}):",
         )
         data = list(s.recent_per_round)
-        if data != self.spark.data:
+        top = float(max(s.last_block_size or 1, 1))
+        if data != self.spark.data or top != self.spark.top:
+            self.spark.top = top
             self.spark.data = data

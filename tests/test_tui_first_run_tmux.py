@@ -1,0 +1,105 @@
+"""Issue 12's "done means": the installed app in a real terminal at 80x24, as a new user meets it.
+
+First run (no model, no config, offline) -> the welcome (models) screen -> Enter starts the demo ->
+a reply streams, its tokens coloured by origin (drafted + accepted ones underlined) -> F1 help
+scrolls to its end -> Ctrl+Q -> the next start lands in the chat, no welcome screen -> Ctrl+L
+reopens the chat and the reply shows its colours again.
+
+Underlined (drafted + accepted) tokens need a demo whose drafter agrees with its target. With the
+random-weight demo every draft is rejected, so that one check is an expected failure (xfail) until
+the trained demo pair (issue 12, section 1) is in core/data; everything else must pass now.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from test_tui_tmux import _colour, _session, _sgr_params
+from test_tui_tmux import term_env as term_env  # noqa: F401 (a fixture, used by name)
+
+SIZE = (80, 24)
+TARGET = _colour(0xE6, 0x9F, 0x00)
+DRAFT = _colour(0x56, 0xB4, 0xE9)
+
+
+def _underlined_draft(capture: str) -> bool:
+    """A run of text drawn in the draft colour with underline on, anywhere on screen."""
+    for params in re.findall(r"\x1b\[([0-9;:]*)m", capture):
+        parts = params.split(";")
+        if "38;2;86;180;233" in params and "4" in parts:
+            return True
+    return False
+
+
+def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F811
+    pytest.importorskip("core.engine")
+    t = _session(term_env, {}, [], size=SIZE)
+    saw_underlined = False
+    try:
+        # first run: the welcome screen offers the demo, highlighted; Enter starts it
+        t.wait(lambda: "Welcome!" in t.text(), "the welcome (models) screen", 30)
+        t.wait(lambda: "Enter: use it" in t.text(), "the demo row selected", 30)
+        t.keys("Enter")
+        t.wait(lambda: "· ready" in t.text(), "the demo pairing to build and load", 90)
+        screen = t.text()
+        assert "Welcome!" not in screen and "demo" in screen
+        # a reply, coloured by origin
+        t.keys("hello", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "streaming" in t.text(), "the reply to stream", 20)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "tokens ·" not in t.text():
+            saw_underlined = saw_underlined or _underlined_draft(t.escapes())
+            time.sleep(0.3)
+        t.wait(lambda: "tokens ·" in t.text(), "the reply to finish", 120)
+        capture = t.escapes()
+        saw_underlined = saw_underlined or _underlined_draft(capture)
+        live_count = re.search(r"(\d+) tokens ·", t.text()).group(1)
+        assert any(TARGET(p) for p in _sgr_params(capture, "█")), "no target-coloured token on screen"
+        # the footer fits and names the keys a new user needs
+        footer = t.text().splitlines()[-1]
+        for wanted in ("^O image", "^L chats", "F2 models", "F1 help"):
+            assert wanted in footer
+        # help: opens whole (its close hint shows) and scrolls to its end
+        t.keys("F1")
+        t.wait(lambda: "Esc / F1 / q: close" in t.text(), "the help's close hint", 10)
+        t.keys("End")
+        # its last lines: the block size note, then the colour legend
+        t.wait(
+            lambda: "target's own" in t.text().partition("Block size: the tokens the target verifies")[2],
+            "help scrolled to its end",
+            10,
+        )
+        t.keys("Escape")
+        t.wait(lambda: "Esc / F1 / q: close" not in t.text(), "help to close", 10)
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 10)
+    finally:
+        t.kill()
+
+    # the next start remembers the demo: straight into the chat
+    t = _session(term_env, {}, [], size=SIZE)
+    try:
+        t.wait(lambda: "· ready" in t.text() or "Welcome!" in t.text(), "the second start", 60)
+        assert "Welcome!" not in t.text()
+        t.keys("C-l")
+        t.wait(lambda: "hello" in t.text() and "messages" in t.text(), "the chat list", 15)
+        t.keys("Enter")
+        t.wait(lambda: "tokens ·" in t.text(), "the reopened reply", 15)
+        assert re.search(r"(\d+) tokens ·", t.text()).group(1) == live_count  # one token count
+        capture = t.escapes()
+        assert any(TARGET(p) for p in _sgr_params(capture, "█")), "the reopened reply lost its colours"
+        if saw_underlined:
+            assert _underlined_draft(capture), "the reopened reply lost its drafted + accepted tokens"
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 10)
+    finally:
+        t.kill()
+    if not saw_underlined:
+        from core.demo import DEMO_LABEL
+
+        if "random" in DEMO_LABEL:
+            pytest.xfail("the random-weight demo's drafts are never accepted: needs the trained demo (issue 12 §1)")
+        raise AssertionError("no underlined drafted + accepted token in the demo's reply")
