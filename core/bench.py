@@ -117,8 +117,8 @@ class BenchReport:
         return d
 
 
-def parse_block_sizes(text: str) -> list:
-    out = []
+def parse_block_sizes(text: str) -> list[int | str]:
+    out: list[int | str] = []
     for part in str(text).split(","):
         part = part.strip()
         if not part:

@@ -137,7 +137,7 @@ def default_cache_dir() -> str:
 def local_snapshot(
     repo_id: str,
     *,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | Path | None = None,
     revision: str = "main",
     allow_patterns: Sequence[str] = DEFAULT_ALLOW_PATTERNS,
 ) -> Path | None:
@@ -153,7 +153,7 @@ def local_snapshot(
     if Path(repo_id).expanduser().is_dir():
         return Path(repo_id).expanduser().resolve()
     try:
-        path = snapshot_download(
+        snapshot = snapshot_download(
             repo_id,
             revision=revision,
             cache_dir=cache_dir,
@@ -162,7 +162,7 @@ def local_snapshot(
         )
     except (IncompleteSnapshotError, LocalEntryNotFoundError, FileNotFoundError, ValueError):
         return None
-    path = Path(path)
+    path = Path(snapshot)
     return path if snapshot_looks_complete(path) else None
 
 
@@ -541,7 +541,7 @@ class DownloadHandle:
 
     def poll(self, timeout: float = 0.0) -> list[DownloadEvent]:
         """Events that arrived so far (waits up to `timeout` for the first one). UI-timer friendly."""
-        if self._final_pending:
+        if self._final_pending and self._final is not None:
             self._final_pending = False
             return [self._final]
         out: list[DownloadEvent] = []
@@ -711,9 +711,11 @@ class _ChildProcess:
         self.conn = Connection(read_fd, writable=False)
         # The child needs our import path (a test's free-space function lives in a test module).
         payload = pickle.dumps((list(sys.path), pickle.dumps(job)))
+        stdin = self._popen.stdin
+        assert stdin is not None  # stdin=PIPE
         try:
-            self._popen.stdin.write(payload)
-            self._popen.stdin.close()
+            stdin.write(payload)
+            stdin.close()
         except BrokenPipeError:
             pass
 

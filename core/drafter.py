@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from core import sampling
-from core.loader import CheckpointError, read_json
+from core.loader import CheckpointError, load_safetensors, read_json
 from core.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
@@ -204,6 +204,7 @@ class Drafter(nn.Module):
                 tok = self.greedy_token(y)
             else:
                 lp = sampling.transform_logits(self.logits(y), temperature, top_k, top_p)
+                assert keys is not None, "sampling needs keys"
                 tok = sampling.sample(lp, keys[j]).reshape(1)
                 logprobs.append(lp)
             drafts.append(tok.astype(mx.uint32))
@@ -233,9 +234,9 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
     files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise CheckpointError(f"{path} has no model*.safetensors weights")
-    weights = {}
+    weights: dict[str, mx.array] = {}
     for f in files:
-        weights.update(mx.load(str(f)))
+        weights.update(load_safetensors(f))
     weights = _sanitize(weights)
     model = Drafter(cfg)
     quant = config.get("quantization") or config.get("quantization_config")

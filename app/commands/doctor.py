@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
 
 PACKAGES = ("mlx", "mlx-lm", "textual", "textual-image", "huggingface_hub", "transformers", "platformdirs", "pillow")
 
@@ -46,11 +47,11 @@ def mlx_info() -> dict[str, str]:
     if name:
         info["device"] = f"{name} ({dev.get('architecture', '?')})"
     if dev.get("max_recommended_working_set_size"):
-        info["gpu working set"] = f"{dev['max_recommended_working_set_size'] / 1e9:.1f} GB"
+        info["gpu working set"] = f"{float(dev['max_recommended_working_set_size']) / 1e9:.1f} GB"
     return info
 
 
-def terminal_images(env: dict | None = None) -> str:
+def terminal_images(env: Mapping[str, str] | None = None) -> str:
     """Best guess from the environment (textual-image decides for real when the chat screen starts)."""
     env = os.environ if env is None else env
     term = env.get("TERM", "")

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
@@ -99,12 +100,16 @@ class FakeEngine:
         self._thread.start()
 
     # -- the Engine API -------------------------------------------------------------------------
-    def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
+    def load(
+        self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
+    ) -> concurrent.futures.Future[PairingInfo]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put(("load", spec, on_event, fut))
         return fut
 
-    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+    def chat(
+        self, messages: list[dict], settings: GenerationSettings, on_event: Callable
+    ) -> concurrent.futures.Future[TurnDone]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.chats.append(([dict(m) for m in messages], settings))
         with self._lock:
@@ -173,8 +178,13 @@ class FakeEngine:
             if job is None:
                 return
             kind, arg, on_event, fut = job
+            result: PairingInfo | TurnDone
             try:
-                result = self._load(arg, on_event) if kind == "load" else self._chat(*arg, on_event)
+                if kind == "load":
+                    result = self._load(arg, on_event)
+                else:
+                    messages, settings = arg
+                    result = self._chat(messages, settings, on_event)
             except Exception as e:  # a fake must never hang its caller
                 fut.set_exception(e)
             else:
@@ -319,3 +329,9 @@ def _text_of(message: dict) -> str:
     if isinstance(content, str):
         return content
     return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+if TYPE_CHECKING:
+    from core.protocol import ChatEngine
+
+    _: type[ChatEngine] = FakeEngine  # mypy: the fake keeps the real engine's contract

@@ -111,8 +111,9 @@ def summary_line(stats: TurnStats, tokens: int | None = None) -> str:
 def format_bytes(n: int | None) -> str:
     if not n:
         return "–"
+    x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+        if x < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{x:.1f} GiB"

@@ -170,7 +170,7 @@ class SettingsScreen(ModalScreen[Config | None]):
     @work(thread=True, exclusive=True, group="settings-io")
     def _save(self, changes: dict[str, Any]) -> None:
         try:
-            config = save_config(changes, self.config.path)
+            config = save_config(changes, self.config.path if self.config is not None else None)
         except (ConfigError, OSError) as e:
             self.app.call_from_thread(self._save_failed, e)
             return
