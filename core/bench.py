@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.limits import MAX_BLOCK_SIZE
+
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -127,8 +129,8 @@ def parse_block_sizes(text: str) -> list[int | str]:
             out.append("auto")
             continue
         k = int(part)
-        if not 2 <= k <= 16:
-            raise ValueError(f"block sizes must be 2..16 or auto (K=1 is the drafter-off run), got {k}")
+        if not 2 <= k <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block sizes must be 2..{MAX_BLOCK_SIZE} or auto (K=1 is the drafter-off run), got {k}")
         out.append(k)
     return out
 

@@ -19,9 +19,15 @@ from typing import Any
 
 from core import paths
 from core.keymap import ACTION_NAMES, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
+from core.limits import (
+    BLOCK_SIZE_RANGE,
+    DEFAULT_IMAGE_BUDGET,
+    IMAGE_BUDGETS,  # noqa: F401  # re-exported: the settings screen reads it here
+    IMAGE_BUDGETS_TEXT,
+    is_block_size,
+    is_int,
+)
 from core.settings import GenerationSettings
-
-IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # soft tokens per image the vision encoder may use
 
 
 @dataclass
@@ -36,13 +42,13 @@ class SamplingConfig:
 @dataclass
 class Config:
     default_pairing: str | None = None  # a catalogue name; None = ask / the first one available
-    block_size: int | str = "auto"  # 1..16 or "auto"
+    block_size: int | str = "auto"  # core.limits: 1..16 or "auto"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     system_prompt: str | None = None
     thinking: bool = False
     theme: str = "textual-dark"  # a Textual theme name; the UI checks it exists
     offline: bool = False
-    image_budget: int = 280
+    image_budget: int = DEFAULT_IMAGE_BUDGET
     keys: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_KEYS))  # every action, overrides applied
     key_overrides: dict[str, str] = field(default_factory=dict)  # just what the file's [keys] says
     path: Path | None = None  # the file this came from (it need not exist)
@@ -88,10 +94,6 @@ class _Bad(Exception):
         self.why = why
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
 
@@ -115,9 +117,9 @@ def _bool(v: Any) -> bool:
 
 
 def _block_size(v: Any) -> int | str:
-    if v == "auto" or (_is_int(v) and 1 <= v <= 16):
+    if is_block_size(v):
         return v
-    raise _Bad('must be an integer 1..16 or "auto"')
+    raise _Bad(f'must be an integer {BLOCK_SIZE_RANGE} or "auto"')
 
 
 def _temperature(v: Any) -> float:
@@ -133,26 +135,26 @@ def _top_p(v: Any) -> float:
 
 
 def _top_k(v: Any) -> int:
-    if not _is_int(v) or v < 0:
+    if not is_int(v) or v < 0:
         raise _Bad("must be an integer >= 0 (0 turns top-k off)")
     return v
 
 
 def _max_tokens(v: Any) -> int:
-    if not _is_int(v) or v < 1:
+    if not is_int(v) or v < 1:
         raise _Bad("must be an integer >= 1")
     return v
 
 
 def _seed(v: Any) -> int:
-    if not _is_int(v) or v < 0:
+    if not is_int(v) or v < 0:
         raise _Bad("must be an integer >= 0 (leave it out for a random seed)")
     return v
 
 
 def _image_budget(v: Any) -> int:
-    if not _is_int(v) or v not in IMAGE_BUDGETS:
-        raise _Bad(f"must be one of {', '.join(map(str, IMAGE_BUDGETS))}")
+    if not is_int(v) or v not in IMAGE_BUDGETS:
+        raise _Bad(f"must be one of {IMAGE_BUDGETS_TEXT}")
     return v
 
 

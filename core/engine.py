@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.events import LoadProgress, TurnDone, TurnStats
+from core.limits import BLOCK_SIZE_RANGE, is_block_size
 from core.settings import GenerationSettings
 
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
@@ -148,9 +149,9 @@ class Engine:
                 c.cancel_event.set()
 
     def set_block_size(self, k: int | str) -> None:
-        """Block size (int 1..16 or "auto") for the running and queued turns, from their next round."""
-        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
-            raise ValueError("block size must be 1..16 or 'auto'")
+        """Block size (core.limits: an int K or "auto") for the running and queued turns, from their next round."""
+        if not is_block_size(k):
+            raise ValueError(f"block size must be {BLOCK_SIZE_RANGE} or 'auto'")
         with self._lock:
             for c in self._live_controls():
                 c.block_size = k

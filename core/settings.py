@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, IMAGE_BUDGETS_TEXT, is_block_size
+
 
 @dataclass
 class GenerationSettings:
@@ -17,7 +19,7 @@ class GenerationSettings:
     ignore_eos: bool = False
     thinking: bool = False
     system_prompt: str | None = None
-    image_budget: int | None = None  # soft tokens per image (70/140/280/560/1120); None: the checkpoint's
+    image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -28,7 +30,7 @@ class GenerationSettings:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
-        if self.block_size != "auto" and not (isinstance(self.block_size, int) and 1 <= self.block_size <= 16):
-            raise ValueError("block_size must be 1..16 or 'auto'")
-        if self.image_budget is not None and self.image_budget not in (70, 140, 280, 560, 1120):
-            raise ValueError(f"image budget must be one of 70, 140, 280, 560, 1120 (got {self.image_budget!r})")
+        if not is_block_size(self.block_size):
+            raise ValueError(f"block_size must be {BLOCK_SIZE_RANGE} or 'auto'")
+        if self.image_budget is not None and self.image_budget not in IMAGE_BUDGETS:
+            raise ValueError(f"image budget must be one of {IMAGE_BUDGETS_TEXT} (got {self.image_budget!r})")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, is_block_size
 from core.settings import GenerationSettings
 
 DEFAULT_REPLY = (
@@ -39,7 +40,7 @@ DEFAULT_REPLY = (
 )
 
 AUTO_START_K = 4
-IMAGE_TOKENS = 280  # soft tokens per image (the default budget)
+IMAGE_TOKENS = DEFAULT_IMAGE_BUDGET  # soft tokens per image
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
 
@@ -127,8 +128,8 @@ class FakeEngine:
         self._gate.release()  # a held round must see the cancel
 
     def set_block_size(self, k: int | str) -> None:
-        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
-            raise ValueError(f"block size must be 1..16 or 'auto', got {k!r}")
+        if not is_block_size(k):
+            raise ValueError(f"block size must be {BLOCK_SIZE_RANGE} or 'auto', got {k!r}")
         self._record("set_block_size", k)
         with self._lock:
             self._control.block_size = k

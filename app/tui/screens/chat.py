@@ -23,9 +23,10 @@ from app.tui.widgets.conversation import ReplyView, UserMessage, legend
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
 
-MAX_BLOCK = 16
+MAX_BLOCK = MAX_BLOCK_SIZE
 
 
 def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
@@ -371,7 +372,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._set_block(min(self._current_k() + 1, MAX_BLOCK))
 
     def action_block_size_down(self) -> None:
-        self._set_block(max(self._current_k() - 1, 1))
+        self._set_block(max(self._current_k() - 1, MIN_BLOCK_SIZE))
 
     def action_toggle_auto(self) -> None:
         self._set_block(self._current_k() if self.stats.block_setting == "auto" else "auto")
