@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.units import format_bytes  # noqa: F401  # re-exported: callers import it from here
+
 # Only what the engine reads: configs, weights, tokenizer, chat template.
 DEFAULT_ALLOW_PATTERNS: tuple[str, ...] = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model")
 
@@ -209,14 +211,6 @@ def check_disk_space(
             "Free some space (`gemma-chat models rm NAME` removes a pairing) or point HF_HOME at a bigger disk.",
         )
     return needed, free
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 # ---------------------------------------------------------------------------------------------

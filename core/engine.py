@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.events import LoadProgress, TurnDone, TurnStats
-from core.limits import BLOCK_SIZE_RANGE, is_block_size
+from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
 from core.settings import GenerationSettings
 
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
@@ -379,11 +379,8 @@ class Engine:
                 )
         if not ids:
             raise TurnError("empty prompt: nothing to generate from")
-        if len(ids) >= st.target.context_length:
-            raise TurnError(
-                f"the prompt is {len(ids)} tokens, the model's context is {st.target.context_length}: "
-                "shorten the conversation"
-            )
+        if too_long := context_error(len(ids), st.target.context_length):
+            raise TurnError(too_long)  # before any image is encoded or the cache is touched
         image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
 
         plan = st.token_log.plan(ids, image_spans)

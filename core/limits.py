@@ -16,6 +16,15 @@ DEFAULT_IMAGE_BUDGET = 280
 IMAGE_BUDGETS_TEXT = ", ".join(map(str, IMAGE_BUDGETS))  # "70, 140, 280, 560, 1120"
 
 
+def context_error(prompt_tokens: int, context_length: int) -> str | None:
+    """Why a prompt cannot be generated from (it leaves no room for one token), or None."""
+    if prompt_tokens >= context_length:
+        return (
+            f"the prompt is {prompt_tokens} tokens, the model's context is {context_length}: shorten the conversation"
+        )
+    return None
+
+
 def is_int(value: Any) -> bool:
     """An integer that is not a bool (TOML and JSON booleans are not numbers here)."""
     return isinstance(value, int) and not isinstance(value, bool)

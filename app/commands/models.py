@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from core.units import format_bytes
+
 
 def run(args) -> int:
     action = args.models_command
@@ -25,7 +27,7 @@ def run(args) -> int:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return format_bytes(n, unit="GB")  # one unit down the table's columns
 
 
 def _endpoint() -> str | None:

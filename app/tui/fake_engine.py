@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
-from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, is_block_size
+from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
 
 DEFAULT_REPLY = (
@@ -244,13 +244,8 @@ class FakeEngine:
         if images and not self.has_vision:  # the real engine's messages
             return self._fail(stats, "this model does not take images (no vision tower loaded)", on_event)
         prompt_tokens += images * IMAGE_TOKENS
-        if prompt_tokens >= self.context_length:
-            return self._fail(
-                stats,
-                f"the prompt is {prompt_tokens} tokens, the model's context is "
-                f"{self.context_length}: shorten the conversation",
-                on_event,
-            )
+        if too_long := context_error(prompt_tokens, self.context_length):
+            return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from core import units
 from core.events import PrefillDone, RoundEvent, TurnStats
 
 SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
@@ -109,11 +110,5 @@ def summary_line(stats: TurnStats, tokens: int | None = None) -> str:
 
 
 def format_bytes(n: int | None) -> str:
-    if not n:
-        return "–"
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if x < 1024 or unit == "GiB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{x:.1f} GiB"
+    """Memory in binary units; "–" before anything is measured."""
+    return units.format_bytes(n, binary=True) if n else "–"

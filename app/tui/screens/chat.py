@@ -22,6 +22,7 @@ from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_conten
 from app.tui.widgets.conversation import ReplyView, UserMessage, legend
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
+from core import keymap
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
@@ -42,26 +43,8 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
 class ChatCommands(Provider):
     """Command palette entries for the chat screen's actions."""
 
-    def _commands(self) -> list[tuple[str, str, str]]:
-        return [
-            ("Regenerate the last reply", "regenerate", "drop the last reply and generate it again"),
-            ("Stop generation", "stop", "keep the partial reply"),
-            ("Toggle token / rendered view", "toggle_view", "colour-by-origin tokens or Markdown"),
-            ("Block size +1", "block_size_up", "verify one more token per round (from the next round)"),
-            ("Block size -1", "block_size_down", "verify one token fewer per round (from the next round)"),
-            ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
-            ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
-            ("Help: keys", "help", "show every key"),
-            ("Attach an image", "attach_image", "pick an image file (or paste a path, or type /image PATH)"),
-            ("New chat", "new_chat", "start a new conversation"),
-            ("Chats: history and search", "chats", "switch, rename, delete, search chats"),
-            ("Chat parameters", "chat_params", "system prompt, sampling, thinking for this chat"),
-            ("Settings", "settings", "defaults saved to the config file"),
-            ("Copy the last reply", "copy_reply", "to the clipboard"),
-            ("Copy the last code block", "copy_code", "of the last reply, to the clipboard"),
-            ("Export the chat to Markdown", "export", "a .md file in the current directory"),
-            ("Toggle thinking", "toggle_thinking", "for the next reply, where the model supports it"),
-        ]
+    def _commands(self) -> tuple[tuple[str, str, str], ...]:
+        return keymap.PALETTE  # the action table (core.keymap) that the keys and the help screen read too
 
     def _run(self, action: str) -> None:
         screen = self.screen

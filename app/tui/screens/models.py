@@ -29,6 +29,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
+from core.units import format_bytes
 
 DEMO_KEY = "demo"
 OTHER_PREFIX = "other:"
@@ -41,7 +42,7 @@ OFFLINE_MESSAGE = (
 
 
 def gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return format_bytes(n, unit="GB")  # one unit down the table's columns
 
 
 def clock(seconds: float | None) -> str:
@@ -92,8 +93,6 @@ _FIT_TEXT = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "
 
 
 def size_text(n: float) -> str:
-    from core.download import format_bytes
-
     return format_bytes(n)
 
 
