@@ -171,8 +171,9 @@ class SimulatedDrafter:
 class _Clock:
     """Token arrival times, the same way for every configuration."""
 
-    def __init__(self):
-        self.first = self.last = None
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
         self.count = 0
 
     def tick(self) -> None:
@@ -184,7 +185,7 @@ class _Clock:
 
     @property
     def tps(self) -> float:
-        if self.count < 2 or self.last <= self.first:
+        if self.count < 2 or self.first is None or self.last is None or self.last <= self.first:
             return 0.0
         return (self.count - 1) / (self.last - self.first)
 
