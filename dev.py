@@ -48,6 +48,8 @@ def run(args: list[str]) -> int:
 CHECKS = [
     ["ruff", "check", "."],
     ["ruff", "format", "--check", "."],
+    ["mypy"],  # core/ and app/ ([tool.mypy] files)
+    ["lint-imports"],  # the layering contracts ([tool.importlinter])
 ]
 
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
+
+_BUDGETS_OR = ", ".join(map(str, IMAGE_BUDGETS[:-1])) + f" or {IMAGE_BUDGETS[-1]}"  # "70, ... or 1120"
+
 
 def _block_size(value: str) -> int | str:
     if value == "auto":
@@ -16,9 +20,11 @@ def _block_size(value: str) -> int | str:
     try:
         k = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"block size must be an integer 1..16 or 'auto', got {value!r}") from None
-    if not 1 <= k <= 16:
-        raise argparse.ArgumentTypeError(f"block size must be between 1 and 16, got {k}")
+        raise argparse.ArgumentTypeError(
+            f"block size must be an integer {BLOCK_SIZE_RANGE} or 'auto', got {value!r}"
+        ) from None
+    if not is_block_size(k):
+        raise argparse.ArgumentTypeError(f"block size must be between {MIN_BLOCK_SIZE} and {MAX_BLOCK_SIZE}, got {k}")
     return k
 
 
@@ -111,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="soft tokens per image: 70, 140, 280, 560 or 1120 (default: the checkpoint's)",
+        help=f"soft tokens per image: {_BUDGETS_OR} (default: the checkpoint's)",
     )
     g.add_argument("--system", metavar="TEXT", help="system prompt")
     g.add_argument(

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.limits import MAX_BLOCK_SIZE
+
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -117,8 +119,8 @@ class BenchReport:
         return d
 
 
-def parse_block_sizes(text: str) -> list:
-    out = []
+def parse_block_sizes(text: str) -> list[int | str]:
+    out: list[int | str] = []
     for part in str(text).split(","):
         part = part.strip()
         if not part:
@@ -129,9 +131,9 @@ def parse_block_sizes(text: str) -> list:
         try:
             k = int(part)
         except ValueError:
-            raise ValueError(f"block sizes must be integers 2..16 or auto, got {part!r}") from None
-        if not 2 <= k <= 16:
-            raise ValueError(f"block sizes must be 2..16 or auto (K=1 is the drafter-off run), got {k}")
+            raise ValueError(f"block sizes must be integers 2..{MAX_BLOCK_SIZE} or auto, got {part!r}") from None
+        if not 2 <= k <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block sizes must be 2..{MAX_BLOCK_SIZE} or auto (K=1 is the drafter-off run), got {k}")
         out.append(k)
     if not out:
         raise ValueError(f"no block size given in {text!r}: list at least one, e.g. 2,3,4,auto")
@@ -174,8 +176,9 @@ class SimulatedDrafter:
 class _Clock:
     """Token arrival times, the same way for every configuration."""
 
-    def __init__(self):
-        self.first = self.last = None
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
         self.count = 0
 
     def tick(self) -> None:
@@ -187,7 +190,7 @@ class _Clock:
 
     @property
     def tps(self) -> float:
-        if self.count < 2 or self.last <= self.first:
+        if self.count < 2 or self.first is None or self.last is None or self.last <= self.first:
             return 0.0
         return (self.count - 1) / (self.last - self.first)
 

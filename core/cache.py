@@ -38,7 +38,7 @@ class SlidingKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         L = keys.shape[2]
         used = self.offset - self.start
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             self._allocate(keys, values, self.keep + max(L, self.slack))
         elif used + L > self.keys.shape[2]:
             # compact: slide the last `keep` positions to the front (and grow for a long chunk)
@@ -51,6 +51,7 @@ class SlidingKVCache:
             self.values[..., : used - drop, :] = kept_v
             self.start += drop
             used -= drop
+        assert self.keys is not None and self.values is not None  # allocated above
         self.keys[..., used : used + L, :] = keys
         self.values[..., used : used + L, :] = values
         self.offset += L
@@ -90,11 +91,12 @@ class SlidingKVCache:
         if first < self.start:
             raise ValueError(f"position {first} was dropped from the sliding cache (starts at {self.start})")
         a, b = first - self.start, self.offset - self.start
+        assert self.keys is not None and self.values is not None, "fetch before the first update"
         return self.keys[..., a:b, :], self.values[..., a:b, :]
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
 class FullKVCache:
@@ -102,7 +104,7 @@ class FullKVCache:
 
     step = 256
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0
@@ -115,10 +117,11 @@ class FullKVCache:
             size = ((self.offset + L + self.step - 1) // self.step) * self.step
             new_k = mx.zeros((B, H, size, Dk), keys.dtype)
             new_v = mx.zeros((B, H, size, Dv), values.dtype)
-            if self.keys is not None and self.offset:
+            if self.keys is not None and self.values is not None and self.offset:
                 new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
                 new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
             self.keys, self.values = new_k, new_v
+        assert self.keys is not None and self.values is not None  # allocated above
         self.keys[..., self.offset : self.offset + L, :] = keys
         self.values[..., self.offset : self.offset + L, :] = values
         self.offset += L
@@ -138,11 +141,12 @@ class FullKVCache:
         self.offset = length
 
     def fetch(self, first: int = 0) -> tuple[mx.array, mx.array]:
+        assert self.keys is not None and self.values is not None, "fetch before the first update"
         return self.keys[..., first : self.offset, :], self.values[..., first : self.offset, :]
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
 def attention_mask(

@@ -262,9 +262,9 @@ def resolve_pairing(name: str, *, cache_dir: str | os.PathLike | None = None) ->
         raise PairingNotLocal(
             f"pairing {p.name} is not downloaded: {states}. Run `gemma-chat models download {p.name}`."
         )
-    return ResolvedPairing(
-        p.name, local[p.target_repo].snapshot, local[p.drafter_repo].snapshot, p.block_size, p.vision
-    )
+    target, drafter = local[p.target_repo].snapshot, local[p.drafter_repo].snapshot
+    assert target is not None and drafter is not None  # complete snapshots have a directory
+    return ResolvedPairing(p.name, target, drafter, p.block_size, p.vision)
 
 
 def start_pairing_download(
@@ -279,9 +279,10 @@ def start_pairing_download(
     p = get_pairing(name)
     local = hfcache.statuses(list(p.repos), cache_dir=cache_dir)
     # A copy cached under another spelling of the same repo id is used as is.
-    repos = [
-        local[r].cached_id if local[r].complete and local[r].cached_id else r for r in (p.drafter_repo, p.target_repo)
-    ]
+    repos: list[str] = []
+    for r in (p.drafter_repo, p.target_repo):
+        cached = local[r].cached_id
+        repos.append(cached if local[r].complete and cached else r)
     return start_download(repos, offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
 
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from core import paths
 from core.keymap import ACTION_NAMES, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
-from core.settings import (
-    IMAGE_BUDGETS as IMAGE_BUDGETS,  # re-exported: the settings screen lists them
+from core.limits import (
+    DEFAULT_IMAGE_BUDGET,
+    IMAGE_BUDGETS,  # noqa: F401  # re-exported: the settings screen reads it here
 )
 from core.settings import (
     SAMPLING_CHECKS,
@@ -43,13 +44,13 @@ class SamplingConfig:
 @dataclass
 class Config:
     default_pairing: str | None = None  # a catalogue name; None = ask / the first one available
-    block_size: int | str = "auto"  # 1..16 or "auto"
+    block_size: int | str = "auto"  # core.limits: 1..16 or "auto"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     system_prompt: str | None = None
     thinking: bool = False
     theme: str = "textual-dark"  # a Textual theme name; the UI checks it exists
     offline: bool = False
-    image_budget: int = 280
+    image_budget: int = DEFAULT_IMAGE_BUDGET
     keys: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_KEYS))  # every action, overrides applied
     key_overrides: dict[str, str] = field(default_factory=dict)  # just what the file's [keys] says
     path: Path | None = None  # the file this came from (it need not exist)

@@ -24,11 +24,12 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 DEMO_LABEL = "demo: tiny random weights"
 DEMO_NAME = "demo (random weights)"  # the pairing name the UI and CLI show
 DEMO_MARKER = "gemma_chat_demo.json"
-DEMO_BUILD = {"variant": "e-style", "layout": "hf", "dtype": "float32", "seed": 0}
+DEMO_BUILD: dict[str, Any] = {"variant": "e-style", "layout": "hf", "dtype": "float32", "seed": 0}
 _BUILDING = ".building-"
 _STALE_BUILD_S = 3600.0
 

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.units import format_bytes  # noqa: F401  # re-exported: callers import it from here
+
 # Only what the engine reads: configs, weights, tokenizer, chat template.
 DEFAULT_ALLOW_PATTERNS: tuple[str, ...] = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model")
 
@@ -137,7 +139,7 @@ def default_cache_dir() -> str:
 def local_snapshot(
     repo_id: str,
     *,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | Path | None = None,
     revision: str = "main",
     allow_patterns: Sequence[str] = DEFAULT_ALLOW_PATTERNS,
 ) -> Path | None:
@@ -153,7 +155,7 @@ def local_snapshot(
     if Path(repo_id).expanduser().is_dir():
         return Path(repo_id).expanduser().resolve()
     try:
-        path = snapshot_download(
+        snapshot = snapshot_download(
             repo_id,
             revision=revision,
             cache_dir=cache_dir,
@@ -162,7 +164,7 @@ def local_snapshot(
         )
     except (IncompleteSnapshotError, LocalEntryNotFoundError, FileNotFoundError, ValueError):
         return None
-    path = Path(path)
+    path = Path(snapshot)
     return path if snapshot_looks_complete(path) else None
 
 
@@ -209,14 +211,6 @@ def check_disk_space(
             "Free some space (`gemma-chat models rm NAME` removes a pairing) or point HF_HOME at a bigger disk.",
         )
     return needed, free
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,7 +535,7 @@ class DownloadHandle:
 
     def poll(self, timeout: float = 0.0) -> list[DownloadEvent]:
         """Events that arrived so far (waits up to `timeout` for the first one). UI-timer friendly."""
-        if self._final_pending:
+        if self._final_pending and self._final is not None:
             self._final_pending = False
             return [self._final]
         out: list[DownloadEvent] = []
@@ -711,9 +705,11 @@ class _ChildProcess:
         self.conn = Connection(read_fd, writable=False)
         # The child needs our import path (a test's free-space function lives in a test module).
         payload = pickle.dumps((list(sys.path), pickle.dumps(job)))
+        stdin = self._popen.stdin
+        assert stdin is not None  # stdin=PIPE
         try:
-            self._popen.stdin.write(payload)
-            self._popen.stdin.close()
+            stdin.write(payload)
+            stdin.close()
         except BrokenPipeError:
             pass
 

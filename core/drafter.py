@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from core import modeltypes, sampling
-from core.loader import CheckpointError, check_finite, read_config, weights_error
+from core.loader import CheckpointError, check_finite, load_safetensors, read_config, weights_error
 from core.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
@@ -205,6 +205,7 @@ class Drafter(nn.Module):
                 tok = self.greedy_token(y)
             else:
                 lp = sampling.transform_logits(self.logits(y), temperature, top_k, top_p)
+                assert keys is not None, "sampling needs keys"
                 tok = sampling.sample(lp, keys[j]).reshape(1)
                 logprobs.append(lp)
             drafts.append(tok.astype(mx.uint32))
@@ -232,10 +233,10 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
     files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise CheckpointError(f"{path} has no model*.safetensors weights")
-    weights = {}
+    weights: dict[str, mx.array] = {}
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            weights.update(load_safetensors(f))
         except RuntimeError as e:  # a truncated or corrupt file
             raise weights_error(path, e) from None
     weights = _sanitize(weights)

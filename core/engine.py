@@ -23,12 +23,24 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.events import LoadProgress, TurnDone, TurnStats
+from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
 from core.settings import GenerationSettings
+
+if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
+    import mlx.core as mx
+
+    from core.drafter import Drafter
+    from core.image import ImageProcessorConfig
+    from core.prompt import TokenLog
+    from core.spec import Controls, Decoder
+    from core.target import Target, TargetCache
+    from core.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +82,7 @@ class _Request:
     kind: str  # "load" | "chat" | "complete" | "reset"
     future: concurrent.futures.Future
     args: tuple = ()
-    controls: object = None  # spec.Controls for generation requests
+    controls: Controls | None = None  # for generation requests only
 
 
 @dataclass
@@ -78,16 +90,17 @@ class _Loaded:
     """Everything that belongs to one loaded pairing (engine thread only)."""
 
     info: PairingInfo
-    target: object
-    drafter: object
-    vision: object
-    tokenizer: object
-    decoder: object
-    cache: object
-    token_log: object
+    target: Target
+    drafter: Drafter | None
+    vision: VisionEncoder | None
+    tokenizer: Any  # mlx-lm's TokenizerWrapper (untyped)
+    decoder: Decoder
+    cache: TargetCache
+    token_log: TokenLog
     target_dir: Path
-    image_config: object = None
-    soft_tokens: dict = field(default_factory=dict)  # image key -> soft tokens, for the live conversation
+    image_config: ImageProcessorConfig | None = None
+    # image key -> soft tokens [n, H], for the live conversation
+    soft_tokens: dict[Hashable, mx.array] = field(default_factory=dict)
 
 
 class Engine:
@@ -110,7 +123,9 @@ class Engine:
     def info(self) -> PairingInfo | None:
         return self._info
 
-    def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
+    def load(
+        self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
+    ) -> concurrent.futures.Future[PairingInfo]:
         return self._submit("load", (spec, on_event))
 
     def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
@@ -130,22 +145,22 @@ class Engine:
     def cancel(self) -> None:
         """Stop the running turn (within one round) and every queued one."""
         with self._lock:
-            for r in self._pending:
-                r.controls.cancel_event.set()
+            for c in self._live_controls():
+                c.cancel_event.set()
 
     def set_block_size(self, k: int | str) -> None:
-        """Block size (int 1..16 or "auto") for the running and queued turns, from their next round."""
-        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
-            raise ValueError("block size must be 1..16 or 'auto'")
+        """Block size (core.limits: an int K or "auto") for the running and queued turns, from their next round."""
+        if not is_block_size(k):
+            raise ValueError(f"block size must be {BLOCK_SIZE_RANGE} or 'auto'")
         with self._lock:
-            for r in self._pending:
-                r.controls.block_size = k
+            for c in self._live_controls():
+                c.block_size = k
 
     def set_drafter_enabled(self, on: bool) -> None:
         """Drafter on/off for the running and queued turns, from their next round."""
         with self._lock:
-            for r in self._pending:
-                r.controls.drafter_enabled = bool(on)
+            for c in self._live_controls():
+                c.drafter_enabled = bool(on)
 
     def close(self) -> None:
         """Cancel everything, free the models and stop serving (waits until the thread is done)."""
@@ -157,6 +172,10 @@ class Engine:
         self._stopped.wait(timeout=30)
 
     # --- plumbing ------------------------------------------------------------------------
+
+    def _live_controls(self) -> list[Controls]:
+        """The controls of the turns queued or running (call with the lock held)."""
+        return [r.controls for r in self._pending if r.controls is not None]
 
     def _submit(self, kind: str, args: tuple, settings: GenerationSettings | None = None) -> concurrent.futures.Future:
         from core.spec import Controls
@@ -213,7 +232,7 @@ class Engine:
 
     # --- load ----------------------------------------------------------------------------
 
-    def _load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> PairingInfo:
+    def _load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None) -> PairingInfo:
         import mlx.core as mx
 
         from core import prompt as prompt_mod
@@ -315,6 +334,7 @@ class Engine:
             if st is None:
                 raise _UserError("no model is loaded")
             settings.validate()
+            assert req.controls is not None  # every generation request has controls (_submit)
             if req.controls.cancelled:
                 done = TurnDone(TurnStats(stop_reason="cancelled"), "", ())
             else:
@@ -359,11 +379,8 @@ class Engine:
                 )
         if not ids:
             raise TurnError("empty prompt: nothing to generate from")
-        if len(ids) >= st.target.context_length:
-            raise TurnError(
-                f"the prompt is {len(ids)} tokens, the model's context is {st.target.context_length}: "
-                "shorten the conversation"
-            )
+        if too_long := context_error(len(ids), st.target.context_length):
+            raise TurnError(too_long)  # before any image is encoded or the cache is touched
         image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
 
         plan = st.token_log.plan(ids, image_spans)
@@ -387,6 +404,7 @@ class Engine:
             for span, im in new_images:
                 soft = st.soft_tokens.get(span.key)
                 if soft is None:
+                    assert st.vision is not None  # _prepare_images refuses images without a tower
                     soft = st.vision.encode_image(im)
                     st.soft_tokens[span.key] = soft
                 rows[span.start - keep : span.end - keep] = soft.astype(rows.dtype)
@@ -483,3 +501,9 @@ def _freeze_heap() -> None:
 def _thaw_heap() -> None:
     gc.unfreeze()
     gc.collect()
+
+
+if TYPE_CHECKING:
+    from core.protocol import ChatEngine
+
+    _: type[ChatEngine] = Engine  # mypy: the real engine keeps the contract

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)
+from core.limits import IMAGE_BUDGETS
+
+SUPPORTED_SOFT_TOKENS = IMAGE_BUDGETS
 DEFAULT_MAX_SOFT_TOKENS = 280  # HF's default when a checkpoint says nothing
 # Pillow's own default limit; a bigger image is refused before it is decoded.
 DEFAULT_MAX_PIXELS = 89_478_485

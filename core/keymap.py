@@ -21,36 +21,125 @@ from difflib import get_close_matches
 class KeyAction:
     name: str
     key: str
-    description: str
+    description: str  # the help screen's text
     scope: str = "app"
+    palette: tuple[str, str] | None = None  # the command palette's (title, hint); None: not in the palette
 
 
 ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("send", "enter", "Send the message"),
     # Legacy terminals cannot tell shift+enter from enter; ctrl+j (line feed) always works.
     KeyAction("newline", "shift+enter,ctrl+j", "Insert a new line in the message"),
-    KeyAction("stop", "escape", "Stop the reply being generated"),
-    KeyAction("regenerate", "ctrl+r", "Generate the last reply again"),
-    KeyAction("prev_variant", "alt+left", "Show the previous variant of the last reply (Ctrl+R makes variants)"),
-    KeyAction("next_variant", "alt+right", "Show the next variant of the last reply"),
-    KeyAction("new_chat", "ctrl+n", "Start a new chat"),
-    KeyAction("toggle_view", "ctrl+t", "Switch the reply view: rendered Markdown / tokens with accepted drafts marked"),
-    KeyAction("toggle_thinking", "f4", "Turn thinking on or off for the next turn"),
-    KeyAction("block_size_up", "plus", "Verify one more token per round (block size + 1)", "chat"),
-    KeyAction("block_size_down", "minus", "Verify one token fewer per round (block size - 1)", "chat"),
-    KeyAction("toggle_auto", "a", "Let the block size adapt automatically, or fix it", "chat"),
-    KeyAction("toggle_drafter", "d", "Turn the drafter (speculative decoding) on or off", "chat"),
-    KeyAction("copy_reply", "y", "Copy the last reply to the clipboard", "chat"),
-    KeyAction("copy_code", "c", "Copy the last code block of the last reply", "chat"),
-    KeyAction("attach_image", "ctrl+o", "Attach an image to the message"),
-    KeyAction("export", "ctrl+s", "Export the chat to Markdown"),
-    KeyAction("chats", "ctrl+l", "Open the chat list (history and search)"),
+    KeyAction(
+        "stop", "escape", "Stop the reply being generated", palette=("Stop generation", "keep the partial reply")
+    ),
+    KeyAction(
+        "regenerate",
+        "ctrl+r",
+        "Generate the last reply again",
+        palette=("Regenerate the last reply", "drop the last reply and generate it again"),
+    ),
+    KeyAction(
+        "prev_variant",
+        "alt+left",
+        "Show the previous variant of the last reply (Ctrl+R makes variants)",
+        palette=("Previous variant of the last reply", "after regenerating (Ctrl+R)"),
+    ),
+    KeyAction(
+        "next_variant",
+        "alt+right",
+        "Show the next variant of the last reply",
+        palette=("Next variant of the last reply", "after regenerating (Ctrl+R)"),
+    ),
+    KeyAction("new_chat", "ctrl+n", "Start a new chat", palette=("New chat", "start a new conversation")),
+    KeyAction(
+        "toggle_view",
+        "ctrl+t",
+        "Switch the reply view: rendered Markdown / tokens with accepted drafts marked",
+        palette=("Toggle token / rendered view", "colour-by-origin tokens or Markdown"),
+    ),
+    KeyAction(
+        "toggle_thinking",
+        "f4",
+        "Turn thinking on or off for the next turn",
+        palette=("Toggle thinking", "for the next reply, where the model supports it"),
+    ),
+    KeyAction(
+        "block_size_up",
+        "plus",
+        "Verify one more token per round (block size + 1)",
+        "chat",
+        palette=("Block size +1", "verify one more token per round (from the next round)"),
+    ),
+    KeyAction(
+        "block_size_down",
+        "minus",
+        "Verify one token fewer per round (block size - 1)",
+        "chat",
+        palette=("Block size -1", "verify one token fewer per round (from the next round)"),
+    ),
+    KeyAction(
+        "toggle_auto",
+        "a",
+        "Let the block size adapt automatically, or fix it",
+        "chat",
+        palette=("Toggle auto block size", "let the engine choose the block size"),
+    ),
+    KeyAction(
+        "toggle_drafter",
+        "d",
+        "Turn the drafter (speculative decoding) on or off",
+        "chat",
+        palette=("Toggle drafter", "speculative decoding on/off (live A/B)"),
+    ),
+    KeyAction(
+        "copy_reply",
+        "y",
+        "Copy the last reply to the clipboard",
+        "chat",
+        palette=("Copy the last reply", "to the clipboard"),
+    ),
+    KeyAction(
+        "copy_code",
+        "c",
+        "Copy the last code block of the last reply",
+        "chat",
+        palette=("Copy the last code block", "of the last reply, to the clipboard"),
+    ),
+    KeyAction(
+        "attach_image",
+        "ctrl+o",
+        "Attach an image to the message",
+        palette=("Attach an image", "pick an image file (or paste a path, or type /image PATH)"),
+    ),
+    KeyAction(
+        "export",
+        "ctrl+s",
+        "Export the chat to Markdown",
+        palette=("Export the chat to Markdown", "a .md file in the current directory"),
+    ),
+    KeyAction(
+        "chats",
+        "ctrl+l",
+        "Open the chat list (history and search)",
+        palette=("Chats: history and search", "switch, rename, delete, search chats"),
+    ),
     # ctrl+m is enter to a terminal, and ctrl+comma is not sent by most: function keys instead.
     KeyAction("models", "f2", "Open the models screen (pairings, downloads)"),
-    KeyAction("settings", "f3", "Open the settings"),
-    KeyAction("chat_params", "f9", "This chat's parameters: system prompt, sampling, thinking"),
-    KeyAction("toggle_panel", "f10", "Hide or show the side panel (speed figures); narrow terminals get one line"),
-    KeyAction("help", "f1", "Show the keys and what they do"),
+    KeyAction("settings", "f3", "Open the settings", palette=("Settings", "defaults saved to the config file")),
+    KeyAction(
+        "chat_params",
+        "f9",
+        "This chat's parameters: system prompt, sampling, thinking",
+        palette=("Chat parameters", "system prompt, sampling, thinking for this chat"),
+    ),
+    KeyAction(
+        "toggle_panel",
+        "f10",
+        "Hide or show the side panel (speed figures); narrow terminals get one line",
+        palette=("Hide / show the side panel", "the speed figures (one line in narrow terminals)"),
+    ),
+    KeyAction("help", "f1", "Show the keys and what they do", palette=("Help: keys", "show every key")),
     KeyAction("palette", "ctrl+p", "Open the command palette"),
     KeyAction("quit", "ctrl+q", "Quit"),
 )
@@ -59,6 +148,8 @@ ACTION_NAMES: tuple[str, ...] = tuple(a.name for a in ACTIONS)
 DEFAULT_KEYS: dict[str, str] = {a.name: a.key for a in ACTIONS}
 DESCRIPTIONS: dict[str, str] = {a.name: a.description for a in ACTIONS}
 SCOPES: dict[str, str] = {a.name: a.scope for a in ACTIONS}
+# (title, action, hint) for the command palette, in the table's order
+PALETTE: tuple[tuple[str, str, str], ...] = tuple((a.palette[0], a.name, a.palette[1]) for a in ACTIONS if a.palette)
 
 MODIFIERS = ("ctrl", "shift", "alt", "meta", "super", "hyper")
 # Characters people write in a config, as Textual names them (Textual derives these from Unicode names).

@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 from core import modeltypes
 
@@ -97,6 +101,13 @@ def check_finite(path: Path, params) -> None:
     raise CheckpointError(f"{path}: weight {name} holds NaN or infinite values; the checkpoint is corrupt")
 
 
+def load_safetensors(path: str | Path) -> dict[str, mx.array]:
+    """Every tensor of one .safetensors file, by name (lazy: nothing is read until used)."""
+    import mlx.core as mx
+
+    return mx.load(str(path))  # type: ignore[return-value]  # a dict for .safetensors files
+
+
 def load_tokenizer(path: Path):
     """mlx-lm's TokenizerWrapper around the checkpoint's Hugging Face tokenizer (chat template included).
 
@@ -116,7 +127,7 @@ def load_tokenizer(path: Path):
 class LoadedTarget:
     path: Path
     config: dict
-    model: object  # mlx-lm gemma4.Model or gemma4_text.Model
+    model: Any  # mlx-lm gemma4.Model or gemma4_text.Model (nn.Module: its attributes are untyped)
 
 
 def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
@@ -192,7 +203,7 @@ def _cpu_safe_experts(model) -> None:
 
     if mx.default_device() != mx.cpu:
         return
-    params = tree_flatten(model.parameters())
+    params: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]  # a list without `destination`
     names = {k for k, _ in params}
     upcast = [
         (k, v.astype(mx.float32))

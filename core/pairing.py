@@ -111,7 +111,7 @@ def load_config(
     source: str | os.PathLike,
     *,
     offline: bool = False,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | Path | None = None,
     endpoint: str | None = None,
     token: str | bool | None = None,
 ) -> dict:
@@ -164,13 +164,12 @@ def validate_pair(
     drafter: str | os.PathLike,
     *,
     offline: bool = False,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | Path | None = None,
     endpoint: str | None = None,
     token: str | bool | None = None,
 ) -> PairCheck:
     """Check a custom pair given by repo ids or local paths. Unreadable sources raise PairingError."""
-    kw = dict(offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
-    t_cfg = load_config(target, **kw)
-    d_cfg = load_config(drafter, **kw)
+    t_cfg = load_config(target, offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
+    d_cfg = load_config(drafter, offline=offline, cache_dir=cache_dir, endpoint=endpoint, token=token)
     problems = check_pair(t_cfg, d_cfg, f"target {target}", f"drafter {drafter}")
     return PairCheck(str(target), str(drafter), tuple(problems), t_cfg, d_cfg)

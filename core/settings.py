@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, IMAGE_BUDGETS_TEXT, is_block_size, is_int
+
 SEED_MAX = 2**64 - 1  # MLX's PRNG key is a uint64
-IMAGE_BUDGETS = (70, 140, 280, 560, 1120)  # soft tokens per image the vision encoder may use
 
 
 class BadValue(ValueError):
@@ -22,10 +23,6 @@ class BadValue(ValueError):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_finite_number(v: Any) -> bool:
@@ -45,32 +42,32 @@ def check_top_p(v: Any) -> float:
 
 
 def check_top_k(v: Any) -> int:
-    if not _is_int(v) or v < 0:
+    if not is_int(v) or v < 0:
         raise BadValue("must be an integer >= 0 (0 turns top-k off)")
     return v
 
 
 def check_max_tokens(v: Any) -> int:
-    if not _is_int(v) or v < 1:
+    if not is_int(v) or v < 1:
         raise BadValue("must be an integer >= 1")
     return v
 
 
 def check_seed(v: Any) -> int:
-    if not _is_int(v) or not 0 <= v <= SEED_MAX:
+    if not is_int(v) or not 0 <= v <= SEED_MAX:
         raise BadValue("must be an integer from 0 to 2**64-1 (leave it out for a random seed)")
     return v
 
 
 def check_block_size(v: Any) -> int | str:
-    if v == "auto" or (_is_int(v) and 1 <= v <= 16):
+    if is_block_size(v):
         return v
-    raise BadValue('must be an integer 1..16 or "auto"')
+    raise BadValue(f'must be an integer {BLOCK_SIZE_RANGE} or "auto"')
 
 
 def check_image_budget(v: Any) -> int:
-    if not _is_int(v) or v not in IMAGE_BUDGETS:
-        raise BadValue(f"must be one of {', '.join(map(str, IMAGE_BUDGETS))}")
+    if not is_int(v) or v not in IMAGE_BUDGETS:
+        raise BadValue(f"must be one of {IMAGE_BUDGETS_TEXT}")
     return v
 
 
@@ -96,7 +93,7 @@ class GenerationSettings:
     ignore_eos: bool = False
     thinking: bool = False
     system_prompt: str | None = None
-    image_budget: int | None = None  # soft tokens per image (70/140/280/560/1120); None: the checkpoint's
+    image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
 
     def validate(self) -> None:
         """Raise BadValue (a ValueError) naming the first bad field: "temperature must be ..., got nan"."""

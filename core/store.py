@@ -308,6 +308,12 @@ def _stats_to_dict(stats: Any) -> dict | None:
     return {str(k): v for k, v in dict(stats).items()}
 
 
+def _row_id(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made."""
+    assert cur.lastrowid is not None, "not after an INSERT"
+    return cur.lastrowid
+
+
 def _json_dumps(value: Any) -> str:
     # block_size_counts has int keys: JSON turns them into strings, which is fine for display.
     return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
@@ -508,7 +514,7 @@ class Store:
                     system_prompt,
                 ),
             )
-            return int(cur.lastrowid)
+            return _row_id(cur)
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         title = title.strip()
@@ -725,14 +731,14 @@ class Store:
                     origins,
                 ),
             )
-            message_id = int(cur.lastrowid)
+            message_id = _row_id(cur)
             saved: list[Attachment] = []
             for a in atts:
                 acur = con.execute(
                     "INSERT INTO attachments (message_id, path, sha256, size, mime) VALUES (?, ?, ?, ?, ?)",
                     (message_id, a.path, a.sha256, a.size, a.mime),
                 )
-                saved.append(Attachment(a.path, a.sha256, a.size, a.mime, int(acur.lastrowid)))
+                saved.append(Attachment(a.path, a.sha256, a.size, a.mime, _row_id(acur)))
             if role == "user" and chat["title"] == DEFAULT_TITLE:
                 con.execute("UPDATE chats SET title = ? WHERE id = ?", (title_from_text(content), chat_id))
             con.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))

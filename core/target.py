@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
@@ -80,7 +81,7 @@ class Target:
         self.config = loaded.config
         self.model = loaded.model
         # gemma4.Model wraps gemma4_text.Model as .language_model; gemma4_text.Model is bare
-        self.lm = getattr(self.model, "language_model", self.model)
+        self.lm: Any = getattr(self.model, "language_model", self.model)
         self.inner = self.lm.model  # Gemma4TextModel
         self.args = self.lm.args
         a = self.args
@@ -157,18 +158,21 @@ class Target:
         inner = self.inner
         h = self.embed(ids)
         if embeddings is not None:
+            assert embedding_mask is not None, "embeddings need their embedding_mask"
             m = embedding_mask.reshape(1, L, 1)
             h = mx.where(m, embeddings.reshape(1, L, -1).astype(h.dtype), h)
 
         per_layer = [None] * self.n_layers
         if inner.hidden_size_per_layer_input:
-            ple_ids = ids if embeddings is None else mx.where(embedding_mask.reshape(1, L), self.pad_id, ids)
+            ple_ids = ids
+            if embeddings is not None and embedding_mask is not None:
+                ple_ids = mx.where(embedding_mask.reshape(1, L), self.pad_id, ids)
             pli = inner._get_per_layer_inputs(ple_ids)
             pli = inner._project_per_layer_inputs(h, pli)
             per_layer = [pli[:, :, i, :] for i in range(self.n_layers)]
 
         P = cache.offset
-        masks = {}
+        masks: dict[str, mx.array | str | None] = {}
         spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
         full = cache.first_of(FULL)
         if full is not None:

@@ -33,6 +33,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from core.loader import load_safetensors
+
 # Weight-name prefixes of the two layouts: HF/Google, then mlx-community (mlx-vlm's conversion).
 _PREFIXES = ("model.", "")
 _PARTS = ("vision_tower.", "embed_vision.")
@@ -447,5 +449,5 @@ def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None):
         return load_unified_vision(model_dir, dtype)
     weights: dict[str, mx.array] = {}
     for path in vision_weight_files(model_dir):
-        weights.update(select_vision_weights(mx.load(str(path))))
+        weights.update(select_vision_weights(load_safetensors(path)))
     return VisionEncoder.from_weights(config, weights, dtype=dtype)

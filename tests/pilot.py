@@ -17,3 +17,44 @@ async def until(pilot, predicate, timeout: float = 5.0) -> None:
 async def ready(pilot, app) -> None:
     """Wait until the chat screen's pairing has loaded."""
     await until(pilot, lambda: app.chat.loaded)
+
+
+def make_app(
+    engine=None,
+    *,
+    name: str = "fake",
+    demo: bool = False,
+    spec=None,
+    settings=None,
+    history=None,
+    config=None,
+    models_options=None,
+    first_run: bool = False,
+    blink: bool = True,
+    **engine_kwargs,
+):
+    """THE way a test builds the app: a GemmaChatApp over a scripted FakeEngine (`app.engine`).
+
+    engine: a FakeEngine, else one is made from `engine_kwargs` (replies=[...], step=True, ...).
+    spec: the pairing to open, else a fake one named `name` ("demo (random weights)" with demo=True)
+    with directories that need not exist (the fake engine never reads them).
+    settings / history / config: as GemmaChatApp takes them. models_options / first_run: the models
+    screen's Hub and cache (app.tui.screens.models.ModelsOptions) and whether it opens at start.
+    blink=False stops the prompt's cursor blinking, so SVG snapshots do not depend on timing.
+    """
+    from app.tui.app import GemmaChatApp
+    from app.tui.fake_engine import FakeEngine, PairingSpec
+
+    if engine is None:
+        engine = FakeEngine(**engine_kwargs)
+    elif engine_kwargs:
+        raise TypeError(f"make_app: pass either an engine or its options, not both ({sorted(engine_kwargs)})")
+    if spec is None:
+        spec = PairingSpec("demo (random weights)" if demo else name, "target-dir", "drafter-dir", demo=demo)
+    app = GemmaChatApp(engine, spec, settings, history=history, config=config)
+    if models_options is not None:
+        app.models_options = models_options
+    app.first_run = first_run
+    if not blink:
+        app.chat.prompt.cursor_blink = False
+    return app

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from pilot import make_app as shared_make_app
 from pilot import ready, until
 from textual.command import CommandPalette
 from textual.widgets import Input
@@ -27,9 +28,8 @@ def anyio_backend():
 
 
 def make_app(engine: FakeEngine | None = None, *, demo: bool = False) -> tuple[GemmaChatApp, FakeEngine]:
-    engine = engine or FakeEngine()
-    spec = PairingSpec("demo (random weights)" if demo else "fake", "target-dir", "drafter-dir", demo=demo)
-    return GemmaChatApp(engine, spec), engine
+    app = shared_make_app(engine, demo=demo)
+    return app, app.engine
 
 
 async def send(pilot, app: GemmaChatApp, text: str) -> None:
@@ -697,8 +697,7 @@ async def test_resizing_rewraps_a_finished_reply():
 
 
 async def test_pairing_without_drafter_says_so():
-    engine = FakeEngine()
-    app = GemmaChatApp(engine, PairingSpec("plain", "target-dir", None))
+    app = shared_make_app(spec=PairingSpec("plain", "target-dir", None))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await until(pilot, lambda: "Drafter     none (plain decoding)" in text_of(app.chat.panel.tuning))

@@ -8,10 +8,11 @@ import asyncio
 import dataclasses
 
 import pytest
+from pilot import make_app as shared_make_app
 from pilot import until
 
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.fake_engine import FakeEngine
 from app.tui.history import HistoryRecorder, RestoredReply
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
@@ -29,9 +30,7 @@ def anyio_backend():
 
 
 def make_app(db, engine: FakeEngine | None = None, export_dir=None, **kwargs) -> GemmaChatApp:
-    engine = engine or FakeEngine(**kwargs)
-    recorder = HistoryRecorder(path=db, export_dir=export_dir)
-    return GemmaChatApp(engine, PairingSpec("fake", "target-dir", "drafter-dir"), history=recorder)
+    return shared_make_app(engine, history=HistoryRecorder(path=db, export_dir=export_dir), **kwargs)
 
 
 async def flush(app) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from pilot import make_app as shared_make_app
 
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen
@@ -58,15 +58,9 @@ def make_app(tmp_path) -> GemmaChatApp:
     config_path = tmp_path / "config.toml"
     config_path.write_text("# mine\nblock_size = 4\n\n[sampling]\ntemperature = 0.3\nseed = 5\n")
     config = load_config(config_path)
-    app = GemmaChatApp(
-        FakeEngine(),
-        PairingSpec("E2B", "target-dir", "drafter-dir"),
-        config.generation_settings(),
-        history=HistoryRecorder(path=db),
-        config=config,
+    return shared_make_app(
+        name="E2B", settings=config.generation_settings(), history=HistoryRecorder(path=db), config=config, blink=False
     )
-    app.chat.prompt.cursor_blink = False
-    return app
 
 
 def _no_blink(screen) -> None:

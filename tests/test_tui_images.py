@@ -13,12 +13,13 @@ import zlib
 from pathlib import Path
 
 import pytest
+from pilot import make_app as shared_make_app
 from pilot import ready, until
 from textual import events
 
 from app.resources import assets_dir
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.fake_engine import FakeEngine
 from app.tui.screens.file_picker import FilePicker
 from app.tui.widgets.attachments import AttachmentChip, parse_image_command, user_content
 from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
@@ -68,8 +69,8 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 def make_app(engine: FakeEngine | None = None) -> tuple[GemmaChatApp, FakeEngine]:
-    engine = engine or FakeEngine(replies=["A picture of things."])
-    return GemmaChatApp(engine, PairingSpec("fake", "target-dir", "drafter-dir")), engine
+    app = shared_make_app(engine or FakeEngine(replies=["A picture of things."]))
+    return app, app.engine
 
 
 async def submit(pilot, app, text: str) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from pilot import make_app as shared_make_app
 
 from app.resources import assets_dir
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.file_picker import FilePicker
 from app.tui.widgets.attachments import AttachmentChip
 from app.tui.widgets.thumbnail import MODE_ENV
@@ -22,11 +22,7 @@ SAMPLES = assets_dir() / "images"
 
 
 def make_app() -> GemmaChatApp:
-    app = GemmaChatApp(
-        FakeEngine(replies=["A green hill under a blue sky."]), PairingSpec("E2B", "target-dir", "drafter-dir")
-    )
-    app.chat.prompt.cursor_blink = False
-    return app
+    return shared_make_app(name="E2B", replies=["A green hill under a blue sky."], blink=False)
 
 
 async def _until(pilot, predicate, timeout: float = 5.0) -> None:

@@ -13,12 +13,13 @@ import socket
 
 import pytest
 from fakehub import FakeHub, FakeRepo, put_in_cache
+from pilot import make_app as shared_make_app
 from pilot import until as _until
 from textual.command import CommandPalette
 
 from app.commands.tui import is_first_run
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.fake_engine import PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
@@ -75,13 +76,11 @@ def put_pairing(cache, name: str = NAME, complete: bool = True):
 
 
 def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False, remember=False):
-    engine = FakeEngine()
-    app = GemmaChatApp(engine, spec or PairingSpec("fake", "target-dir", "drafter-dir"))
-    app.models_options = ModelsOptions(
+    options = ModelsOptions(
         cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine, remember=remember
     )
-    app.first_run = first_run
-    return app, engine
+    app = shared_make_app(spec=spec, models_options=options, first_run=first_run)
+    return app, app.engine
 
 
 async def until(pilot, predicate, timeout: float = 10.0) -> None:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 from fakehub import put_in_cache
+from pilot import make_app as shared_make_app
 
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.screens.models import ModelsOptions, ModelsScreen
 from core import catalog, fit
 
@@ -40,13 +40,8 @@ def fill(cache, pairings: dict[str, bool]) -> None:
 
 
 def make_app(cache, *, first_run: bool = False) -> GemmaChatApp:
-    demo = first_run
-    spec = PairingSpec("demo (random weights)" if demo else "E2B", "target-dir", "drafter-dir", demo=demo)
-    app = GemmaChatApp(FakeEngine(), spec)
-    app.models_options = ModelsOptions(cache_dir=str(cache), machine=MACHINE)
-    app.first_run = first_run
-    app.chat.prompt.cursor_blink = False
-    return app
+    options = ModelsOptions(cache_dir=str(cache), machine=MACHINE)
+    return shared_make_app(name="E2B", demo=first_run, models_options=options, first_run=first_run, blink=False)
 
 
 async def _until(pilot, predicate, timeout: float = 10.0) -> None:

@@ -4,10 +4,10 @@ names the field of a bad value, and applies theme / defaults / block size to the
 from __future__ import annotations
 
 import pytest
+from pilot import make_app as shared_make_app
 from pilot import until
 
-from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
+from app.tui.fake_engine import PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.settings import SettingsScreen
 from core.config import load_config
@@ -34,15 +34,9 @@ def make_app(tmp_path, text: str = CONFIG_TEXT):
     path = tmp_path / "config.toml"
     path.write_text(text)
     config = load_config(path)
-    engine = FakeEngine()
-    app = GemmaChatApp(
-        engine,
-        PairingSpec("fake", "t", "d"),
-        config.generation_settings(),
-        config=config,
-        history=HistoryRecorder(path=tmp_path / "h.sqlite3"),
-    )
-    return app, path
+    spec = PairingSpec("fake", "t", "d")
+    history = HistoryRecorder(path=tmp_path / "h.sqlite3")
+    return shared_make_app(spec=spec, settings=config.generation_settings(), config=config, history=history), path
 
 
 async def open_settings(pilot) -> SettingsScreen:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import time
 
+from pilot import make_app as shared_make_app
+
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 
 SIZE = (120, 36)
 
 
 def make_app(demo: bool = False) -> GemmaChatApp:
-    spec = PairingSpec("demo (random weights)" if demo else "E2B", "target-dir", "drafter-dir", demo=demo)
-    app = GemmaChatApp(FakeEngine(), spec)
-    app.chat.prompt.cursor_blink = False  # a blinking cursor would make the shots flaky
-    return app
+    return shared_make_app(name="E2B", demo=demo, blink=False)  # a blinking cursor would make the shots flaky
 
 
 async def _until(pilot, predicate, timeout: float = 5.0) -> None:

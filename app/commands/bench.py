@@ -30,7 +30,8 @@ def run(args) -> int:
             return fail(f"--block-sizes: {e}")
         if args.repeats < 1 or args.max_tokens < 2:
             return fail("--repeats must be >= 1 and --max-tokens >= 2")
-        _, target, drafter, _ = _pairing(args)
+        spec = _pairing(args)
+        target, drafter = spec.target, spec.drafter
         options = BenchOptions(
             max_tokens=args.max_tokens,
             block_sizes=block_sizes,

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
+
+from core.units import format_bytes
 
 PACKAGES = ("mlx", "mlx-lm", "textual", "textual-image", "huggingface_hub", "transformers", "platformdirs", "pillow")
 
@@ -46,11 +49,11 @@ def mlx_info() -> dict[str, str]:
     if name:
         info["device"] = f"{name} ({dev.get('architecture', '?')})"
     if dev.get("max_recommended_working_set_size"):
-        info["gpu working set"] = f"{dev['max_recommended_working_set_size'] / 1e9:.1f} GB"
+        info["gpu working set"] = format_bytes(float(dev["max_recommended_working_set_size"]), unit="GB")
     return info
 
 
-def terminal_images(env: dict | None = None) -> str:
+def terminal_images(env: Mapping[str, str] | None = None) -> str:
     """Best guess from the environment (textual-image decides for real when the chat screen starts)."""
     env = os.environ if env is None else env
     term = env.get("TERM", "")
@@ -73,7 +76,7 @@ def terminal_images(env: dict | None = None) -> str:
 def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from app import __version__
     from core import catalog, fit, paths
-    from core.download import default_cache_dir, format_bytes, free_disk_bytes
+    from core.download import default_cache_dir, free_disk_bytes
 
     sections = []
     sections.append(

@@ -15,6 +15,7 @@ one; `--model` then names the server's model); over vLLM, tokens have no origin 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -24,33 +25,20 @@ class _UsageError(Exception):
 
 
 def _pairing(args):
-    """(PairingSpec fields) from --demo / --model [--drafter] / --pairing."""
-    from core.loader import CheckpointError, resolve_checkpoint
+    """The PairingSpec from --demo / --model [--drafter] / --pairing (--no-draft: without its drafter)."""
+    from core.pairing import PairingError
+    from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
 
-    no_draft = getattr(args, "no_draft", False)
-    if getattr(args, "demo", False):
-        from core.demo import DEMO_NAME, DemoError, ensure_demo_pairing
-
-        try:
-            target, drafter = ensure_demo_pairing(on_notice=lambda m: print(f"note: {m}", file=sys.stderr))
-        except DemoError as e:
-            raise _UsageError(str(e)) from None
-        return DEMO_NAME, str(target), None if no_draft else str(drafter), True
-    if getattr(args, "model", None):
-        try:
-            target = resolve_checkpoint(args.model)
-            drafter = resolve_checkpoint(args.drafter) if args.drafter and not no_draft else None
-        except CheckpointError as e:
-            raise _UsageError(str(e)) from e
-        return target.name, str(target), str(drafter) if drafter else None, False
-    if getattr(args, "pairing", None):
-        from core.catalog import PairingNotLocal, resolve_pairing
-
-        try:
-            p = resolve_pairing(args.pairing)
-        except (KeyError, PairingNotLocal) as e:
-            raise _UsageError(str(e).strip("'\"")) from e
-        return p.name, str(p.target_path), None if no_draft else str(p.drafter_path), False
+    with_drafter = not getattr(args, "no_draft", False)
+    try:
+        if getattr(args, "demo", False):
+            return demo_spec(drafter=with_drafter, on_notice=lambda m: print(f"note: {m}", file=sys.stderr))
+        if getattr(args, "model", None):
+            return checkpoint_spec(args.model, args.drafter if args.drafter and with_drafter else None)
+        if getattr(args, "pairing", None):
+            return catalogue_spec(args.pairing, drafter=with_drafter)
+    except PairingError as e:
+        raise _UsageError(str(e)) from e
     raise _UsageError("say which model to run: --model PATH [--drafter PATH], --pairing NAME or --demo")
 
 
@@ -144,7 +132,7 @@ def _summary(stats: dict) -> str:
 
 
 def run(args) -> int:
-    from core.engine import Engine, EngineError, PairingSpec
+    from core.engine import Engine, EngineError
     from core.events import TokenEvent
     from core.settings import GenerationSettings
 
@@ -180,7 +168,12 @@ def run(args) -> int:
                 raise _UsageError("--no-template is local only (a server applies its own chat template)")
             engine, spec = _remote(args)
         else:
-            name, target, drafter, demo = _pairing(args)
+            spec = dataclasses.replace(
+                _pairing(args),
+                dtype=args.dtype,
+                drafter_position=getattr(args, "drafter_position", "P-1"),
+                drafter_window=getattr(args, "drafter_window", "W"),
+            )
         messages = None if args.no_template else _messages(args)
     except (_UsageError, ValueError) as e:
         return fail(str(e))
@@ -198,15 +191,6 @@ def run(args) -> int:
 
     if not connect:
         engine = Engine()
-        spec = PairingSpec(
-            name,
-            target,
-            drafter,
-            demo,
-            args.dtype,
-            drafter_position=getattr(args, "drafter_position", "P-1"),
-            drafter_window=getattr(args, "drafter_window", "W"),
-        )
     try:
         try:
             engine.load(spec, None).result()
@@ -215,6 +199,7 @@ def run(args) -> int:
         if args.no_template:
             future = engine.complete(args.prompt or "", settings, on_event)
         else:
+            assert messages is not None  # read above unless --no-template
             future = engine.chat(messages, settings, on_event)
         try:
             done = future.result()

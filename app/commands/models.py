@@ -12,6 +12,7 @@ import sys
 import time
 
 from core.modeltypes import is_drafter
+from core.units import format_bytes
 
 
 def run(args) -> int:
@@ -27,7 +28,7 @@ def run(args) -> int:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return format_bytes(n, unit="GB")  # one unit down the table's columns
 
 
 def _endpoint() -> str | None:

@@ -21,8 +21,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from core.demo import DEMO_NAME
+from core.pairing import PairingError
+from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
+
+__all__ = ["PairingError", "is_first_run", "pairing_spec", "run"]
+
+if TYPE_CHECKING:
+    from core.protocol import ChatEngine
 
 DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models screen's row key too)
 
@@ -30,74 +37,30 @@ FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
 FAKE_DELAY_ENV = "GEMMA_CHAT_FAKE_DELAY"
 
 
-class PairingError(Exception):
-    pass
-
-
-def resolve_checkpoint(value: str) -> str:
-    """A local directory, or a repo id resolved to its snapshot in the local Hugging Face cache."""
-    from core.loader import CheckpointError
-    from core.loader import resolve_checkpoint as resolve
-
-    try:
-        return str(resolve(value))
-    except CheckpointError as e:
-        raise PairingError(str(e)) from None
-
-
 DEMO_NOTES: list[str] = []  # where the demo went when the cache directory could not take it
-
-
-def demo_spec():
-    from core.demo import DemoError, ensure_demo_pairing
-    from core.engine import PairingSpec
-
-    try:
-        target, drafter = ensure_demo_pairing(on_notice=DEMO_NOTES.append)
-    except DemoError as e:
-        raise PairingError(str(e)) from None
-    return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter), demo=True)
-
-
-def catalogue_spec(name: str):
-    from core.catalog import resolve_pairing
-    from core.engine import PairingSpec
-
-    try:
-        p = resolve_pairing(name)
-    except KeyError:
-        raise PairingError(f"unknown pairing {name!r} (see `gemma-chat models list`)") from None
-    except LookupError as e:  # PairingNotLocal: says what to run
-        raise PairingError(str(e)) from None
-    return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
 
 
 def pairing_spec(args, default_pairing: str | None = None):
     """(spec, notice): the pairing to open and, when it is a fallback, why."""
-    from core.engine import PairingSpec
-
     if getattr(args, "demo", False):
-        return demo_spec(), None
+        return demo_spec(on_notice=DEMO_NOTES.append), None
     if getattr(args, "model", None):
-        target = resolve_checkpoint(args.model)
-        drafter = resolve_checkpoint(args.drafter) if args.drafter else None
         name = Path(args.model.rstrip("/")).name or args.model
-        from core.demo import is_demo_checkpoint
-
-        demo = is_demo_checkpoint(target)  # the demo's directories, passed by path, keep their label
-        return PairingSpec(name=name, target=target, drafter=drafter, demo=demo), None
+        return checkpoint_spec(args.model, args.drafter or None, name=name), None
     if getattr(args, "drafter", None):
         raise PairingError("--drafter needs --model (the target it drafts for)")
     if getattr(args, "pairing", None):
         return catalogue_spec(args.pairing), None
     if default_pairing == DEMO_KEY:
-        return demo_spec(), None
+        return demo_spec(on_notice=DEMO_NOTES.append), None
     if default_pairing:
         try:
             return catalogue_spec(default_pairing), None
         except PairingError as e:
-            return demo_spec(), f"Opened the demo pairing: {e}"
-    return demo_spec(), "No pairing configured yet: this is the demo (random weights). See `gemma-chat models list`."
+            return demo_spec(on_notice=DEMO_NOTES.append), f"Opened the demo pairing: {e}"
+    return demo_spec(
+        on_notice=DEMO_NOTES.append
+    ), "No pairing configured yet: this is the demo (random weights). See `gemma-chat models list`."
 
 
 def is_first_run(args, default_pairing: str | None) -> bool:
@@ -131,6 +94,7 @@ def run(args) -> int:
     settings = config.generation_settings()
     notice = None
     first = False
+    engine: ChatEngine
     if getattr(args, "connect", None):
         from core.engine import PairingSpec
         from core.remote import RemoteEngine, RemoteError

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.app import App
 from textual.binding import Binding
 
 from app.tui.screens.chat import ChatScreen
-from app.tui.screens.models import ModelsCommands
+from app.tui.screens.models import ModelsCommands, ModelsOptions
 from core.settings import GenerationSettings
+
+if TYPE_CHECKING:
+    from core.engine import PairingSpec
+    from core.protocol import ChatEngine
 
 
 class GemmaChatApp(App[None]):
@@ -17,14 +23,14 @@ class GemmaChatApp(App[None]):
     COMMANDS = App.COMMANDS | {ModelsCommands}
     # The models screen: how it reaches the Hub and the cache (app.tui.screens.models.ModelsOptions),
     # its key, and whether it opens over the chat at start (nothing configured yet).
-    models_options = None
+    models_options: ModelsOptions | None = None
     models_key = "f2"
     first_run = False
 
     def __init__(
         self,
-        engine,
-        spec,
+        engine: ChatEngine,
+        spec: PairingSpec,
         settings: GenerationSettings | None = None,
         *,
         key_overrides: dict[str, str] | None = None,
@@ -68,8 +74,11 @@ class GemmaChatApp(App[None]):
         # called on the history writer thread; the loop may be gone when the app is closing
         from functools import partial
 
+        loop = self._loop
+        if loop is None:
+            return
         try:
-            self._loop.call_soon_threadsafe(partial(self.notify, message, markup=False, **kwargs))
+            loop.call_soon_threadsafe(partial(self.notify, message, markup=False, **kwargs))
         except (AttributeError, RuntimeError):
             pass
 

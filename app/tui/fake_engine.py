@@ -22,9 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from core.engine import PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
 
 DEFAULT_REPLY = (
@@ -38,7 +40,7 @@ DEFAULT_REPLY = (
 )
 
 AUTO_START_K = 4
-IMAGE_TOKENS = 280  # soft tokens per image (the default budget)
+IMAGE_TOKENS = DEFAULT_IMAGE_BUDGET  # soft tokens per image
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
 
@@ -99,12 +101,16 @@ class FakeEngine:
         self._thread.start()
 
     # -- the Engine API -------------------------------------------------------------------------
-    def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
+    def load(
+        self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
+    ) -> concurrent.futures.Future[PairingInfo]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put(("load", spec, on_event, fut))
         return fut
 
-    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+    def chat(
+        self, messages: list[dict], settings: GenerationSettings, on_event: Callable
+    ) -> concurrent.futures.Future[TurnDone]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.chats.append(([dict(m) for m in messages], settings))
         with self._lock:
@@ -122,8 +128,8 @@ class FakeEngine:
         self._gate.release()  # a held round must see the cancel
 
     def set_block_size(self, k: int | str) -> None:
-        if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
-            raise ValueError(f"block size must be 1..16 or 'auto', got {k!r}")
+        if not is_block_size(k):
+            raise ValueError(f"block size must be {BLOCK_SIZE_RANGE} or 'auto', got {k!r}")
         self._record("set_block_size", k)
         with self._lock:
             self._control.block_size = k
@@ -173,8 +179,13 @@ class FakeEngine:
             if job is None:
                 return
             kind, arg, on_event, fut = job
+            result: PairingInfo | TurnDone
             try:
-                result = self._load(arg, on_event) if kind == "load" else self._chat(*arg, on_event)
+                if kind == "load":
+                    result = self._load(arg, on_event)
+                else:
+                    messages, settings = arg
+                    result = self._chat(messages, settings, on_event)
             except Exception as e:  # a fake must never hang its caller
                 fut.set_exception(e)
             else:
@@ -233,13 +244,8 @@ class FakeEngine:
         if images and not self.has_vision:  # the real engine's messages
             return self._fail(stats, "this model does not take images (no vision tower loaded)", on_event)
         prompt_tokens += images * IMAGE_TOKENS
-        if prompt_tokens >= self.context_length:
-            return self._fail(
-                stats,
-                f"the prompt is {prompt_tokens} tokens, the model's context is "
-                f"{self.context_length}: shorten the conversation",
-                on_event,
-            )
+        if too_long := context_error(prompt_tokens, self.context_length):
+            return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))
@@ -320,3 +326,9 @@ def _text_of(message: dict) -> str:
     if isinstance(content, str):
         return content
     return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+if TYPE_CHECKING:
+    from core.protocol import ChatEngine
+
+    _: type[ChatEngine] = FakeEngine  # mypy: the fake keeps the real engine's contract

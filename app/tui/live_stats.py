@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from core import units
 from core.autoblock import AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TurnStats
 
@@ -159,10 +160,5 @@ def summary_line(stats: TurnStats) -> str:
 
 
 def format_bytes(n: int | None) -> str:
-    if not n:
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    """Memory in binary units; "–" before anything is measured."""
+    return units.format_bytes(n, binary=True) if n else "–"

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _dir_bytes(d: Path) -> int:
@@ -34,7 +35,7 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
     t0 = time.perf_counter()
     build_drafter(out, dtype=dtype, full_config=shape)
     built = time.perf_counter() - t0
-    figures = {"drafter_build_s": round(built, 1), "drafter_disk_gb": round(_dir_bytes(out) / 1e9, 3)}
+    figures: dict[str, Any] = {"drafter_build_s": round(built, 1), "drafter_disk_gb": round(_dir_bytes(out) / 1e9, 3)}
     try:
         from core.drafter import load_drafter
         from core.pairing import check_pair
@@ -113,7 +114,7 @@ def smoke_one(
 
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    model, tokenizer = mlx_lm.load(str(out))
+    model, tokenizer = mlx_lm.load(str(out))  # type: ignore[misc]  # typed as 2 or 3 values; 2 without return_config
     loaded = time.perf_counter() - t0
     peak_load = mx.get_peak_memory()
 
@@ -124,6 +125,7 @@ def smoke_one(
     tokens = []
     for last in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
         tokens.append(last.token)
+    assert last is not None, "mlx-lm generated nothing"
     report = {
         "shape": shape,
         "layout": layout,

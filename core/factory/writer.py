@@ -38,7 +38,8 @@ def float_chunks(p: Param, seed: int) -> Iterator[np.ndarray]:
         yield rng.permutation(shape[0]).astype(np.int64)
         return
     if len(shape) == 0:
-        row_shape, n_rows, rows_per_chunk = (), 1, 1
+        row_shape: tuple[int, ...] = ()
+        n_rows, rows_per_chunk = 1, 1
     else:
         row_shape, n_rows = shape[1:], shape[0]
         rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, int(np.prod(row_shape))))
@@ -109,6 +110,11 @@ class _QuantStream:
         return lambda: iter(getattr(self, which))
 
 
+def _lazy_chunks(p: Param, seed: int, encode: Callable[[np.ndarray], bytes]) -> Callable[[], Iterator[bytes]]:
+    """The tensor's bytes, chunk by chunk, generated only when the writer asks."""
+    return lambda: (encode(c) for c in float_chunks(p, seed))
+
+
 def disk_tensors(params: list[Param], dtype: str, seed: int) -> tuple[list[DiskTensor], dict]:
     """On-disk tensors for `params` in `dtype`, and the per-path quantization entries
     (module path -> {group_size, bits}) for tensors quantized at other than 4 bits."""
@@ -118,18 +124,14 @@ def disk_tensors(params: list[Param], dtype: str, seed: int) -> tuple[list[DiskT
     per_path: dict = {}
     for p in sorted(params, key=lambda q: q.name):
         if p.init[0] == "permutation":
-            out.append(DiskTensor(p.name, "int64", p.shape, lambda p=p: (c.tobytes() for c in float_chunks(p, seed))))
+            out.append(DiskTensor(p.name, "int64", p.shape, _lazy_chunks(p, seed, np.ndarray.tobytes)))
             continue
         bits = quant_bits(p) if dtype == "q4" else None
         if bits is None:
             if dtype == "float32":
-                out.append(
-                    DiskTensor(p.name, "float32", p.shape, lambda p=p: (c.tobytes() for c in float_chunks(p, seed)))
-                )
+                out.append(DiskTensor(p.name, "float32", p.shape, _lazy_chunks(p, seed, np.ndarray.tobytes)))
             else:
-                out.append(
-                    DiskTensor(p.name, "bfloat16", p.shape, lambda p=p: (_bf16_bytes(c) for c in float_chunks(p, seed)))
-                )
+                out.append(DiskTensor(p.name, "bfloat16", p.shape, _lazy_chunks(p, seed, _bf16_bytes)))
             continue
         stem = p.name.removesuffix(".weight")
         q = _QuantStream(p, seed, bits)

@@ -25,10 +25,12 @@ from app.tui.widgets.conversation import ReplyView, UserMessage, legend
 from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
+from core import keymap
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
 
-MAX_BLOCK = 16
+MAX_BLOCK = MAX_BLOCK_SIZE
 
 
 @dataclass
@@ -73,29 +75,8 @@ def prompt_placeholder(overrides=None) -> str:
 class ChatCommands(Provider):
     """Command palette entries for the chat screen's actions."""
 
-    def _commands(self) -> list[tuple[str, str, str]]:
-        return [
-            ("Regenerate the last reply", "regenerate", "drop the last reply and generate it again"),
-            ("Stop generation", "stop", "keep the partial reply"),
-            ("Toggle token / rendered view", "toggle_view", "colour-by-origin tokens or Markdown"),
-            ("Block size +1", "block_size_up", "verify one more token per round (from the next round)"),
-            ("Block size -1", "block_size_down", "verify one token fewer per round (from the next round)"),
-            ("Toggle auto block size", "toggle_auto", "let the engine choose the block size"),
-            ("Toggle drafter", "toggle_drafter", "speculative decoding on/off (live A/B)"),
-            ("Hide / show the side panel", "toggle_panel", "the speed figures (one line in narrow terminals)"),
-            ("Previous variant of the last reply", "prev_variant", "after regenerating (Ctrl+R)"),
-            ("Next variant of the last reply", "next_variant", "after regenerating (Ctrl+R)"),
-            ("Help: keys", "help", "show every key"),
-            ("Attach an image", "attach_image", "pick an image file (or paste a path, or type /image PATH)"),
-            ("New chat", "new_chat", "start a new conversation"),
-            ("Chats: history and search", "chats", "switch, rename, delete, search chats"),
-            ("Chat parameters", "chat_params", "system prompt, sampling, thinking for this chat"),
-            ("Settings", "settings", "defaults saved to the config file"),
-            ("Copy the last reply", "copy_reply", "to the clipboard"),
-            ("Copy the last code block", "copy_code", "of the last reply, to the clipboard"),
-            ("Export the chat to Markdown", "export", "a .md file in the current directory"),
-            ("Toggle thinking", "toggle_thinking", "for the next reply, where the model supports it"),
-        ]
+    def _commands(self) -> tuple[tuple[str, str, str], ...]:
+        return keymap.PALETTE  # the action table (core.keymap) that the keys and the help screen read too
 
     def _run(self, action: str) -> None:
         screen = self.screen
@@ -552,7 +533,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._set_block(min(self._current_k() + 1, MAX_BLOCK))
 
     def action_block_size_down(self) -> None:
-        self._set_block(max(self._current_k() - 1, 1))
+        self._set_block(max(self._current_k() - 1, MIN_BLOCK_SIZE))
 
     def action_toggle_auto(self) -> None:
         self._set_block(self._current_k() if self.stats.block_setting == "auto" else "auto")

@@ -7,6 +7,7 @@ and nothing else was chosen, or None. Every Store call goes through the history 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -19,6 +20,9 @@ from textual.widgets.option_list import Option
 
 from app.resources import style_path
 from app.tui.screens.confirm import ConfirmScreen
+
+if TYPE_CHECKING:
+    from core.store import ChatSummary
 
 
 def when(ts: float) -> str:
@@ -85,7 +89,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
         super().__init__()
         self.recorder = recorder
         self.current_id = current_id
-        self.summaries: dict[int, object] = {}
+        self.summaries: dict[int, ChatSummary] = {}
         self.query_text = ""
         self.deleted_current = False
         self.error: str | None = None  # why the list could not be read
@@ -173,6 +177,7 @@ class ChatListScreen(ModalScreen[tuple | None]):
     @on(OptionList.OptionSelected, "#chats-list")
     def _selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
+        assert event.option.id is not None  # every row is added with its chat id
         self.dismiss(("open", int(event.option.id)))
 
     def action_open(self) -> None:

@@ -86,9 +86,10 @@ class FilePicker(ModalScreen[str | None]):
     def _load_preview(self, path: str) -> None:
         from core.image import ImageError
 
+        info: ImageInfo | None = None
         try:
-            info: ImageInfo | None = inspect_image(path)
-            text = describe(info, self.pairing)
+            info = inspected = inspect_image(path)
+            text = describe(inspected, self.pairing)
         except ImageError as e:
             info, text = None, f"{Path(path).name}\n✗ {e}"
         except Exception as e:

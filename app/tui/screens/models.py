@@ -30,6 +30,7 @@ from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
 from core.modeltypes import is_drafter
+from core.units import format_bytes
 
 DEMO_KEY = "demo"
 OTHER_PREFIX = "other:"
@@ -42,7 +43,7 @@ OFFLINE_MESSAGE = (
 
 
 def gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return format_bytes(n, unit="GB")  # one unit down the table's columns
 
 
 def clock(seconds: float | None) -> str:
@@ -93,8 +94,6 @@ _FIT_TEXT = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "
 
 
 def size_text(n: float) -> str:
-    from core.download import format_bytes
-
     return format_bytes(n)
 
 
@@ -458,9 +457,11 @@ class ModelsScreen(Screen):
         if self.pending_load is not None:
             self.say("A pairing is loading; wait for it.", "warning")
             return
+        from core.pairing import PairingError
+
         try:
             spec = self._spec_for(row)
-        except LookupError as e:  # not (completely) in the cache any more
+        except (LookupError, PairingError) as e:  # not (completely) in the cache any more
             self.say(str(e), "error")
             return
         except (OSError, RuntimeError) as e:  # the demo could not be built
@@ -487,14 +488,12 @@ class ModelsScreen(Screen):
             self.say(f"Not loaded: {name} would not fit.")
 
     def _spec_for(self, row: Row):
-        from core.engine import PairingSpec
+        from core.pairing_spec import catalogue_spec, demo_spec, snapshot_spec
 
         if row.kind == "demo":
             current = getattr(self.chat, "spec", None)
             if current is not None and getattr(current, "demo", False):
                 return current
-            from app.commands.tui import demo_spec
-
             return demo_spec()
         if row.kind == "other":
             st = row.other.status
@@ -504,17 +503,14 @@ class ModelsScreen(Screen):
             if not st.complete:
                 self.say(f"{st.repo_id} is only partly downloaded.", "warning")
                 return None
-            return PairingSpec(name=st.repo_id.split("/")[-1], target=str(st.snapshot), drafter=None)
+            return snapshot_spec(st.repo_id, st.snapshot)
         if row.key == self.download_name:
             self.say(f"{row.key} is still downloading.", "warning")
             return None
         if row.entry.status != "ready":
             self.say(f"{row.key} is not downloaded yet: press d to download it.", "warning")
             return None
-        from core.catalog import resolve_pairing
-
-        p = resolve_pairing(row.key, cache_dir=self.options.cache_dir)
-        return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
+        return catalogue_spec(row.key, cache_dir=self.options.cache_dir)
 
     def _load(self, spec, catalogue_name: str | None) -> None:
         chat = self.chat

@@ -19,7 +19,8 @@ from textual.widgets import Button, Input, Select, Static, Switch
 
 from app.resources import style_path
 from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, form_row, parse_field, shown
-from core.config import IMAGE_BUDGETS, Config, ConfigError, load_config, save_config
+from core.config import Config, ConfigError, load_config, save_config
+from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, IMAGE_BUDGETS, is_block_size
 
 
 def parse_block_size(text: str) -> int | str:
@@ -30,8 +31,8 @@ def parse_block_size(text: str) -> int | str:
         k = int(text)
     except ValueError:
         k = 0
-    if not 1 <= k <= 16:
-        raise FieldError("Block size", f'must be an integer 1..16 or "auto", got {text!r}')
+    if not is_block_size(k):
+        raise FieldError("Block size", f'must be an integer {BLOCK_SIZE_RANGE} or "auto", got {text!r}')
     return k
 
 
@@ -62,7 +63,7 @@ class SettingsScreen(ModalScreen[Config | None]):
                     Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
                     "opened at start; empty = the demo",
                 )
-                yield form_row("Block size", Input(id="set-block_size", compact=True), '1..16 or "auto"')
+                yield form_row("Block size", Input(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
                     yield form_row(label, Input(id=f"set-{name}", compact=True), note)
@@ -80,7 +81,7 @@ class SettingsScreen(ModalScreen[Config | None]):
                 budgets = [(str(b), b) for b in IMAGE_BUDGETS]
                 yield form_row(
                     "Image budget",
-                    Select(budgets, id="set-image_budget", compact=True, allow_blank=False, value=280),
+                    Select(budgets, id="set-image_budget", compact=True, allow_blank=False, value=DEFAULT_IMAGE_BUDGET),
                     "soft tokens per image",
                 )
             yield Static("", id="settings-error", markup=False)
@@ -182,7 +183,7 @@ class SettingsScreen(ModalScreen[Config | None]):
     @work(thread=True, exclusive=True, group="settings-io")
     def _save(self, changes: dict[str, Any]) -> None:
         try:
-            config = save_config(changes, self.config.path)
+            config = save_config(changes, self.config.path if self.config is not None else None)
         except (ConfigError, OSError) as e:
             self.app.call_from_thread(self._save_failed, e)
             return

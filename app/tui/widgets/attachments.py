@@ -54,7 +54,7 @@ class AttachmentBar(Horizontal):
     DEFAULT_CSS = "AttachmentBar { height: auto; padding: 0 1; } AttachmentBar.-empty { display: none; }"
 
     def __init__(
-        self, pairing: Callable[[], object] = lambda: None, return_focus: Callable[[], None] | None = None, **kwargs
+        self, pairing: Callable[[], object] = lambda: None, return_focus: Callable[[], object] | None = None, **kwargs
     ) -> None:
         super().__init__(classes="-empty", **kwargs)
         self._pairing = pairing  # the engine's PairingInfo, or None while loading

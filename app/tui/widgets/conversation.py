@@ -16,6 +16,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.containers import ScrollableContainer, Vertical
 from textual.geometry import Region, Size
 from textual.strip import Strip
@@ -250,7 +251,8 @@ class TokenText(Widget):
                 continue
             if a > pos:
                 segments.append(Segment(_cells(plain[pos:a]), style))
-            segments.append(Segment(_cells(plain[a:b]), style + span.style))
+            span_style = span.style if isinstance(span.style, Style) else Style.parse(span.style)
+            segments.append(Segment(_cells(plain[a:b]), style + span_style))
             pos = b
         if pos < end:
             segments.append(Segment(_cells(plain[pos:end]), style))
@@ -335,7 +337,7 @@ class ReplyView(Vertical):
         self.stopped = False
         self.error: str | None = None
         self._markdown_dirty = False
-        self._markdown_pending = None
+        self._markdown_pending: AwaitComplete | None = None
 
     def compose(self) -> ComposeResult:
         yield self.header

@@ -16,7 +16,7 @@ def _set(widget: Static, text: str) -> None:
     # while the line count stays (the panel has a fixed width, so the height follows the lines)
     old = getattr(widget, "_shown", None)
     if old != text:
-        widget._shown = text
+        widget._shown = text  # type: ignore[attr-defined]  # our own note on the widget
         widget.update(text, layout=old is None or old.count("\n") != text.count("\n"))
 
 

@@ -82,7 +82,7 @@ class PromptArea(TextArea, inherit_bindings=False):
         if not entries or not (browsing or not self.text):
             self._recall_index = None
             return False
-        if not browsing:
+        if not browsing or i is None:
             if not older:
                 return False
             i = len(entries)
