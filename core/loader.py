@@ -90,14 +90,16 @@ def check_finite(path: Path, params) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    floats = [(n, v) for n, v in tree_flatten(params) if mx.issubdtype(v.dtype, mx.floating)]
+    leaves: list[tuple[str, mx.array]] = tree_flatten(params)  # type: ignore[assignment]  # (name, array) pairs
+    floats = [(n, v) for n, v in leaves if mx.issubdtype(v.dtype, mx.floating)]
     if not floats:
         return
     # one reduction over everything (a memory pass, small next to reading the files), then find the culprit
     finite = mx.stack([mx.all(mx.isfinite(v)) for _, v in floats])
     if mx.all(finite).item():
         return
-    name = next(n for (n, _), ok in zip(floats, finite.tolist()) if not ok)
+    flags: list = finite.tolist()  # type: ignore[assignment]  # one bool per array
+    name = next(n for (n, _), ok in zip(floats, flags) if not ok)
     raise CheckpointError(f"{path}: weight {name} holds NaN or infinite values; the checkpoint is corrupt")
 
 

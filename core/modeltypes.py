@@ -39,18 +39,21 @@ def is_drafter(model_type: str | None) -> bool:
 
 def architecture(model_type: str | None) -> str | None:
     """ "gemma4", "gemma4_unified" or None for any model type of a target or its drafter."""
+    if model_type is None:
+        return None
     return TARGET_TYPES.get(model_type) or DRAFTER_TYPES.get(model_type)
 
 
 def drafter_type_for(target_type: str | None) -> str | None:
     """The drafter model_type that belongs to a target model_type."""
-    arch = TARGET_TYPES.get(target_type)
+    arch = TARGET_TYPES.get(target_type) if target_type is not None else None
     return next((d for d, a in DRAFTER_TYPES.items() if a == arch), None)
 
 
 def cross_pair_problem(target_type: str | None, drafter_type: str | None) -> str | None:
     """A sentence when a known drafter belongs to the other architecture than a known target."""
-    t, d = TARGET_TYPES.get(target_type), DRAFTER_TYPES.get(drafter_type)
+    t = TARGET_TYPES.get(target_type) if target_type is not None else None
+    d = DRAFTER_TYPES.get(drafter_type) if drafter_type is not None else None
     if t is None or d is None or t == d:
         return None
     return (

@@ -534,10 +534,10 @@ class _Turn:
         elif content:
             before = self.count
             total = usage.get("completion_tokens") if usage else None
-            self._token(TokenEvent(-1, content, None, -1))  # type: ignore[arg-type]  # origin unknown
+            self._token(TokenEvent(-1, content, None, -1))  # origin unknown
             if isinstance(total, int):
                 for _ in range(total - before - 1):  # more tokens in this chunk: counted, no text
-                    self._token(TokenEvent(-1, "", None, -1))  # type: ignore[arg-type]
+                    self._token(TokenEvent(-1, "", None, -1))
         if usage is not None:
             self.usage = usage
         if choice.get("finish_reason"):

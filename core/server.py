@@ -29,10 +29,12 @@ import dataclasses
 import hmac
 import ipaddress
 import json
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from starlette.applications import Starlette
@@ -264,7 +266,7 @@ class EngineGate:
         self.running = False
         self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in arrival order
 
-    async def turn(self, messages: list[dict], settings: GenerationSettings) -> AsyncIterator[list]:
+    async def turn(self, messages: list[dict], settings: GenerationSettings) -> AsyncGenerator[list, None]:
         """The turn's engine events, in batches of what arrived together. Closing the iterator early
         (client gone) cancels the turn and waits for the engine to finish it before the next starts."""
         if self._lock.locked() and self.waiting >= self.max_waiting:
@@ -321,6 +323,11 @@ class _Disconnected(Exception):
     pass
 
 
+async def _no_receive() -> dict[str, Any]:
+    """The `receive` handed to a response sent after the request body was read (it never reads)."""
+    return {"type": "http.disconnect"}
+
+
 async def _until_disconnect(receive, work):
     """Run `work` (a coroutine) and cancel it if the client disconnects first."""
     task = asyncio.ensure_future(work)
@@ -374,11 +381,11 @@ class ChatCompletion(Response):
         try:
             head = await self._first(events)
         except ApiError as e:
-            await e.response()(self.scope, None, send)
+            await e.response()(self.scope, _no_receive, send)
             return
         done = next((ev for ev in head if isinstance(ev, TurnDone)), None)
         if done is not None and done.error:
-            await error_response(400, done.error, "invalid_request_error")(self.scope, None, send)
+            await error_response(400, done.error, "invalid_request_error")(self.scope, _no_receive, send)
             return
         if self.request.stream:
             await self._stream(head, events, send)
@@ -426,7 +433,8 @@ class ChatCompletion(Response):
         while done is None:
             if not queue:
                 queue.extend(await it.__anext__())
-            tokens, ext = [], {}
+            tokens: list[TokenEvent] = []
+            ext: dict[str, Any] = {}
             for ev in queue:  # everything that arrived together goes out as one chunk
                 if isinstance(ev, TokenEvent):
                     tokens.append(ev)
@@ -492,7 +500,7 @@ class ChatCompletion(Response):
                 done = ev
                 tokens += scanner.flush()
         if done.error:
-            await error_response(500, done.error, "server_error")(self.scope, None, send)
+            await error_response(500, done.error, "server_error")(self.scope, _no_receive, send)
             return
         text = "".join(t.text for t in tokens)
         if not scanner.stops and done.text.startswith(text):
@@ -513,7 +521,7 @@ class ChatCompletion(Response):
             "usage": _usage(done, len(tokens) if scanner.stopped else len(done.token_ids)),
             EXTENSION: {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]},
         }
-        await JSONResponse(body)(self.scope, None, send)
+        await JSONResponse(body)(self.scope, _no_receive, send)
 
 
 # -- the application ---------------------------------------------------------------------------------
@@ -623,18 +631,19 @@ class BackgroundServer:
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self.server = uvicorn.Server(config)
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> str:
         import threading
 
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._socket]}, name="gemma-chat-serve", daemon=True
         )
-        self._thread.start()
+        self._thread = thread
+        thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
+            if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
         return self.url

@@ -257,17 +257,24 @@ def select_unified_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
+def is_unified_vision_weight(name: str) -> bool:
+    """Whether `select_unified_weights` keeps a tensor of this name (the encoder-free embedder's)."""
+    return bool(select_unified_weights({name: mx.array(0)}))
+
+
 def load_unified_vision(model_dir: str | Path, dtype: mx.Dtype | None = None) -> UnifiedVisionEncoder | None:
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
-        wanted = {n: f for n, f in weight_map.items() if select_unified_weights({n: None})}
+        wanted = {n: f for n, f in weight_map.items() if is_unified_vision_weight(n)}
         files = [model_dir / f for f in sorted(set(wanted.values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
+    from core.loader import load_safetensors
+
     weights: dict[str, mx.array] = {}
     for path in files:
-        weights.update(select_unified_weights(mx.load(str(path))))
+        weights.update(select_unified_weights(load_safetensors(path)))
     return UnifiedVisionEncoder.from_weights(config, weights, dtype=dtype)

@@ -47,8 +47,8 @@ class LiveStats:
     # drafted, the wait before its next probe, and how the recent drafting rounds went
     plain_streak: int = 0
     probe_wait: int = _AUTO.probe_every
-    recent_drafted: int = 0
-    recent_accepted: int = 0
+    recent_drafted: float = 0.0
+    recent_accepted: float = 0.0
     context_tokens: int | None = None  # the conversation's tokens in the model's context
     context_length: int | None = None
 
