@@ -478,3 +478,38 @@ def test_doctor_and_models_list_show_a_downloaded_12b_pairing(tmp_path):
     rows = {r["name"]: r for r in json.loads(listed.stdout)["pairings"]}
     assert rows["12b-4bit"]["status"] == "ready" and rows["12b-8bit"]["status"] == "partial"  # shares the drafter
     assert rows["12b-4bit"]["vision"] is True and rows["12b"]["fit"] in ("ok", "tight", "wont_fit")
+
+
+def test_image_turns_drafter_on_equals_off_at_every_block_size():
+    """Two turns (an image of 63 soft tokens, five sliding windows; then a follow-up that reuses the
+    cache) at block sizes 2..8 and auto: the same tokens as the drafter off."""
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    first = {
+        "role": "user",
+        "content": [
+            {"type": "image", "path": str(IMAGES / "inputs" / "rgb_640x480.png")},
+            {"type": "text", "text": "Describe this picture in one sentence."},
+        ],
+    }
+    eng = Engine()
+    try:
+        eng.load(PairingSpec("12B-like", str(UT), str(UA)), None).result(timeout=120)
+
+        def turns(**kw):
+            eng.reset().result()
+            settings = GenerationSettings(max_tokens=14, ignore_eos=True, image_budget=70, **kw)
+            a = eng.chat([first], settings, None).result(timeout=120)
+            follow = [first, {"role": "assistant", "content": a.text}, {"role": "user", "content": "Why?"}]
+            b = eng.chat(follow, settings, None).result(timeout=120)
+            assert a.error is None and b.error is None and b.stats.reused_tokens > 63
+            return a.token_ids, b.token_ids, a.stats.drafted + b.stats.drafted
+
+        *want, drafted = turns(drafter_enabled=False)
+        assert drafted == 0
+        for block in (2, 3, 4, 5, 6, 7, 8, "auto"):
+            *got, drafted = turns(block_size=block)
+            assert got == want and drafted > 0, block
+    finally:
+        eng.close()
