@@ -443,3 +443,73 @@ def test_sampling_with_the_unified_drafter_keeps_greedy_at_top_k_1_and_reproduce
     assert greedy_like.token_ids == p["greedy_no_eos_stop"]["ids"][:20]
     a, b = run(temperature=1.0, block_size=4, seed=11), run(temperature=1.0, block_size=4, seed=11)
     assert a.token_ids == b.token_ids and a.stats.drafted > 0
+
+
+def test_doctor_and_models_list_show_a_downloaded_12b_pairing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from fakehub import put_in_cache
+
+    from core import catalog
+
+    hub = tmp_path / "hf" / "hub"
+    p = catalog.get_pairing("12b-4bit")
+    put_in_cache(hub, p.target_repo, {f.name: f.read_bytes() for f in UT.iterdir()})
+    put_in_cache(hub, p.drafter_repo, {f.name: f.read_bytes() for f in UA.iterdir()})
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "GEMMA_CHAT_CONFIG": str(tmp_path / "cfg" / "config.toml"),
+        "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
+        "GEMMA_CHAT_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    env.pop("HF_HUB_CACHE", None)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert doctor.returncode == 0, doctor.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in doctor.stdout.splitlines() if line.startswith("  ")}
+    assert lines["ready"] == ["12b-4bit"] and lines["partial"] == ["12b,", "12b-8bit"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "app", "models", "list", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    rows = {r["name"]: r for r in json.loads(listed.stdout)["pairings"]}
+    assert rows["12b-4bit"]["status"] == "ready" and rows["12b-8bit"]["status"] == "partial"  # shares the drafter
+    assert rows["12b-4bit"]["vision"] is True and rows["12b"]["fit"] in ("ok", "tight", "wont_fit")
+
+
+def test_image_turns_drafter_on_equals_off_at_every_block_size():
+    """Two turns (an image of 63 soft tokens, five sliding windows; then a follow-up that reuses the
+    cache) at block sizes 2..8 and auto: the same tokens as the drafter off."""
+    from core.engine import Engine, PairingSpec
+    from core.settings import GenerationSettings
+
+    first = {
+        "role": "user",
+        "content": [
+            {"type": "image", "path": str(IMAGES / "inputs" / "rgb_640x480.png")},
+            {"type": "text", "text": "Describe this picture in one sentence."},
+        ],
+    }
+    eng = Engine()
+    try:
+        eng.load(PairingSpec("12B-like", str(UT), str(UA)), None).result(timeout=120)
+
+        def turns(**kw):
+            eng.reset().result()
+            settings = GenerationSettings(max_tokens=14, ignore_eos=True, image_budget=70, **kw)
+            a = eng.chat([first], settings, None).result(timeout=120)
+            follow = [first, {"role": "assistant", "content": a.text}, {"role": "user", "content": "Why?"}]
+            b = eng.chat(follow, settings, None).result(timeout=120)
+            assert a.error is None and b.error is None and b.stats.reused_tokens > 63
+            return a.token_ids, b.token_ids, a.stats.drafted + b.stats.drafted
+
+        *want, drafted = turns(drafter_enabled=False)
+        assert drafted == 0
+        for block in (2, 3, 4, 5, 6, 7, 8, "auto"):
+            *got, drafted = turns(block_size=block)
+            assert got == want and drafted > 0, block
+    finally:
+        eng.close()
