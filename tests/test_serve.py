@@ -389,6 +389,16 @@ def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
         r = post(url + "/v1/chat/completions", content=b"{nope", headers=ok)
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
         assert get(url + "/v2/whatever", headers=ok).json()["error"]["code"] == 404
+        for key, works in ((None, False), ("s3cret", True)):
+            remote = RemoteEngine(url, key)
+            try:
+                if works:
+                    assert remote.load(None, None).result(timeout=10).name.startswith("test-model (gemma-chat at")
+                else:
+                    with pytest.raises(Exception, match="HTTP 401.*API key"):
+                        remote.load(None, None).result(timeout=10)
+            finally:
+                remote.close()
 
 
 def test_stop_strings_end_the_reply_before_the_stop():
