@@ -366,14 +366,13 @@ class RemoteEngine:
         }
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.top_k > 0:  # not part of OpenAI's API, but vLLM and gemma-chat take it
+            body["top_k"] = s.top_k
         if self.kind in ("gemma-chat", "vllm"):
-            body["top_k"] = s.top_k if s.top_k > 0 else (0 if self.kind == "gemma-chat" else -1)
             if s.ignore_eos:
                 body["ignore_eos"] = True
             if s.thinking:
                 body["chat_template_kwargs"] = {"enable_thinking": True}
-        elif s.top_k > 0:
-            body["top_k"] = s.top_k
         if self.kind == "vllm":
             body["stream_options"]["continuous_usage_stats"] = True  # a token count per chunk
         if self.kind == "gemma-chat":

@@ -282,7 +282,8 @@ class EngineGate:
             events: asyncio.Queue = asyncio.Queue()
 
             def on_event(ev) -> None:  # engine thread
-                loop.call_soon_threadsafe(events.put_nowait, ev)
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
+                    loop.call_soon_threadsafe(events.put_nowait, ev)
 
             future = self.engine.chat(messages, settings, on_event)
             finished = False
@@ -341,6 +342,11 @@ async def _until_disconnect(receive, work):
     watcher = asyncio.ensure_future(watch())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is shutting down: stop the work (and its turn) first
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise
     finally:
         watcher.cancel()
     if not task.done():
@@ -357,6 +363,7 @@ class ChatCompletion(Response):
     def __init__(self, gate: EngineGate, request: ChatRequest, model_id: str) -> None:
         self.gate, self.request, self.model_id = gate, request, model_id
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.streaming = False  # the 200 and its headers are out
         self.created = int(time.time())
         self.background = None
 
@@ -367,6 +374,10 @@ class ChatCompletion(Response):
             await _until_disconnect(receive, self._respond(events, send))
         except _Disconnected:
             pass
+        except asyncio.CancelledError:  # the server is stopping (Ctrl+C): end the stream cleanly
+            if self.streaming:
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await events.aclose()  # cancels the engine turn if it is still running
 
@@ -418,6 +429,7 @@ class ChatCompletion(Response):
                 ],
             }
         )
+        self.streaming = True
 
         async def write(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})

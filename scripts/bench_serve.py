@@ -16,7 +16,8 @@ client parsed it, on the one monotonic clock both processes share. "added per to
 served engine's own rate (from the final chunk's stats) tells server-side slowdown from transport.
 The order of the two runs alternates from one repeat to the next. Default pairing: the pack's tiny
 e-style checkpoints, where a token costs milliseconds, so the overhead is as large as it gets in
-relative terms.
+relative terms. `--fake` uses the scripted engine instead (no model, no MLX): the direct rate is
+then Python emitting events, and the served rate is bounded by the server's own work per token.
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ def main() -> int:
     p.add_argument("--model", default=str(ROOT / "tests/data/pack/models/e-style-target"))
     p.add_argument("--drafter", default=str(ROOT / "tests/data/pack/models/e-style-assistant"))
     p.add_argument("--demo", action="store_true")
+    p.add_argument(
+        "--fake",
+        action="store_true",
+        help="the scripted engine (no model): tokens as fast as Python emits them, so the rates show the "
+        "server's own cost per token",
+    )
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--block-size", type=int, default=3)
@@ -143,8 +150,14 @@ def main() -> int:
         target, drafter = (str(x) for x in ensure_demo_pairing())
     else:
         target, drafter = args.model, args.drafter
-    engine = Engine()
-    engine.load(PairingSpec("bench", target, drafter), None).result()
+    if args.fake:
+        from app.tui.fake_engine import FakeEngine
+
+        engine = FakeEngine(replies=[" word" * (args.tokens + 10)])
+        engine.load(PairingSpec("bench", "fake", "fake"), lambda e: None).result()
+    else:
+        engine = Engine()
+        engine.load(PairingSpec("bench", target, drafter), None).result()
     settings = GenerationSettings(max_tokens=args.tokens, ignore_eos=True, block_size=args.block_size)
     stamped = _EmitTimes(engine)
     server = BackgroundServer(create_app(stamped, ServerConfig("bench")))

@@ -29,6 +29,16 @@ PROMPT = "How do I reverse a list in place?"
 TIMEOUT = httpx.Timeout(60.0)
 
 
+def post(url: str, **kwargs):
+    kwargs.setdefault("timeout", TIMEOUT)  # the machine may be loaded: httpx's 5 s default is not a limit to test
+    return httpx.post(url, **kwargs)
+
+
+def get(url: str, **kwargs):
+    kwargs.setdefault("timeout", TIMEOUT)
+    return httpx.get(url, **kwargs)
+
+
 def generate_json(argv: list[str]) -> tuple[int, list[dict]]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -106,7 +116,7 @@ def test_serve_greedy_text_equals_generate_streamed_and_not(factory_pair):
     text = "".join(t["text"] for t in local)
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0, "block_size": 3}
     with real_engine(target, drafter) as engine, serving(engine) as url:
-        whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        whole = post(url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
         assert whole.status_code == 200
         answer = whole.json()
         assert answer["object"] == "chat.completion"
@@ -175,15 +185,15 @@ def test_images_as_data_and_file_urls_match_generate_with_image():
     with real_engine(f"{PACK}/e-style-target", f"{PACK}/e-style-assistant") as engine:
         with serving(engine) as url:
             for image_url in (data_url, image.as_uri()):
-                r = httpx.post(url + "/v1/chat/completions", json=body(image_url), timeout=TIMEOUT)
+                r = post(url + "/v1/chat/completions", json=body(image_url), timeout=TIMEOUT)
                 assert r.status_code == 200, r.text
                 assert r.json()["choices"][0]["message"]["content"] == text
             rc, remote = generate_json(["--connect", url, *args, "--image", str(image)])  # sent as a data URL
             assert rc == 0 and remote[:-1] == local[:-1]
-            r = httpx.post(url + "/v1/chat/completions", json=body("data:image/png;base64,bm90IGFuIGltYWdl"))
+            r = post(url + "/v1/chat/completions", json=body("data:image/png;base64,bm90IGFuIGltYWdl"))
             assert r.status_code == 400 and "image" in r.json()["error"]["message"].lower()
         with serving(engine, allow_file_urls=False) as url:  # what a non-loopback `serve` gets
-            r = httpx.post(url + "/v1/chat/completions", json=body(image.as_uri()), timeout=TIMEOUT)
+            r = post(url + "/v1/chat/completions", json=body(image.as_uri()), timeout=TIMEOUT)
             assert r.status_code == 400 and "file: image URLs are refused" in r.json()["error"]["message"]
 
 
@@ -227,7 +237,11 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
         results: dict[str, object] = {}
 
         def second() -> None:
-            r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "second"}]})
+            r = post(
+                url + "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "second"}]},
+                timeout=TIMEOUT,
+            )
             results["second"] = (r.status_code, r.json(), time.monotonic())
 
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as first:
@@ -236,11 +250,13 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
             waiter = threading.Thread(target=second)
             waiter.start()
             deadline = time.monotonic() + 10
-            while httpx.get(url + "/health").json()["waiting"] != 1:
+            while get(url + "/health").json()["waiting"] != 1:
                 assert time.monotonic() < deadline, "the second request never queued"
                 time.sleep(0.02)
             assert len(engine.chats) == 1  # queued in the server, not in the engine
-            third = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "3"}]})
+            third = post(
+                url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "3"}]}, timeout=TIMEOUT
+            )
             assert third.status_code == 429
             assert "busy" in third.json()["error"]["message"] and third.json()["error"]["type"] == "server_busy"
             assert results == {}  # still waiting
@@ -278,7 +294,7 @@ def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
             quitter.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "gone"}]})
         quitter.close()
         deadline = time.monotonic() + 10
-        while httpx.get(url + "/health").json()["waiting"] != 0:
+        while get(url + "/health").json()["waiting"] != 0:
             assert time.monotonic() < deadline, "the queued request stayed after its client left"
             time.sleep(0.02)
         running.__exit__(None, None, None)
@@ -288,7 +304,7 @@ def test_client_disconnect_cancels_the_turn_and_frees_the_engine():
         assert [m[0][-1]["content"] for m in engine.chats] == ["hi", "hi"]  # "gone" never ran
         # the engine is free for the next client
         engine.step = False
-        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}]})
+        r = post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
 
 
@@ -344,12 +360,12 @@ def test_non_loopback_bind_without_a_key_is_refused(capsys, monkeypatch):
 def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
     with fake_engine() as engine, serving(engine, api_key="s3cret") as url:
         body = {"messages": [{"role": "user", "content": "hi"}]}
-        assert httpx.get(url + "/health").status_code == 200  # liveness stays open
+        assert get(url + "/health").status_code == 200  # liveness stays open
         for headers in ({}, {"Authorization": "Bearer wrong"}):
-            r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+            r = post(url + "/v1/chat/completions", json=body, headers=headers)
             assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_api_key"
         ok = {"Authorization": "Bearer s3cret"}
-        assert httpx.get(url + "/v1/models", headers=ok).json()["data"][0]["id"] == "test-model"
+        assert get(url + "/v1/models", headers=ok).json()["data"][0]["id"] == "test-model"
         bad = [
             ({"messages": []}, "messages"),
             ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
@@ -367,19 +383,29 @@ def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
             ),
         ]
         for payload, words in bad:
-            r = httpx.post(url + "/v1/chat/completions", json=payload, headers=ok)
+            r = post(url + "/v1/chat/completions", json=payload, headers=ok)
             assert r.status_code == 400, payload
             assert words in r.json()["error"]["message"], (payload, r.json())
-        r = httpx.post(url + "/v1/chat/completions", content=b"{nope", headers=ok)
+        r = post(url + "/v1/chat/completions", content=b"{nope", headers=ok)
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
-        assert httpx.get(url + "/v2/whatever", headers=ok).json()["error"]["code"] == 404
+        assert get(url + "/v2/whatever", headers=ok).json()["error"]["code"] == 404
+        for key, works in ((None, False), ("s3cret", True)):
+            remote = RemoteEngine(url, key)
+            try:
+                if works:
+                    assert remote.load(None, None).result(timeout=10).name.startswith("test-model (gemma-chat at")
+                else:
+                    with pytest.raises(Exception, match="HTTP 401.*API key"):
+                        remote.load(None, None).result(timeout=10)
+            finally:
+                remote.close()
 
 
 def test_stop_strings_end_the_reply_before_the_stop():
     reply = "alpha beta gamma delta epsilon" + " zeta" * 40
     with fake_engine(replies=[reply], delay_s=0.05) as engine, serving(engine) as url:
         body = {"messages": [{"role": "user", "content": "x"}], "stop": [" gam"]}
-        whole = httpx.post(url + "/v1/chat/completions", json=body).json()
+        whole = post(url + "/v1/chat/completions", json=body).json()
         assert whole["choices"][0] == {
             "index": 0,
             "message": {"role": "assistant", "content": "alpha beta"},

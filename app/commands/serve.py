@@ -85,7 +85,10 @@ def run(args) -> int:
             flush=True,
         )
         try:
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+            # Ctrl+C: replies still streaming get a second to finish, then are cancelled (engine included)
+            uvicorn.run(
+                app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+            )
         except OSError as e:
             print(f"gemma-chat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
             return 1
