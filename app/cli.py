@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)",
     )
     _add_connect_args(parser)
+    chat = parser.add_argument_group("chat settings (this session only; the config file keeps the defaults)")
+    chat.add_argument("--temp", type=float, default=None, metavar="T", help="temperature; 0 is greedy")
+    chat.add_argument("--top-p", type=float, default=None, metavar="P")
+    chat.add_argument("--top-k", type=int, default=None, metavar="K", help="0 disables top-k")
+    chat.add_argument("--seed", type=int, default=None, metavar="S")
+    chat.add_argument("--max-tokens", type=int, default=None, metavar="N", help="per reply")
+    chat.add_argument("--system", "--system-prompt", dest="system", metavar="TEXT", help="system prompt")
+    chat.add_argument(
+        "--block-size", type=_block_size, default=None, metavar="K|auto", help="tokens verified per round, or auto"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate headlessly and print the answer (or JSON events)")

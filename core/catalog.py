@@ -236,6 +236,15 @@ def list_entries(
 # -- resolution and download ------------------------------------------------------------------------
 
 
+# One wording for a pairing's local state wherever a person reads it (CLI tables, the models screen).
+STATUS_WORDS = {"ready": "ready", "partial": "partial", "missing": "not downloaded", "drafter_only": "drafter only"}
+# What the catalogue's "unconfirmed" repository names mean, for the CLI and the TUI alike.
+UNCONFIRMED_NOTE = (
+    "repository name not independently confirmed: it follows the family's naming, but no published "
+    "listing was found for it; a download says so if it does not exist"
+)
+
+
 class PairingNotLocal(LookupError):
     pass
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core import paths
-from core.keymap import ACTION_NAMES, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
+from core.keymap import ACTION_NAMES, ACTIONS, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
 from core.limits import (
     DEFAULT_IMAGE_BUDGET,
     IMAGE_BUDGETS,  # noqa: F401  # re-exported: the settings screen reads it here
@@ -51,9 +51,14 @@ class Config:
     theme: str = "textual-dark"  # a Textual theme name; the UI checks it exists
     offline: bool = False
     image_budget: int = DEFAULT_IMAGE_BUDGET
+    export_dir: str | None = None  # where Ctrl+S writes chats; None = the user's documents folder
     keys: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_KEYS))  # every action, overrides applied
     key_overrides: dict[str, str] = field(default_factory=dict)  # just what the file's [keys] says
     path: Path | None = None  # the file this came from (it need not exist)
+
+    def export_path(self) -> Path:
+        """Where exports go: export_dir (~ expanded), else the user's documents folder."""
+        return Path(self.export_dir).expanduser() if self.export_dir else paths.documents_dir()
 
     def generation_settings(self) -> GenerationSettings:
         s = self.sampling
@@ -121,6 +126,10 @@ def _system_prompt(v: Any) -> str | None:
     return _string(v) or None
 
 
+def _directory(v: Any) -> str | None:
+    return _string(v).strip() or None
+
+
 TOP_LEVEL: dict[str, Callable[[Any], Any]] = {
     "default_pairing": _name,
     "block_size": _block_size,
@@ -129,6 +138,7 @@ TOP_LEVEL: dict[str, Callable[[Any], Any]] = {
     "theme": _name,
     "offline": _bool,
     "image_budget": _image_budget,
+    "export_dir": _directory,
 }
 SAMPLING: dict[str, Callable[[Any], Any]] = SAMPLING_CHECKS
 TABLES = ("sampling", "keys")
@@ -242,7 +252,7 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        text = ""
+        text = DEFAULT_CONFIG_TEXT  # a first save writes the commented template around the change
     try:
         doc = tomlkit.parse(text)
     except Exception as e:  # tomlkit's ParseError; the message has the line and column
@@ -287,16 +297,25 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
     return config
 
 
-DEFAULT_CONFIG_TEXT = """\
-# gemma-chat settings. Every key is optional; delete a line to get the default back.
+def _keys_template() -> str:
+    lines = ["[keys]", "# Every action and its default key; uncomment a line and change the key to rebind it."]
+    for action in ACTIONS:
+        lines.append(f"# {action.name} = {action.key!r}".replace("'", '"') + f"   # {action.description}")
+    return "\n".join(lines) + "\n"
 
-# default_pairing = "E2B"        # the pairing to open at start (see `gemma-chat models list`)
+
+DEFAULT_CONFIG_TEXT = """\
+# gemma-chat settings. Every key is here with its default; delete a line to get the default back.
+
+# default_pairing = "e2b"        # the pairing to open at start ("demo", or see `gemma-chat models list`);
+                                 # gemma-chat sets it to the pairing you used last
 block_size = "auto"              # tokens verified per round (drafts + 1): 1..16, or "auto"
 thinking = false                 # let the model think before answering (where it can)
 theme = "textual-dark"
 offline = false                  # never touch the network
 image_budget = 280               # soft tokens per image: 70, 140, 280, 560 or 1120
 # system_prompt = "You are a helpful assistant."
+# export_dir = "~/Documents"     # where Ctrl+S writes chats as Markdown (default: your documents folder)
 
 [sampling]
 temperature = 0.0                # 0 = greedy
@@ -305,10 +324,7 @@ top_k = 0                        # 0 = off
 max_tokens = 2048
 # seed = 0
 
-[keys]
-# Override any binding; run the app and press F1 for the list of actions.
-# block_size_up = "ctrl+up"
-"""
+""" + _keys_template()
 
 
 def write_default_config(path: str | Path | None = None) -> Path:

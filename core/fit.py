@@ -148,6 +148,10 @@ class FitReport:
         return self.level in ("tight", "wont_fit")
 
 
+# One wording for a fit level wherever a person reads it (CLI tables, the models screen, messages).
+FIT_WORDS = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "unknown"}
+
+
 def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitReport:
     """ok: needs <= 80 % of the budget; tight: <= 100 %; wont_fit: more."""
     machine = machine or machine_memory()
@@ -169,7 +173,7 @@ def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitRep
         "wont_fit",
         needed_bytes,
         budget,
-        f"will not fit: needs about {need} but only {have} is usable ({machine.note}); "
+        f"won't fit: needs about {need} but only {have} is usable ({machine.note}); "
         "pick a smaller or quantized pairing",
     )
 

@@ -46,6 +46,11 @@ def cache_dir() -> Path:
     return _from_env(CACHE_DIR_ENV) or platformdirs.user_cache_path(APP_NAME, appauthor=False)
 
 
+def documents_dir() -> Path:
+    """The user's documents folder (exports go there unless export_dir says otherwise)."""
+    return platformdirs.user_documents_path()
+
+
 def history_db() -> Path:
     return data_dir() / HISTORY_FILENAME
 

@@ -216,7 +216,8 @@ def test_save_none_removes_and_creates_missing_file(tmp_path):
     assert config.sampling.seed == 3 and config.thinking
     config = save_config({"sampling.seed": None, "theme": None}, p)
     assert config.sampling.seed is None
-    assert "seed" not in p.read_text()
+    # the key is gone; the template's commented line for it stays
+    assert "seed =" not in p.read_text().replace("# seed =", "") and "theme =" not in p.read_text()
 
 
 def test_save_refuses_invalid_result_and_leaves_file(tmp_path):
@@ -335,3 +336,35 @@ def test_default_theme_is_a_textual_theme():
     from textual.theme import BUILTIN_THEMES
 
     assert Config().theme in BUILTIN_THEMES
+
+
+def test_template_lists_every_key_and_a_first_save_writes_it(tmp_path):
+    for action in ACTIONS:  # [keys] can be discovered in the file itself
+        assert f'# {action.name} = "{action.key}"' in DEFAULT_CONFIG_TEXT
+    assert "# export_dir" in DEFAULT_CONFIG_TEXT and "# default_pairing" in DEFAULT_CONFIG_TEXT
+    path = tmp_path / "fresh" / "config.toml"
+    config = save_config({"default_pairing": "demo"}, path)
+    text = path.read_text()
+    assert config.default_pairing == "demo" and '# quit = "ctrl+q"' in text and "[sampling]" in text
+
+
+def test_exports_go_to_export_dir_or_the_documents_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "documents_dir", lambda: tmp_path / "Documents")
+    assert Config().export_path() == tmp_path / "Documents"
+    p = write(tmp_path, 'export_dir = "~/chats"\n')
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_config(p).export_path() == tmp_path / "chats"
+
+
+def test_tui_command_line_takes_the_usual_sampling_flags():
+    from app.cli import build_parser
+    from app.commands.tui import cli_settings
+
+    args = build_parser().parse_args(["--temp", "0.7", "--system", "Be brief.", "--top-p", "0.9", "--block-size", "3"])
+    s = cli_settings(args, GenerationSettings(max_tokens=99))
+    assert (s.temperature, s.system_prompt, s.top_p, s.block_size, s.max_tokens) == (0.7, "Be brief.", 0.9, 3, 99)
+    args = build_parser().parse_args(["--system-prompt", "Hi", "--max-tokens", "12", "--seed", "4", "--top-k", "5"])
+    s = cli_settings(args, GenerationSettings())
+    assert (s.system_prompt, s.max_tokens, s.seed, s.top_k) == ("Hi", 12, 4, 5)
+    with pytest.raises(ValueError, match="temperature"):
+        cli_settings(build_parser().parse_args(["--temp", "-1"]), GenerationSettings())

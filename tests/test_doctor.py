@@ -34,6 +34,7 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
         if line.startswith("  ") and len(line.split()) > 1
     }
     assert lines["mlx"] == metadata.version("mlx")
+    assert lines["demo"].startswith("always available offline (gemma-chat --demo)")
     assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
     assert lines["textual"] == metadata.version("textual")
     if sys.platform.startswith("linux"):

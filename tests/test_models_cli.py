@@ -82,6 +82,20 @@ def test_list_table(hf_cache, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:5] == ["NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT"]
     assert "mlx-community/gemma-4-31b-it-bf16" in out and "K/V cache at 8192 tokens" in out
+    # the demo is listed first, and the words are the models screen's
+    assert out.splitlines()[1].split()[:2] == ["demo", "ready"] and "gemma-chat --demo" in out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
+    assert "not downloaded" in rows["31b"] and "missing" not in rows["31b"]
+    assert "wont fit" not in out and "not independently confirmed" in out
+
+
+def test_models_screen_and_cli_share_their_words():
+    from app.tui.screens.models import _FIT_TEXT, status_text
+    from core.catalog import STATUS_WORDS
+    from core.fit import FIT_WORDS
+
+    assert _FIT_TEXT is FIT_WORDS and FIT_WORDS["wont_fit"] == "won't fit"
+    assert status_text("missing").plain == STATUS_WORDS["missing"] == "not downloaded"
 
 
 def test_download_offline_refuses_without_touching_the_network(hf_cache, capsys, monkeypatch):

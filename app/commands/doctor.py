@@ -73,6 +73,18 @@ def terminal_images(env: Mapping[str, str] | None = None) -> str:
     return "unknown terminal: images fall back to unicode half-blocks unless it speaks sixel or kitty"
 
 
+def demo_state() -> str:
+    """The offline demo pairing: always available; whether it is built yet, and where."""
+    try:
+        from core.demo import cache_root, demo_version
+
+        where = cache_root() / "demo" / demo_version()
+        built = "built" if where.is_dir() else "built on first use"
+        return f"always available offline (gemma-chat --demo); {built}: {where}"
+    except Exception as e:  # noqa: BLE001
+        return f"always available offline (gemma-chat --demo); state unknown: {type(e).__name__}: {e}"
+
+
 def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from app import __version__
     from core import catalog, fit, paths
@@ -126,7 +138,10 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
         entries = catalog.list_entries(machine=machine)
         ready = [e.pairing.name for e in entries if e.status == "ready"]
         partial = [e.pairing.name for e in entries if e.status == "partial"]
-        pairs = [("ready", ", ".join(ready) or "none (gemma-chat models download NAME)")]
+        pairs = [
+            ("demo", demo_state()),
+            ("ready", ", ".join(ready) or "none (gemma-chat models download NAME)"),
+        ]
         if partial:
             pairs.append(("partial", ", ".join(partial)))
     except Exception as e:  # noqa: BLE001

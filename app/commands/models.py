@@ -42,6 +42,7 @@ def _endpoint() -> str | None:
 def list_pairings(as_json: bool = False) -> int:
     from core import catalog, fit
     from core.download import default_cache_dir
+    from core.fit import FIT_WORDS
 
     machine = fit.machine_memory()
     entries = catalog.list_entries(machine=machine)
@@ -71,9 +72,13 @@ def list_pairings(as_json: bool = False) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "K", "TARGET")]
+    # the offline demo pairing, always there (built into gemma-chat's cache on first use)
+    rows.append(("demo", "ready", "—", "< 0.1 GB", "ok", "yes", "auto", "built locally: gemma-chat --demo"))
     for e in entries:
         p = e.pairing
-        status = e.status if e.status != "partial" else f"partial ({_gb(e.local_bytes)})"
+        status = catalog.STATUS_WORDS.get(e.status, e.status)
+        if e.status == "partial":
+            status = f"partial ({_gb(e.local_bytes)})"
         name = p.name + (" *" if p.name == cat.default else "") + ("" if p.confirmed else " ?")
         rows.append(
             (
@@ -81,7 +86,7 @@ def list_pairings(as_json: bool = False) -> int:
                 status,
                 _gb(p.download_bytes),
                 _gb(e.memory.total_bytes),
-                e.fit.level.replace("_", " "),
+                FIT_WORDS.get(e.fit.level, e.fit.level),
                 "yes" if p.vision else "no",
                 str(p.block_size),
                 p.target_repo,
@@ -98,7 +103,9 @@ def list_pairings(as_json: bool = False) -> int:
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
     print(
-        f"\n* default pairing   ? repository name not independently confirmed\n"
+        f"\n* default pairing   ? {catalog.UNCONFIRMED_NOTE}\n"
+        f"demo: a tiny Gemma 4 pair built on this machine, offline; shows the engine and the panels "
+        f"(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)\n"
         f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
         f"usable here: {budget} ({machine.note})\n"
         f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "

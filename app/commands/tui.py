@@ -69,6 +69,30 @@ def is_first_run(args, default_pairing: str | None) -> bool:
     return not asked and not default_pairing
 
 
+# `gemma-chat --temp 0.7 --system ...`: the flags mlx_lm.chat users expect, on top of the config's defaults
+CLI_SETTINGS = {
+    "temp": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "max_tokens": "max_tokens",
+    "system": "system_prompt",
+    "block_size": "block_size",
+}
+
+
+def cli_settings(args, settings):
+    """`settings` with the command line's chat flags applied; ValueError says which one is bad."""
+    import dataclasses
+
+    changes = {
+        field: getattr(args, flag) for flag, field in CLI_SETTINGS.items() if getattr(args, flag, None) is not None
+    }
+    settings = dataclasses.replace(settings, **changes)
+    settings.validate()
+    return settings
+
+
 def remember_pairing(args, config) -> None:
     """A pairing asked for by name (--demo, --pairing) becomes the one the next plain start opens,
     as choosing it in the models screen does."""
@@ -84,14 +108,22 @@ def remember_pairing(args, config) -> None:
 
 
 def run(args) -> int:
-    from core.config import ConfigError, load_config
+    from core.config import ConfigError, load_config, write_default_config
 
+    try:
+        write_default_config()  # a commented template with every key, so [keys] and the rest can be found
+    except OSError:
+        pass  # a read-only config folder: the defaults still work
     try:
         config = load_config()
     except ConfigError as e:
         print(f"gemma-chat: {e}", file=sys.stderr)
         return 2
-    settings = config.generation_settings()
+    try:
+        settings = cli_settings(args, config.generation_settings())
+    except ValueError as e:
+        print(f"gemma-chat: {e}", file=sys.stderr)
+        return 2
     notice = None
     first = False
     engine: ChatEngine
@@ -134,7 +166,7 @@ def run(args) -> int:
     prime_terminal_graphics()  # textual-image asks the terminal about Sixel/kitty graphics before Textual owns it
     from app.tui.history import HistoryRecorder
 
-    history = HistoryRecorder()  # the Store opens on its own thread, at the first use
+    history = HistoryRecorder(export_dir=config.export_path())  # the Store opens on its own thread
     app = GemmaChatApp(
         engine,
         spec,

@@ -425,6 +425,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
     if kept.plain != displayable(answer):  # the view and the text disagree: the answer, uncoloured
         kept = Text(displayable(answer))
     reply.tokens.set_text(kept)
+    reply.thinking_text = thinking or None
     reply.chunks = [answer]
     reply._markdown_dirty = True
     if thinking:

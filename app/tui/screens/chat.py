@@ -361,7 +361,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
     # -- variants of the last reply (regenerate keeps the earlier ones) -----------------------------
     def _keep_variant(self, reply: ReplyView, done: TurnDone) -> None:
         earlier, self._carry_variants = self._carry_variants, []
-        thinking = next((c.query_one(".thinking-text").content for c in reply.query(".thinking")), None)
+        thinking = getattr(reply, "thinking_text", None)  # show_thinking (app.tui.history) sets it
         variant = Variant(
             text=reply.plain,
             tokens=reply.tokens.text.copy(),

@@ -29,6 +29,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
+from core.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
+from core.fit import FIT_WORDS
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
@@ -90,7 +92,7 @@ class Row:
 COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "K", "Repo name")
 
 _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
-_FIT_TEXT = {"ok": "ok", "tight": "tight", "wont_fit": "won't fit", "unknown": "unknown"}
+_FIT_TEXT = FIT_WORDS  # one wording with the CLI
 
 
 def size_text(n: float) -> str:
@@ -103,8 +105,8 @@ def status_text(state: str, local_bytes: int = 0) -> Text:
     if state == "partial":
         return Text(f"partial {size_text(local_bytes)}", style="yellow")
     if state == "drafter_only":  # the family's drafter came with another pairing
-        return Text("drafter only", style="dim")
-    return Text("not downloaded", style="dim")
+        return Text(STATUS_WORDS["drafter_only"], style="dim")
+    return Text(STATUS_WORDS["missing"], style="dim")
 
 
 def entry_state(entry) -> str:
@@ -192,7 +194,7 @@ def details_for(row: Row) -> str:
     e = row.entry
     p = e.pairing
     what = {"ready": "Enter: use it", "partial": "d: resume the download", "missing": "d: download it"}[e.status]
-    confirmed = "" if p.confirmed else " Repository name not independently confirmed."
+    confirmed = "" if p.confirmed else f" Unconfirmed: {UNCONFIRMED_NOTE}."
     return (
         f"{p.label}: target {p.target_repo} + drafter {p.drafter_repo}. "
         f"Memory: {e.fit.message}. Suggested block size {p.block_size}. {what}.{confirmed}"
@@ -279,7 +281,7 @@ class ModelsScreen(Screen):
         context = entries[0].memory.context if entries else 0
         line = (
             f"Usable memory here: {budget}, {machine.note} · Memory = weights + K/V cache at {context} tokens "
-            f"+ overhead · * default"
+            f"+ overhead · * default · unconfirmed repo name: see its details"
         )
         self.app.call_from_thread(self._show_rows, rows, line)
 

@@ -61,7 +61,7 @@ class SettingsScreen(ModalScreen[Config | None]):
                 yield form_row(
                     "Default pairing",
                     Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
-                    "opened at start; empty = the demo",
+                    'opened at start (the one used last); "demo" for the demo',
                 )
                 yield form_row("Block size", Input(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
