@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--json", action="store_true")
+    b.add_argument(
+        "--report", metavar="PATH", default=None, help="also write a Markdown table to paste (machine, device, ratios)"
+    )
     _add_drafter_convention_args(b)
 
     m = sub.add_parser("models", help="list, download and remove pairings")

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from core.limits import MAX_BLOCK_SIZE
 
@@ -98,6 +99,7 @@ class BenchReport:
     verify_s: dict[int, float]  # K -> one synced K-token forward (+ verify argmax)
     draft_s: dict[int, float]  # n -> one synced draft chain of n steps (empty without a drafter)
     configs: list[ConfigSummary]
+    machine: dict = field(default_factory=dict)  # machine_info(): where the figures come from
 
     def config(self, name: str) -> ConfigSummary | None:
         return next((c for c in self.configs if c.config == name), None)
@@ -428,6 +430,7 @@ def run_bench(
         )
     mx.clear_cache()
     return BenchReport(
+        machine=machine_info(),
         target=str(target_dir),
         drafter=str(drafter_dir) if drafter_dir else None,
         dtype=dtype_name,
@@ -447,6 +450,88 @@ def _first_diff(a: list, b: list) -> int:
         if x != y:
             return i
     return min(len(a), len(b))
+
+
+def machine_info() -> dict:
+    """Machine, OS, MLX device and versions, for a report someone else reads."""
+    import os
+    import platform
+    import subprocess
+
+    import mlx.core as mx
+
+    info: dict[str, Any] = {
+        "machine": platform.machine(),
+        "os": platform.platform(terse=True),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "mlx": getattr(mx, "__version__", "?"),
+        "device": str(mx.default_device()),
+    }
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2
+            ).stdout.strip()
+            info["cpu"] = out or info["cpu"]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        if mx.metal.is_available():
+            d = mx.metal.device_info()
+            info["gpu"] = d.get("device_name", "Metal")
+            info["memory_gb"] = round(int(d.get("memory_size", 0)) / 2**30, 1)
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        from importlib.metadata import version
+
+        info["mlx_lm"] = version("mlx-lm")
+    except Exception:  # not installed as a distribution (a source checkout)
+        info["mlx_lm"] = "?"
+    return info
+
+
+def format_markdown(report: BenchReport) -> str:
+    """A Markdown report to paste into an issue: machine, MLX device, pairing, tok/s per config, ratios."""
+    m = report.machine
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    mem = f", {m['memory_gb']} GiB" if m.get("memory_gb") else ""
+    off = report.config("off")
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    lines = [
+        "### gemma-chat bench",
+        "",
+        f"- machine: {m.get('cpu', '?')} ({m.get('machine', '?')}, {m.get('cores', '?')} cores{mem}{gpu}), "
+        f"{m.get('os', '?')}",
+        f"- MLX {m.get('mlx', '?')} on `{m.get('device', '?')}`, mlx-lm {m.get('mlx_lm', '?')}",
+        f"- target `{Path(report.target).name}`, drafter `{Path(report.drafter).name if report.drafter else '-'}`, "
+        f"{report.dtype}",
+        f"- prompt {report.prompt_tokens} tokens, {report.max_tokens} new tokens (eos ignored), median of "
+        f"{report.repeats} interleaved repeats"
+        + (f", simulated acceptance {report.simulate_acceptance:g}" if report.simulate_acceptance is not None else ""),
+        f"- decode step {report.decode_step_s * 1e3:.2f} ms"
+        + (f", draft step {report.draft_s[1] * 1e3:.2f} ms" if report.draft_s else ""),
+        "",
+        "| config | tok/s | x mlx-lm | x drafter off | acceptance | tokens/round | efficiency | same output |",
+        "|---|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for c in report.configs:
+        vs_off = c.tps / off.tps if off and off.tps and c.config != "mlx-lm" else None
+        lines.append(
+            f"| {c.config} | {c.tps:.1f} | {num(c.vs_baseline, '.3f')} | {num(vs_off, '.3f')} "
+            f"| {num(c.acceptance, '.0%')} | {num(c.tokens_per_round, '.2f')} | {num(c.efficiency, '.3f')} "
+            f"| {'yes' if c.matches_teacher else 'no'} |"
+        )
+    lines += [
+        "",
+        "efficiency = tok/s over the bound tokens-per-round / (verify(K) + draft chain(K-1)) from measured costs;"
+        " same output = identical to plain greedy decoding by the target.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def format_table(report: BenchReport) -> str:

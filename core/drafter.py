@@ -28,6 +28,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from core import modeltypes, sampling
+from core.layers import fast_layers
 from core.loader import CheckpointError, check_finite, load_safetensors, read_config, weights_error
 from core.target import FULL, SLIDING, Target
 
@@ -109,12 +110,18 @@ class Drafter(nn.Module):
 
     # --- one step ------------------------------------------------------------------------
 
-    def step(self, token_embedding: mx.array, hidden: mx.array, kv: dict, position: int) -> tuple[mx.array, mx.array]:
+    def use_fast_layers(self) -> None:
+        """Run the layers through `core.layers.FastLayer` (fused gate/up, compiled pieces); after loading."""
+        object.__setattr__(self, "_fast", fast_layers(self.layers))
+
+    def step(
+        self, token_embedding: mx.array, hidden: mx.array, kv: dict, position: int | mx.array
+    ) -> tuple[mx.array, mx.array]:
         """token_embedding, hidden [1, 1, Hb] -> (y [1, 1, Hd] normed output, next hidden [1, 1, Hb])."""
         # the norm weights carry the compute dtype (linear weights may be packed 4-bit ints)
         x = mx.concatenate([token_embedding, hidden], axis=-1).astype(self.norm.weight.dtype)
         x = self.pre_projection(x)
-        for layer in self.layers:
+        for layer in getattr(self, "_fast", None) or self.layers:
             x, _, _ = layer(x, None, None, shared_kv=kv[layer.layer_type], offset=position)
         y = self.norm(x)
         return y, self.post_projection(y)
@@ -186,31 +193,44 @@ class Drafter(nn.Module):
         top_k: int = 0,
         top_p: float = 1.0,
         keys: list[mx.array] | None = None,
-    ) -> tuple[mx.array, mx.array | None]:
+    ) -> tuple[mx.array, mx.array | sampling.SparseLogProbs | None]:
         """Propose n tokens after `bonus` (the token whose K/V is not in the cache yet).
 
         bonus [1] int; hidden [Hb], the target's post-norm hidden at the last cached position;
         the cache holds positions [0, P). Returns (drafts [n] uint32, log-probs [n, V] or None when
-        greedy). Lazy: nothing here waits for the device.
+        greedy; on the centroid head a `sampling.SparseLogProbs` over the [n, m] candidates, exactly
+        the full distribution with -inf elsewhere). Lazy: nothing here waits for the device.
         """
         P = cache.offset
         pos, kv = self.gather_kv(target, cache, P)
+        pos_arr = mx.array(pos)  # one position for every step of the block
         tok = bonus.reshape(1)
         h = hidden.reshape(1, 1, -1)
-        drafts, logprobs = [], []
+        drafts, logprobs, cand_ids = [], [], []
         for j in range(n):
             e = target.embed(tok.reshape(1, 1))
-            y, h = self.step(e, h, kv, pos)
+            y, h = self.step(e, h, kv, pos_arr)
             if temperature <= 0:
                 tok = self.greedy_token(y)
+            elif self.ordered:  # sample among the candidates: no full-vocabulary vector, no full sort
+                assert keys is not None, "sampling needs keys"
+                ids, sel = self._candidates(y.reshape(-1))
+                lp = sampling.transform_logits_compiled(sel, temperature, top_k, top_p)
+                tok = ids[sampling.sample(lp, keys[j])].reshape(1)
+                cand_ids.append(ids)
+                logprobs.append(lp)
             else:
-                lp = sampling.transform_logits(self.logits(y), temperature, top_k, top_p)
+                lp = sampling.transform_logits_compiled(self.logits(y), temperature, top_k, top_p)
                 assert keys is not None, "sampling needs keys"
                 tok = sampling.sample(lp, keys[j]).reshape(1)
                 logprobs.append(lp)
             drafts.append(tok.astype(mx.uint32))
         out = mx.concatenate(drafts) if drafts else mx.zeros((0,), mx.uint32)
-        return out, (mx.stack(logprobs) if logprobs else None)
+        if not logprobs:
+            return out, None
+        if cand_ids:
+            return out, sampling.SparseLogProbs(mx.stack(cand_ids), mx.stack(logprobs))
+        return out, mx.stack(logprobs)
 
 
 def _sanitize(weights: dict) -> dict:
@@ -262,6 +282,7 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
         raise weights_error(path, e) from None
     check_finite(path, model.parameters())
     model.eval()
+    model.use_fast_layers()
     return model
 
 

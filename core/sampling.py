@@ -16,8 +16,23 @@ reproducible; `KeyStream` hands out one fresh key per use.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import mlx.core as mx
+
+
+@dataclass
+class SparseLogProbs:
+    """Log-probabilities that are -inf outside a few candidate tokens per row (the drafter's centroid
+    head): ids [..., m] and their logprobs [..., m]. `dense` scatters them into [..., V] once, where a
+    full-vocabulary vector is really needed (the verify's residual)."""
+
+    ids: mx.array
+    logprobs: mx.array
+
+    def dense(self, vocab: int) -> mx.array:
+        full = mx.full((*self.ids.shape[:-1], vocab), -mx.inf, dtype=self.logprobs.dtype)
+        return mx.put_along_axis(full, self.ids.astype(mx.int32), self.logprobs, axis=-1)
 
 
 def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> mx.array:
@@ -57,6 +72,34 @@ def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
+@mx.compile
+def _transform_core(logits: mx.array, temperature: mx.array, top_p: mx.array, top_k: int, nucleus: bool) -> mx.array:
+    # transform_logits with the temperature and top-p as inputs, not constants: a new setting
+    # reuses the compiled kernels (on the CPU backend each new kernel is a C++ compile)
+    x = logits.astype(mx.float32) / temperature
+    vocab = x.shape[-1]
+    candidates = None
+    if 0 < top_k < vocab:
+        candidates = mx.sort(mx.topk(x, top_k, axis=-1), axis=-1)[..., ::-1]
+        x = mx.where(x >= candidates[..., -1:], x, -mx.inf)
+    if nucleus:
+        if candidates is None:
+            candidates = mx.sort(x, axis=-1)[..., ::-1]
+        probs = mx.exp(candidates - mx.logsumexp(x, axis=-1, keepdims=True))
+        mass_before = mx.cumsum(probs, axis=-1) - probs
+        n_keep = mx.maximum((mass_before < top_p).sum(axis=-1, keepdims=True), 1)
+        threshold = mx.take_along_axis(candidates, n_keep - 1, axis=-1)
+        x = mx.where(x >= threshold, x, -mx.inf)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def transform_logits_compiled(logits: mx.array, temperature: float, top_k: int = 0, top_p: float = 1.0) -> mx.array:
+    """`transform_logits` as one compiled graph (as mlx-lm compiles its samplers), for temperature > 0:
+    its elementwise steps fuse into a few kernels. Same result."""
+    t = temperature if temperature > 0 else 1.0
+    return _transform_core(logits, mx.array(t, mx.float32), mx.array(top_p, mx.float32), int(top_k), bool(top_p < 1.0))
+
+
 def greedy(logits: mx.array) -> mx.array:
     """argmax over the last axis: [..., V] -> [...] (uint32)."""
     return mx.argmax(logits, axis=-1)
@@ -93,7 +136,7 @@ def verify_speculative(
 
     draft_tokens [..., K-1]: d_i drawn from q_i.
     draft_logprobs [..., K-1, V]: q_1..q_{K-1}, the drafter's distributions the drafts came
-        from (after `transform_logits`).
+        from (after `transform_logits`), or a `SparseLogProbs` over [..., K-1, m] candidates.
     target_logprobs [..., K, V]: p_1..p_K, the target's distributions (same transform).
     key: one PRNG key, consumed here.
 
@@ -105,6 +148,8 @@ def verify_speculative(
     Returns (n_accepted [...] int32, next_token [...] uint32).
     """
     k_accept, k_next = mx.random.split(key)
+    if isinstance(draft_logprobs, SparseLogProbs):
+        draft_logprobs = draft_logprobs.dense(target_logprobs.shape[-1])
     p = mx.exp(target_logprobs)  # [..., K, V]
     q = mx.exp(draft_logprobs)  # [..., K-1, V]
     idx = draft_tokens[..., None].astype(mx.int32)

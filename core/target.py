@@ -14,13 +14,15 @@ mlx-lm's logits, but it also
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from core import modeltypes
+from core import memory, modeltypes
 from core.cache import FullKVCache, SlidingKVCache, attention_mask
+from core.layers import fast_layers
 from core.loader import LoadedTarget, load_target_model
 
 SLIDING = "sliding_attention"
@@ -104,6 +106,8 @@ class Target:
         self.architecture = modeltypes.architecture(self.config.get("model_type")) or modeltypes.GEMMA4
         # the unified model's image tokens see their whole image on full and sliding layers alike
         self.vision_all_layers = self.architecture == modeltypes.UNIFIED
+        # the same layers with fused projections and compiled pieces for short inputs (core.layers)
+        self.layers = fast_layers(self.inner.layers)
 
     @property
     def dtype(self) -> mx.Dtype:
@@ -114,6 +118,29 @@ class Target:
         attn = self.inner.layers[self.producers[layer_type]].self_attn
         return attn.n_kv_heads, attn.head_dim
 
+    def metal_block_cap(self) -> int | None:
+        """The largest verify block Metal's fused attention kernel serves on every sliding layer
+        (None off Metal or when no layer takes the kernel; full layers' 512-wide heads never do)."""
+        caps = []
+        for layer in self.inner.layers:
+            a = layer.self_attn
+            if layer.layer_type == SLIDING:
+                cap = memory.metal_block_cap(a.n_heads, a.n_kv_heads, a.head_dim)
+                if cap is not None:
+                    caps.append(cap)
+        return min(caps) if caps else None
+
+    def prefill_chunk_size(self) -> int | None:
+        """Tokens per prefill chunk for this model and the memory left (None: the default), on Metal."""
+        if not memory.on_metal():
+            return None
+        info = mx.metal.device_info()
+        free = int(info.get("max_recommended_working_set_size", 0)) - mx.get_active_memory()
+        a = self.args
+        return memory.prefill_chunk_size(
+            a.hidden_size, a.intermediate_size, a.num_attention_heads, self.context_length, max(free, 0)
+        )
+
     def make_cache(self, slack: int = 256) -> TargetCache:
         return TargetCache(self.layer_types[: self.first_shared], self.window, slack)
 
@@ -121,14 +148,15 @@ class Target:
         """Scaled token embeddings (in the weight dtype), as the first layer and the drafter see them."""
         return self.inner.embed_tokens(ids) * self.embed_scale
 
-    def logits(self, hidden: mx.array) -> mx.array:
-        """Post-norm hidden [..., H] -> soft-capped logits [..., V]."""
+    def logits(self, hidden: mx.array, softcap: bool = True) -> mx.array:
+        """Post-norm hidden [..., H] -> soft-capped logits [..., V]. softcap=False skips the cap, which
+        is monotonic: for callers that only take an argmax (greedy) it cannot change the result."""
         if self.lm.tie_word_embeddings:
             out = self.inner.embed_tokens.as_linear(hidden)
         else:
             out = self.lm.lm_head(hidden)
-        if self.softcap is not None:
-            out = mx.tanh(out / self.softcap) * self.softcap
+        if softcap and self.softcap is not None:
+            out = _softcap(out, self.softcap)
         return out
 
     def forward(
@@ -140,6 +168,7 @@ class Target:
         embedding_mask: mx.array | None = None,
         bidirectional: list[tuple[int, int]] | None = None,
         logits: str | int | None = "last",
+        softcap: bool = True,
     ) -> tuple[mx.array | None, mx.array]:
         """Run L new tokens at positions [cache.offset, cache.offset + L) and append their K/V.
 
@@ -148,7 +177,8 @@ class Target:
         per-layer input uses the pad id. bidirectional: absolute [start, end) spans whose
         positions see each other both ways: in sliding layers, within the window (full layers
         stay causal); for the unified model in every layer, whatever the window.
-        logits: "last" (row L-1), "all", an int n (the last n rows) or None.
+        logits: "last" (row L-1), "all", an int n (the last n rows) or None; softcap=False leaves
+        them uncapped (same argmax).
 
         Returns (logits [n, V] float or None, hidden [L, H] after the final norm).
         """
@@ -188,7 +218,7 @@ class Target:
             )
 
         intermediates = [(None, None)] * self.n_layers
-        for i, layer in enumerate(inner.layers):
+        for i, layer in enumerate(self.layers):
             c = cache.layers[i] if i < self.first_shared else None
             kvs, offset = intermediates[inner.previous_kvs[i]]
             h, kvs, offset = layer(
@@ -210,7 +240,7 @@ class Target:
             rows = hidden
         else:
             rows = hidden[-int(logits) :]
-        return self.logits(rows), hidden
+        return self.logits(rows, softcap), hidden
 
     def producer_kv(self, cache: TargetCache, layer_type: str, first: int) -> ProducerKV:
         """Producer-layer K/V of positions [max(first, 0), cache.offset)."""
@@ -218,6 +248,11 @@ class Target:
         first = max(first, c.start if isinstance(c, SlidingKVCache) else 0, 0)
         k, v = c.fetch(first)
         return ProducerKV(k, v, first)
+
+
+@partial(mx.compile, shapeless=True)
+def _softcap(x: mx.array, cap: float) -> mx.array:
+    return mx.tanh(x / cap) * cap
 
 
 def _sliding_start_after(c: SlidingKVCache, L: int) -> int:

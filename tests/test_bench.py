@@ -2,6 +2,7 @@
 and never changes the greedy output. No timing is asserted (the machine is shared)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,22 @@ def test_partial_alpha_keeps_the_output_and_lands_between(pack_pair):
     half = run_ours(tg, SimulatedDrafter(dr, ids + teacher.token_ids, 0.6, seed=3), tok, set(), ids, N, 4)
     assert half.token_ids == teacher.token_ids
     assert own.acceptance < half.acceptance < 1.0
+
+
+def test_bench_report_writes_a_markdown_table(factory_checkpoints, tmp_path, capsys):
+    target, drafter = factory_checkpoints.pairing("e-style")
+    out = tmp_path / "bench.md"
+    args = ["bench", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "4", "--repeats", "1"]
+    rc = main(args + ["--block-sizes", "2", "--report", str(out)])
+    assert rc == 0
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| config | tok/s | x mlx-lm")
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["mlx-lm", "off", "K=2"]
+    assert "MLX " in text and "cpu" in text.lower() and Path(target).name in text
+    off = rows[2].split("|")
+    assert float(off[2]) > 0 and float(off[3]) > 0 and off[4].strip() == "1.000"  # off vs itself
+    assert "| config |" in text and "Markdown report written" in capsys.readouterr().err
+    # a report path in a missing directory is refused before anything runs
+    assert main(args + ["--report", str(tmp_path / "nope" / "x.md")]) == 1
+    assert "no such directory" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from core import sampling
 from core.drafter import check_pair, load_drafter
 from core.loader import CheckpointError
 from core.target import FULL, SLIDING, load_target
@@ -99,7 +100,9 @@ def test_sampling_logits_exclude_non_candidates():
     drafts, lp = dr.draft(
         tg, cache, mx.array([5]), hidden, 4, temperature=0.8, keys=list(mx.random.split(mx.random.key(3), 4))
     )
-    lp = np.array(lp)
+    # the centroid head keeps the draft distribution sparse until verify: [4, m] candidates
+    assert isinstance(lp, sampling.SparseLogProbs) and lp.ids.shape == (4, int(finite.sum()))
+    lp = np.array(lp.dense(dr.vocab_size))
     assert lp.shape == (4, dr.vocab_size)
     for j, d in enumerate(drafts.tolist()):
         assert np.isfinite(lp[j, d])
@@ -160,3 +163,18 @@ def test_quantized_drafter_loads_and_drafts(tmp_path):
     drafts, _ = q.draft(tg, cache, mx.argmax(logits).reshape(1), hidden, 3)
     ref, _ = dr.draft(tg, cache, mx.argmax(logits).reshape(1), hidden, 3)
     assert drafts.tolist() == ref.tolist()  # same model, quantized in place before saving
+
+
+@pytest.mark.parametrize("temp,top_k,top_p", [(0.8, 0, 1.0), (1.0, 5, 1.0), (0.7, 0, 0.9), (1.3, 40, 0.95)])
+def test_sparse_candidate_distribution_equals_the_full_vocabulary_one(temp, top_k, top_p):
+    """Sampling among the centroid head's candidates is the full-vocabulary distribution (-inf
+    outside them) under the same temperature / top-k / top-p transform."""
+    tg = load_target(f"{PACK}/e-style-target")
+    dr = load_drafter(f"{PACK}/e-style-assistant")
+    cache, _, hidden = _prefill(tg, [2, 21, 40, 41, 42, 43, 50, 51])
+    pos, kv = dr.gather_kv(tg, cache, cache.offset)
+    y, _ = dr.step(tg.embed(mx.array([[7]])), hidden.reshape(1, 1, -1), kv, pos)
+    full = sampling.transform_logits(dr.logits(y), temp, top_k, top_p)
+    ids, sel = dr._candidates(y.reshape(-1))
+    sparse = sampling.SparseLogProbs(ids[None], sampling.transform_logits(sel, temp, top_k, top_p)[None])
+    np.testing.assert_allclose(np.array(sparse.dense(dr.vocab_size)[0]), np.array(full), atol=1e-5)

@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from core import sampling
 from core.sampling import (
     KeyStream,
     greedy,
@@ -308,3 +309,37 @@ def test_sample_follows_distribution_and_keystream_is_deterministic():
     assert KeyStream(12).next().tolist() != KeyStream(11).next().tolist()
     draws = np.array(sample(_lp(P2), a.next()))[:, 0]
     assert chi2_pvalue(draws, P2) > 1e-3
+
+
+def test_speculative_accepts_sparse_draft_distributions():
+    """A SparseLogProbs q (candidates only) verifies exactly as its dense form, key for key."""
+    V, K = 50, 4
+    rng = np.random.default_rng(7)
+    ids = mx.array(np.stack([rng.permutation(V)[:8] for _ in range(K - 1)]).astype(np.int32))
+    lp = sampling.transform_logits(mx.array(rng.normal(size=(K - 1, 8)).astype(np.float32)), 1.0)
+    q = sampling.SparseLogProbs(ids, lp)
+    dense = q.dense(V)
+    assert dense.shape == (K - 1, V)
+    assert np.isfinite(np.array(dense)).sum() == (K - 1) * 8
+    p_lp = sampling.transform_logits(mx.array(rng.normal(size=(K, V)).astype(np.float32)), 1.0)
+    for seed in range(20):
+        key = mx.random.key(seed)
+        drafts = ids[mx.arange(K - 1), mx.array([seed % 8] * (K - 1))]
+        a = sampling.verify_speculative(drafts, q, p_lp, key)
+        b = sampling.verify_speculative(drafts, dense, p_lp, key)
+        assert [int(x.item()) for x in a] == [int(x.item()) for x in b]
+
+
+@pytest.mark.parametrize(
+    "temp,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9), (0.9, 40, 0.95), (0.5, 1, 0.5)]
+)
+def test_compiled_transform_matches_eager(temp, top_k, top_p):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 300)).astype(np.float32) * 3
+    x[:, 10:20] = x[:, 10:11]  # ties at the boundary
+    x[1, 50:] = -np.inf
+    logits = mx.array(x)
+    eager = np.array(sampling.transform_logits(logits, temp, top_k, top_p))
+    compiled = np.array(sampling.transform_logits_compiled(logits, temp, top_k, top_p))
+    assert (np.isfinite(eager) == np.isfinite(compiled)).all()
+    np.testing.assert_allclose(compiled[np.isfinite(compiled)], eager[np.isfinite(eager)], atol=1e-6)

@@ -345,3 +345,83 @@ def test_speculative_sampling_reproduces_the_target_distribution():
     z = 3.09  # alpha = 0.001, Wilson-Hilferty
     critical = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
     assert stat < critical, (stat, critical)
+
+
+# --- the pipelined round: the next round is queued before this one's tokens are emitted ------
+
+
+@pytest.mark.parametrize("change", ["block", "off", "auto", "cancel"])
+def test_controls_changed_while_a_round_is_queued(fam, change):
+    """Every speculative round is submitted before the previous round's events go out; a change of
+    the controls seen in those events drops the queued round (its K/V trimmed) and applies to the
+    very next round. Output, cache and committed tokens stay exactly those of plain decoding."""
+    _, tg, _, ref = fam
+    p = ref["long"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    controls = Controls(block_size=3)
+    cache = tg.make_cache(slack=3)
+    seen, queued_ahead = [], []
+
+    def on_event(e):
+        seen.append(e)
+        if not isinstance(e, RoundEvent):
+            return
+        emitted = sum(isinstance(x, TokenEvent) for x in seen)
+        committed = len(p["prompt_ids"]) + emitted - 1
+        queued_ahead.append(cache.offset - committed)  # K/V of a round already queued
+        if e.round == 3:
+            if change == "block":
+                controls.block_size = 5
+            elif change == "off":
+                controls.drafter_enabled = False
+            elif change == "auto":
+                controls.block_size = "auto"
+            else:
+                controls.cancel_event.set()
+
+    r = Decoder(tg, OracleDrafter(full), None, STOP).run(
+        cache, Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=30, ignore_eos=True), on_event, controls
+    )
+    rounds = [e for e in seen if isinstance(e, RoundEvent)]
+    assert queued_ahead[:3] == [3, 3, 3]  # rounds 2..4 were on the device before rounds 1..3 were emitted
+    assert [e.accepted for e in rounds[:3]] == [2, 2, 2]
+    if change == "cancel":
+        assert r.stats.stop_reason == "cancelled" and len(rounds) == 3
+    else:
+        assert r.stats.stop_reason == "max_tokens"
+        nxt = rounds[3]
+        if change == "block":
+            assert nxt.block_size == 5 and not nxt.auto
+        elif change == "off":
+            assert nxt.block_size == 1 and nxt.drafted == 0
+            assert all(q in (0, 1) for q in queued_ahead[3:])  # plain steps: at most one queued step
+        else:
+            assert nxt.auto
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"][: len(r.token_ids)]
+    assert cache.offset == len(r.committed) == len(p["prompt_ids"]) + len(r.token_ids) - 1
+    assert r.committed == full[: len(r.committed)]
+    nxt_logits, _ = tg.forward([r.token_ids[-1]], cache)
+    np.testing.assert_allclose(np.array(nxt_logits[0]), _fresh_next_logits(tg, r.committed, r.token_ids[-1]), atol=2e-5)
+
+
+def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam):
+    """A stop (eos or max tokens) inside a round is known from the round's result before any event
+    goes out, so no round is queued past it and nothing of it reaches the cache."""
+    _, tg, _, ref = fam
+    p = ref["multiturn"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    cache = tg.make_cache(slack=3)
+    seen, ahead = [], []
+
+    def on_event(e):
+        seen.append(e)
+        if isinstance(e, RoundEvent):
+            emitted = sum(isinstance(x, TokenEvent) for x in seen)
+            ahead.append(cache.offset - (len(p["prompt_ids"]) + emitted - 1))
+
+    r = Decoder(tg, OracleDrafter(full), None, STOP).run(
+        cache, Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=40), on_event, Controls(block_size=4)
+    )
+    assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
+    assert ahead[-1] == 0 and all(a == 4 for a in ahead[:-1])
+    assert cache.offset == len(p["prompt_ids"]) + len(r.token_ids) - 1

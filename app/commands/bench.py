@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
 def run(args) -> int:
@@ -22,7 +23,7 @@ def run(args) -> int:
         return 1
 
     try:
-        from core.bench import BenchError, BenchOptions, format_table, parse_block_sizes, run_bench
+        from core.bench import BenchError, BenchOptions, format_markdown, format_table, parse_block_sizes, run_bench
 
         try:
             block_sizes = parse_block_sizes(args.block_sizes)
@@ -30,6 +31,8 @@ def run(args) -> int:
             return fail(f"--block-sizes: {e}")
         if args.repeats < 1 or args.max_tokens < 2:
             return fail("--repeats must be >= 1 and --max-tokens >= 2")
+        if args.report and not Path(args.report).expanduser().parent.is_dir():
+            return fail(f"--report {args.report}: no such directory")
         spec = _pairing(args)
         target, drafter = spec.target, spec.drafter
         options = BenchOptions(
@@ -54,4 +57,11 @@ def run(args) -> int:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         print(format_table(report))
+    if args.report:  # after the table, so a failed write loses nothing
+        try:
+            Path(args.report).write_text(format_markdown(report))
+        except OSError as e:
+            print(f"error: --report {args.report}: {e}", file=sys.stderr)
+            return 1
+        print(f"Markdown report written to {args.report}", file=sys.stderr)
     return 0

@@ -1,0 +1,175 @@
+"""A Gemma 4 decoder layer with fewer kernels: fused projections and compiled pieces.
+
+mlx-lm's `DecoderLayer` issues every projection, norm and residual as its own op. For short inputs
+(a decode step, a verify block, a drafter step) the per-op cost dominates, and on MLX's CPU backend
+each fast op (RMSNorm, RoPE) also expands into half a dozen primitives. `FastLayer` computes the
+same function over the same modules' weights in three pieces:
+
+    attn_in   (compiled)  input norm, one q/k/v matmul, q/k/v norms, RoPE at an array position
+    attention (eager)     cache append + scaled dot-product attention (their shapes grow per step)
+    attn_out  (compiled)  o_proj, norms, residuals, one gate/up matmul + GeGLU, down, per-layer input
+
+`fuse_projections` concatenates q/k/v (and gate/up) weights once at load, float or quantized, and
+points the original `Linear`s at row slices of the fused array, so mlx-lm's own modules (the eager
+path, mlx-lm's model call) keep working on the same memory.
+
+A compiled piece is traced once per input shape, so only short inputs (`COMPILED_MAX_LEN`) take it;
+prefill chunks run mlx-lm's layer as before. MoE layers (26B-A4B) keep mlx-lm's layer: their expert
+routing is data-dependent.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+COMPILED_MAX_LEN = 16  # inputs up to this many tokens take the compiled pieces (decode, verify, draft)
+
+
+class FusedLinear:
+    """Several bias-free projections of one input as one matmul (float or quantized alike)."""
+
+    def __init__(self, arrays: dict, quant: tuple | None):
+        self.arrays = arrays  # weight [, scales, biases]: the parts' rows stacked
+        self.quant = quant  # (group_size, bits, mode) or None
+
+    def __call__(self, x: mx.array) -> mx.array:
+        a = self.arrays
+        if self.quant is None:
+            return x @ a["weight"].T
+        group_size, bits, mode = self.quant
+        return mx.quantized_matmul(
+            x, a["weight"], a["scales"], a.get("biases"), transpose=True, group_size=group_size, bits=bits, mode=mode
+        )
+
+
+def fuse(linears: list) -> FusedLinear | None:
+    """Stack the given Linear / QuantizedLinear weights into one; each original then reads a row
+    slice of the stacked arrays (no second copy). None when the parts differ in kind, carry a
+    bias, or are quantized differently."""
+    first = linears[0]
+    quantized = isinstance(first, nn.QuantizedLinear)
+    if not quantized and not isinstance(first, nn.Linear):
+        return None
+    for lin in linears:
+        if type(lin) is not type(first) or "bias" in lin:
+            return None
+        if quantized and (lin.group_size, lin.bits, lin.mode) != (first.group_size, first.bits, first.mode):
+            return None
+    names = ["weight"]
+    if quantized:
+        names += ["scales"] + (["biases"] if "biases" in first else [])
+    arrays = {n: mx.concatenate([lin[n] for lin in linears], axis=0) for n in names}
+    mx.eval(arrays)
+    start = 0
+    for lin in linears:
+        stop = start + lin.weight.shape[0]  # packed quantized weights keep one row per output feature
+        for n, a in arrays.items():
+            lin[n] = a[start:stop]
+        start = stop
+    mx.eval([lin.parameters() for lin in linears])
+    return FusedLinear(arrays, (first.group_size, first.bits, first.mode) if quantized else None)
+
+
+def _split_points(linears: list) -> list[int]:
+    """Where the fused output splits back into the parts' outputs (along the last axis)."""
+    out, total = [], 0
+    for lin in linears[:-1]:
+        total += lin.weight.shape[0]
+        out.append(total)
+    return out
+
+
+class FastLayer:
+    """Runs one mlx-lm `DecoderLayer` (see the module docstring); call signature as the layer's."""
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.layer_type = layer.layer_type
+        attn = layer.self_attn
+        self.attn = attn
+        self.has_kv = attn.has_kv
+        self.moe = getattr(layer, "enable_moe", False)
+        self.qkv = self.gate_up = None
+        self.qkv_split: list[int] = []
+        if self.has_kv:
+            parts = [attn.q_proj, attn.k_proj] + ([] if attn.use_k_eq_v else [attn.v_proj])
+            self.qkv = fuse(parts)
+            self.qkv_split = _split_points(parts)
+        if not self.moe:
+            self.gate_up = fuse([layer.mlp.gate_proj, layer.mlp.up_proj])
+        self._attn_in = mx.compile(self._attn_in_eager)
+        self._attn_out = mx.compile(self._attn_out_eager)
+
+    # --- the pieces (traced by mx.compile; also valid eagerly) -----------------------------
+
+    def _attn_in_eager(self, x: mx.array, offset: mx.array):
+        """x [B, L, H] -> (q [B, nh, L, hd], k, v [B, nkv, L, hd] with RoPE; None on a KV-shared layer)."""
+        a = self.attn
+        B, L, _ = x.shape
+        h = self.layer.input_layernorm(x)
+        k: mx.array | None
+        v: mx.array | None
+        if self.has_kv:
+            parts: list[mx.array]
+            if self.qkv is not None:
+                parts = list(mx.split(self.qkv(h), self.qkv_split, axis=-1))
+            else:
+                parts = [a.q_proj(h), a.k_proj(h)] + ([] if a.use_k_eq_v else [a.v_proj(h)])
+            q = parts[0]
+            k = parts[1].reshape(B, L, a.n_kv_heads, a.head_dim)
+            v = k if a.use_k_eq_v else parts[2].reshape(B, L, a.n_kv_heads, a.head_dim)
+            k = a.rope(a.k_norm(k).transpose(0, 2, 1, 3), offset=offset)
+            v = a.v_norm(v).transpose(0, 2, 1, 3)
+        else:
+            q = a.q_proj(h)
+            k = v = None
+        q = a.q_norm(q.reshape(B, L, a.n_heads, a.head_dim)).transpose(0, 2, 1, 3)
+        q = a.rope(q, offset=offset)
+        return q, k, v
+
+    def _attn_out_eager(self, o: mx.array, residual: mx.array, per_layer_input: mx.array | None):
+        """o [B, nh, L, hd] attention output, residual [B, L, H] -> the layer's output [B, L, H]."""
+        layer = self.layer
+        B, _, L, _ = o.shape
+        h = layer.self_attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        h = residual + layer.post_attention_layernorm(h)
+        residual = h
+        x = layer.pre_feedforward_layernorm(h)
+        mlp = layer.mlp
+        if self.gate_up is not None:
+            gate, up = mx.split(self.gate_up(x), 2, axis=-1)
+        else:
+            gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        h = residual + layer.post_feedforward_layernorm(mlp.down_proj(nn.gelu_approx(gate) * up))
+        if layer.per_layer_input_gate is not None and per_layer_input is not None:
+            g = nn.gelu_approx(layer.per_layer_input_gate(h)) * per_layer_input
+            h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
+        if layer.layer_scalar is not None:
+            h = h * layer.layer_scalar
+        return h
+
+    # --- the layer ---------------------------------------------------------------------------
+
+    def __call__(self, x, mask=None, cache=None, per_layer_input=None, shared_kv=None, offset=None):
+        L = x.shape[1]
+        if self.moe or L > COMPILED_MAX_LEN:
+            return self.layer(x, mask, cache, per_layer_input=per_layer_input, shared_kv=shared_kv, offset=offset)
+        if shared_kv is None:
+            if not self.has_kv:
+                raise ValueError(f"layer {self.layer.layer_idx} is KV-shared but received no shared K/V")
+            offset = mx.array(cache.offset if cache is not None else 0)
+        elif not isinstance(offset, mx.array):
+            offset = mx.array(offset)
+        q, k, v = self._attn_in(x, offset)
+        if shared_kv is not None:
+            k, v = shared_kv
+        elif cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.attn.scale, mask=mask)
+        h = self._attn_out(o, x, per_layer_input)
+        return h, (k, v), offset
+
+
+def fast_layers(layers: list) -> list[FastLayer]:
+    return [FastLayer(layer) for layer in layers]
