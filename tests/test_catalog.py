@@ -14,7 +14,7 @@ from core import catalog, fit, hfcache, pairing
 from core.download import local_snapshot
 
 PACK = Path(__file__).parent / "data" / "pack" / "models"
-FAMILIES = ("e-style", "moe-style", "dense-style")
+FAMILIES = ("e-style", "moe-style", "dense-style", "unified-style")
 
 
 def _cfg(name: str) -> dict:
@@ -24,11 +24,12 @@ def _cfg(name: str) -> dict:
 # -- catalogue --------------------------------------------------------------------------------------
 
 
-def test_the_four_official_pairings_name_their_own_assistant():
+def test_the_official_pairings_name_their_own_assistant():
     cat = catalog.load_catalog()
     expected = {
         "e2b": ("mlx-community/gemma-4-e2b-it-bf16", "mlx-community/gemma-4-E2B-it-assistant-bf16"),
         "e4b": ("mlx-community/gemma-4-e4b-it-bf16", "mlx-community/gemma-4-E4B-it-assistant-bf16"),
+        "12b": ("mlx-community/gemma-4-12B-it-bf16", "mlx-community/gemma-4-12B-it-assistant-bf16"),
         "26b-a4b": ("mlx-community/gemma-4-26b-a4b-it-bf16", "mlx-community/gemma-4-26B-A4B-it-assistant-bf16"),
         "31b": ("mlx-community/gemma-4-31b-it-bf16", "mlx-community/gemma-4-31B-it-assistant-bf16"),
     }
@@ -39,7 +40,7 @@ def test_the_four_official_pairings_name_their_own_assistant():
     # Quantized variants reuse their family's bf16 assistant and carry a source note.
     for p in cat.pairings:
         assert p.drafter_repo.endswith("-it-assistant-bf16") and p.source
-        assert re.fullmatch(r"mlx-community/gemma-4-(e2b|e4b|26b-a4b|31b)-it-(bf16|8bit|4bit)", p.target_repo)
+        assert re.fullmatch(r"mlx-community/gemma-4-(e2b|e4b|12B|26b-a4b|31b)-it-(bf16|8bit|4bit)", p.target_repo)
     assert cat.default in cat.names()
 
 
@@ -55,7 +56,7 @@ def test_catalogue_rejects_a_pairing_with_an_unknown_family():
 
 
 @pytest.mark.parametrize(
-    "name, sliding, full", [("e2b", 13, 14), ("e4b", 22, 23), ("26b-a4b", 28, 29), ("31b", 58, 59)]
+    "name, sliding, full", [("e2b", 13, 14), ("e4b", 22, 23), ("12b", 46, 47), ("26b-a4b", 28, 29), ("31b", 58, 59)]
 )
 def test_producer_layers_match_the_design_notes(name, sliding, full):
     arch = catalog.get_pairing(name).family.arch
@@ -69,6 +70,9 @@ def test_kv_cache_size_from_config_numbers():
     big = catalog.get_pairing("31b").family.arch
     # 50 sliding (1024 x 16 x 256) + 10 full with k_eq_v global heads (ctx x 4 x 512).
     assert fit.kv_cache_bytes(big, 8192) == 50 * 1024 * 16 * 256 * 4 + 10 * 8192 * 4 * 512 * 4
+    # 12B: 40 sliding (1024 x 8 x 256) + 8 full with one global kv head (ctx x 1 x 512).
+    twelve = catalog.get_pairing("12b").family.arch
+    assert fit.kv_cache_bytes(twelve, 8192) == 40 * 1024 * 8 * 256 * 4 + 8 * 8192 * 1 * 512 * 4
     # Below the window, sliding layers only hold the context.
     assert fit.kv_cache_bytes(e2b, 100) == 12 * 100 * 256 * 4 + 3 * 100 * 512 * 4
 
@@ -252,3 +256,17 @@ def test_factory_mlx_quantized_targets_validate_with_their_drafter(factory_check
     assert pairing.validate_pair(target, factory_checkpoints.drafter(family)).ok
     other = "moe-style" if family != "moe-style" else "dense-style"
     assert not pairing.validate_pair(target, factory_checkpoints.drafter(other)).ok
+
+
+def test_12b_pairings_name_the_unified_assistant_and_fit_a_16_gb_mac_when_quantized():
+    """The 12B is the size a 16 GB laptop runs: its 4-bit pairing fits Metal's default 3/4 budget."""
+    names = [p.name for p in catalog.load_catalog().pairings if p.family.key == "12b"]
+    assert names == ["12b", "12b-8bit", "12b-4bit"]
+    mac16 = fit.MachineMemory(total_bytes=16 * 10**9, budget_bytes=12 * 10**9, note="test")
+    four = catalog.get_pairing("12b-4bit")
+    assert four.drafter_repo == "mlx-community/gemma-4-12B-it-assistant-bf16" and four.vision
+    assert not four.confirmed and "one third-party PR" in four.source  # shown as unconfirmed
+    assert fit.check_fit(four.memory().total_bytes, mac16).level == "ok"
+    assert fit.check_fit(catalog.get_pairing("12b").memory().total_bytes, mac16).level == "wont_fit"
+    # the HF cache folder may hold either spelling of the capitalised repo id
+    assert catalog.get_pairing("12b-8bit").target_repo.lower() == "mlx-community/gemma-4-12b-it-8bit"
