@@ -554,6 +554,7 @@ class _Turn:
                 n = self.usage["completion_tokens"]
             if self.usage and isinstance(self.usage.get("prompt_tokens"), int):
                 stats.prompt_tokens = stats.prefill_tokens = self.usage["prompt_tokens"]
+            stats.tokens = n  # TurnStats' one definition: every token of the reply
             stats.decode_tokens = max(n - 1, 0)  # the first token comes from the prefill
             if self.first_at is not None and self.last_at is not None:
                 stats.ttft_s = self.first_at - self.t_start

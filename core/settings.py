@@ -71,6 +71,9 @@ def check_image_budget(v: Any) -> int:
     return v
 
 
+# how messages name a field where its Python name reads badly
+FIELD_LABELS = {"image_budget": "image budget"}
+
 # the sampling fields, as the config's [sampling] table and the TUI's forms name them
 SAMPLING_CHECKS: dict[str, Callable[[Any], Any]] = {
     "temperature": check_temperature,
@@ -105,4 +108,4 @@ class GenerationSettings:
             try:
                 check(value)
             except BadValue as bad:
-                raise BadValue(f"{name} {bad.why}, got {value!r}") from None
+                raise BadValue(f"{FIELD_LABELS.get(name, name)} {bad.why}, got {value!r}") from None

@@ -583,9 +583,10 @@ async def test_tui_panels_over_the_vllm_stand_in():
             def figures() -> str:
                 return str(chat.panel.figures.content)
 
-            await until(pilot, lambda: "Acceptance  " in figures() and "–" not in figures().splitlines()[0])
-            assert f"Acceptance  {accepted / rounds * 100:.0f} %" in figures()
-            assert f"Tok/round   {(sum(steps) - 1) / rounds:.2f}" in figures()
+            # the figures follow /metrics polls and the panel's refresh: wait for the whole reply's
+            want_acc = f"Acceptance  {accepted / rounds * 100:.0f} %"
+            want_tpr = f"Tok/round   {(sum(steps) - 1) / rounds:.2f}"
+            await until(pilot, lambda: want_acc in figures() and want_tpr in figures(), timeout=10)
             assert str(reply.summary.content).startswith(f"{sum(steps)} tokens · ")
             assert "Block size  server" in str(chat.panel.tuning.content)
             chat.conversation.focus()

@@ -556,7 +556,7 @@ def test_pairing_spec_from_paths_repo_ids_and_errors(tmp_path, monkeypatch):
 def test_no_pairing_configured_opens_the_demo(monkeypatch):
     from app.commands import tui
 
-    monkeypatch.setattr(tui, "demo_spec", lambda: PairingSpec("demo (random weights)", "t", "d", demo=True))
+    monkeypatch.setattr(tui, "demo_spec", lambda **_: PairingSpec("demo (random weights)", "t", "d", demo=True))
     spec, notice = tui.pairing_spec(_args())
     assert spec.demo and "demo" in notice
     spec, notice = tui.pairing_spec(_args(), default_pairing="no-such-pairing")

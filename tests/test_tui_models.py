@@ -363,7 +363,7 @@ async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
 def test_default_pairing_demo_opens_the_demo_and_a_named_pairing_is_remembered(monkeypatch, tmp_path):
     from app.commands import tui
 
-    monkeypatch.setattr(tui, "demo_spec", lambda: "the demo spec")
+    monkeypatch.setattr(tui, "demo_spec", lambda **_: "the demo spec")
     plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
     assert tui.pairing_spec(plain, "demo") == ("the demo spec", None)  # no "could not open" notice
     path = tmp_path / "c.toml"
