@@ -50,9 +50,9 @@ def displayable(text: str) -> str:
 
 def legend(origin_known: bool = True) -> Text:
     t = Text("Token view: ")
-    if not origin_known:  # a server that streams text only
-        t.append("origin unknown", UNKNOWN_STYLE)
-        t.append(" (the server does not say which tokens were drafted)")
+    if not origin_known:  # a server that streams text only (vLLM): fits the 80-column chat
+        t.append("origin not reported", UNKNOWN_STYLE)
+        t.append(" (dim)")
         return t
     t.append("drafted + accepted", DRAFT_STYLE)
     t.append(" (underlined)   ")
