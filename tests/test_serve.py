@@ -571,7 +571,7 @@ async def test_tui_panels_over_the_vllm_stand_in():
             await ready(pilot, app)
             chat = app.chat
             assert "google/gemma-4-31B-it (vLLM at 127.0.0.1" in str(chat.panel.pairing.content)
-            assert "origin unknown" in str(chat.legend.content)
+            assert "origin not reported" in str(chat.legend.content)
             chat.prompt.text = "hello"
             await pilot.press("enter")
             await until(pilot, lambda: chat.last_reply is not None, timeout=15)

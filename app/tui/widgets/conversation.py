@@ -85,9 +85,9 @@ def text_with_origins(plain: str, runs: list[tuple[str, int]] | None) -> Text:
 
 def legend(origin_known: bool = True) -> Text:
     t = Text("Tokens: ")
-    if not origin_known:  # a server that streams text only
-        t.append("origin unknown", UNKNOWN_STYLE)
-        t.append(" (the server does not say which tokens were drafted)")
+    if not origin_known:  # a server that streams text only (vLLM): fits the 80-column chat
+        t.append("origin not reported", UNKNOWN_STYLE)
+        t.append(" (dim)")
         return t
     t.append("drafted + accepted", DRAFT_STYLE)
     t.append(" (underlined) · ")
