@@ -13,7 +13,8 @@ same function over the same modules' weights in three pieces:
 points the original `Linear`s at row slices of the fused array, so mlx-lm's own modules (the eager
 path, mlx-lm's model call) keep working on the same memory.
 
-A compiled piece is traced once per input shape, so only short inputs (`COMPILED_MAX_LEN`) take it;
+A compiled piece is traced once per input shape, so only short inputs (`COMPILED_MAX_LEN`) take it
+(compiled on the GPU, and on the CPU backend in float32 only: see `compile_ok`);
 prefill chunks run mlx-lm's layer as before. MoE layers (26B-A4B) keep mlx-lm's layer: their expert
 routing is data-dependent.
 """
@@ -24,6 +25,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 COMPILED_MAX_LEN = 16  # inputs up to this many tokens take the compiled pieces (decode, verify, draft)
+
+
+def compile_ok(dtype: mx.Dtype) -> bool:
+    """Whether the layer pieces are compiled: always on the GPU; on the CPU backend only for float32,
+    because MLX 0.32's CPU backend never returns from evaluating these compiled pieces in bfloat16
+    (seen with every bf16 and 4-bit factory target: the first decode step hangs in a futex wait).
+    Uncompiled pieces still save the fused projections' matmuls."""
+    return dtype == mx.float32 or mx.default_device() == mx.gpu
 
 
 class FusedLinear:
@@ -98,8 +107,9 @@ class FastLayer:
             self.qkv_split = _split_points(parts)
         if not self.moe:
             self.gate_up = fuse([layer.mlp.gate_proj, layer.mlp.up_proj])
-        self._attn_in = mx.compile(self._attn_in_eager)
-        self._attn_out = mx.compile(self._attn_out_eager)
+        self.compiled = compile_ok(layer.input_layernorm.weight.dtype)
+        self._attn_in = mx.compile(self._attn_in_eager) if self.compiled else self._attn_in_eager
+        self._attn_out = mx.compile(self._attn_out_eager) if self.compiled else self._attn_out_eager
 
     # --- the pieces (traced by mx.compile; also valid eagerly) -----------------------------
 

@@ -89,3 +89,26 @@ def test_long_inputs_keep_mlx_lm_layer_and_both_paths_agree():
         FastLayer._attn_in_eager = orig
         tg.layers = saved
     np.testing.assert_allclose(np.array(short_logits), np.array(long_logits[1:COMPILED_MAX_LEN]), atol=2e-5)
+
+
+@pytest.mark.parametrize("layout,dtype", [("hf", "bfloat16"), ("mlx", "q4")])
+def test_half_precision_and_quantized_steps_run_and_match_mlx_lm(factory_checkpoints, layout, dtype):
+    """bf16 and 4-bit targets: fused projections; the pieces are compiled only where MLX runs them
+    (not on the CPU backend in bf16, where evaluating them never returned). Steps match mlx-lm's ids."""
+    from core.layers import compile_ok
+
+    tg = load_target(factory_checkpoints.target("e-style", layout=layout, dtype=dtype))
+    assert all(f.compiled == compile_ok(mx.bfloat16) for f in tg.layers)
+    if mx.default_device() == mx.cpu:
+        assert not any(f.compiled for f in tg.layers)
+    ids = list(range(3, 20))
+    ours, theirs = tg.make_cache(), _mlx_lm_cache(tg)
+    tg.forward(ids, ours, logits=None)
+    mx.eval(tg.model(mx.array([ids]), cache=theirs))
+    tok = 40
+    for L in (1, 3, 1):
+        block = [tok] + [(tok * 5 + i) % 2000 + 3 for i in range(L - 1)]
+        got, _ = tg.forward(block, ours, logits="all")
+        want = tg.model(mx.array([block]), cache=theirs)[0]
+        assert mx.argmax(got, axis=-1).tolist() == mx.argmax(want, axis=-1).tolist()
+        tok = int(mx.argmax(got[-1]).item())
