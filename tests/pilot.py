@@ -35,7 +35,8 @@ def make_app(
 ):
     """THE way a test builds the app: a GemmaChatApp over a scripted FakeEngine (`app.engine`).
 
-    engine: a FakeEngine, else one is made from `engine_kwargs` (replies=[...], step=True, ...).
+    engine: a FakeEngine (or the real core.engine.Engine), else a FakeEngine made from `engine_kwargs`
+    (replies=[...], step=True, ...).
     spec: the pairing to open, else a fake one named `name` ("demo (random weights)" with demo=True)
     with directories that need not exist (the fake engine never reads them).
     settings / history / config: as GemmaChatApp takes them. models_options / first_run: the models

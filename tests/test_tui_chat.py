@@ -473,7 +473,7 @@ async def test_real_engine_send_stream_stop(factory_checkpoints):
     target, drafter = factory_checkpoints.pairing("e-style")
     engine = RecordingEngine(Engine())
     settings = GenerationSettings(max_tokens=24, ignore_eos=True)
-    app = GemmaChatApp(engine, RealSpec("factory e-style", str(target), str(drafter)), settings)
+    app = shared_make_app(engine, spec=RealSpec("factory e-style", str(target), str(drafter)), settings=settings)
     async with app.run_test(size=SIZE) as pilot:
         chat = app.chat
         await until(pilot, lambda: chat.loaded or chat.load_error, timeout=60)

@@ -388,7 +388,7 @@ async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
     target, drafter = factory_checkpoints.pairing("e-style")
     engine = Engine()
     spec = RealSpec("factory e-style", str(target), str(drafter))
-    app = GemmaChatApp(engine, spec, GenerationSettings(max_tokens=5, temperature=0.0))
+    app = shared_make_app(engine, spec=spec, settings=GenerationSettings(max_tokens=5, temperature=0.0))
     try:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.chat.loaded or app.chat.load_error, timeout=60)

@@ -18,7 +18,6 @@ from pilot import until as _until
 from textual.command import CommandPalette
 
 from app.commands.tui import is_first_run
-from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
@@ -389,8 +388,10 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
     target = put_in_cache(cache, PAIRING.target_repo, as_files(target_dir))
     drafter = put_in_cache(cache, PAIRING.drafter_repo, as_files(drafter_dir))
     engine = Engine()
-    app = GemmaChatApp(engine, RealSpec(name="first", target=str(target_dir), drafter=None))
-    app.models_options = ModelsOptions(cache_dir=str(cache), machine=BIG_MACHINE)
+    options = ModelsOptions(cache_dir=str(cache), machine=BIG_MACHINE)
+    app = shared_make_app(
+        engine, spec=RealSpec(name="first", target=str(target_dir), drafter=None), models_options=options
+    )
     try:
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot, app)
