@@ -51,6 +51,7 @@ def test_image_thumbnail_in_conversation_and_chip(snap_compare, monkeypatch):
         app.chat.attachments.attach([str(SAMPLES / "chart.png")])
         await _until(pilot, lambda: len(app.chat.query(AttachmentChip)) == 1)
         app.chat.prompt.text = "And this one?"
+        app.chat.prompt.cursor_blink = False  # a blinking cursor's phase would vary from run to run
         await pilot.pause(0.3)
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)

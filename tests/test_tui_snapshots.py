@@ -30,6 +30,7 @@ async def _until(pilot, predicate, timeout: float = 5.0) -> None:
 async def _settle(pilot) -> None:
     """The panels repaint on their own timer (4 Hz): wait until it has taken the latest numbers."""
     app = pilot.app
+    app.chat.prompt.cursor_blink = False  # the empty prompt's cursor sits on the placeholder: its blink phase varies
     app.chat.stats.dirty = True  # whatever changed last, one more panel refresh shows it
     await _until(pilot, lambda: not app.chat.stats.dirty)
     await pilot.pause(0.1)  # and the markdown / the frame settle

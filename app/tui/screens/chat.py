@@ -437,6 +437,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         if self.view_mode == "rendered" and self.reply is not None and now - self._last_markdown >= 1 / MARKDOWN_HZ:
             self._last_markdown = now
             self.reply.flush_markdown()
+        elif self.view_mode == "rendered" and self.last_reply is not None and self.last_reply._markdown_dirty:
+            # the final flush at the end of a reply is skipped while a render is still running
+            self.last_reply.flush_markdown()
 
     def _refresh_panels(self) -> None:
         if self.stats.dirty:
