@@ -222,17 +222,25 @@ def download_pairing(name: str, offline: bool = False) -> int:
 def remove_pairing(name: str, yes: bool = False) -> int:
     from core import catalog, hfcache
 
-    try:
-        p = catalog.get_pairing(name)
-    except KeyError as e:
-        print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
-        return 2
-    # The drafter is shared by every pairing of its family: kept while another one is on disk.
-    doomed, kept = catalog.removal_plan(p.name)
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        # A repository id, as `download` takes it: just that repository.
+        label = name
+        status = hfcache.statuses([name])[name]
+        doomed = [status.cached_id or name] if status.state != "missing" else []
+        kept = []
+    else:
+        try:
+            p = catalog.get_pairing(name)
+        except KeyError as e:
+            print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+            return 2
+        label = p.name
+        # The drafter is shared by every pairing of its family: kept while another one is on disk.
+        doomed, kept = catalog.removal_plan(p.name)
     if kept:
         print(f"keeping {kept[0]}: also used by {', '.join(kept[1:])}", file=sys.stderr)
     if not doomed:
-        print(f"{p.name}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
+        print(f"{label}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
         return 0
     size = sum(s.size_on_disk for s in hfcache.statuses(doomed).values())
     print(f"will remove {', '.join(doomed)} ({_gb(size)}) from the Hugging Face cache", file=sys.stderr)
@@ -245,5 +253,5 @@ def remove_pairing(name: str, yes: bool = False) -> int:
             print("kept.", file=sys.stderr)
             return 1
     freed = hfcache.delete_repos(doomed)
-    print(f"removed {p.name}: {_gb(freed)} freed.", file=sys.stderr)
+    print(f"removed {label}: {_gb(freed)} freed.", file=sys.stderr)
     return 0
