@@ -163,4 +163,8 @@ def run(args) -> int:
                 f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
                 file=sys.stderr,
             )
+    if app.quit_signal:  # ended by SIGTERM / SIGHUP: the usual 128 + signal number
+        import signal
+
+        return 128 + int(getattr(signal, app.quit_signal))
     return 0

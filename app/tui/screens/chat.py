@@ -392,6 +392,21 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.app.push_screen(HelpScreen(self.screen_keys))
 
     # -- shutdown ---------------------------------------------------------------------------------
+    def finish_for_exit(self, timeout_s: float = 1.0) -> None:
+        """The app is closing mid-reply: end the turn now so the partial reply is kept and saved as
+        stopped (the engine was cancelled; its last events are drained, or the text so far is used)."""
+        if self.reply is None:
+            return
+        fut = self._turn_future
+        if fut is not None:
+            try:
+                fut.result(timeout=timeout_s)
+            except Exception:
+                pass
+        self._drain()
+        if self.reply is not None:  # the engine never answered: keep what is on screen
+            self._finish(TurnDone(TurnStats(stop_reason="cancelled"), self.reply.plain, ()))
+
     def shutdown(self, timeout_s: float = 1.5) -> None:
         """Stop the engine without letting a stuck engine hold the UI: close on a helper thread."""
         import threading
