@@ -365,3 +365,48 @@ def test_models_rm_takes_a_repo_id_like_download(hf_cache, capsys):
     assert not any(hf_cache.glob("models--owner--name"))
     rc, out, err = run_cli(capsys, "models", "rm", "owner/name", "--yes")
     assert rc == 0 and "nothing to remove" in err
+
+
+# --- attachments are checked by their header before they are read ------------------------------------------
+@pytest.mark.parametrize("size_mb", [200, 2048])
+def test_a_huge_non_image_is_refused_unread(tmp_path, size_mb):
+    import tracemalloc
+
+    from core.image import ImageError, load_image
+
+    path = tmp_path / "big.png"
+    with open(path, "wb") as f:  # sparse: a PNG signature, then nothing
+        f.write(b"\x89PNG\r\n\x1a\n")
+        f.truncate(size_mb << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageError) as e:
+            load_image(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"read {peak / 2**20:.0f} MiB to refuse it"
+    assert "big.png" in str(e.value)
+
+
+# --- terminal escape sequences in printed paths and model text ------------------------------------------------
+def test_paths_with_escape_sequences_are_printed_inert(dirs, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", str(dirs / "no\x1b]0;pwned\x07\x1b[31mred"), "--prompt", "hi")
+    assert rc == 1
+    assert "\x1b" not in err and "\x07" not in err
+    assert "no\\x1b]0;pwned\\x07\\x1b[31mred" in one_error_line(err)
+
+
+def test_model_text_cannot_drive_the_terminal(dirs, pairing, capsys, monkeypatch):
+    from core.detok import Detokenizer
+
+    real_add = Detokenizer.add
+
+    def hostile_add(self, tok):  # as if the model wrote an escape sequence
+        return real_add(self, tok) + "\x1b[2J\x1b]52;c;AAAA\x07"
+
+    monkeypatch.setattr(Detokenizer, "add", hostile_add)
+    rc, out, err = run_cli(capsys, "generate", "--model", str(pairing[0]), "--prompt", "hi", "--max-tokens", "3")
+    assert rc == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2J" in out

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from app.cli import printable
+
 
 def run(args) -> int:
     from app.commands.generate import _pairing, _UsageError
@@ -18,7 +20,7 @@ def run(args) -> int:
         if args.json:
             print(json.dumps({"error": message}))
         else:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
     try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import sys
 
+from app.cli import printable
+
 
 class _UsageError(Exception):
     pass
@@ -29,7 +31,7 @@ def _pairing(args):
         from core.demo import DEMO_NAME, DemoError, ensure_demo_pairing
 
         try:
-            target, drafter = ensure_demo_pairing(on_notice=lambda m: print(f"note: {m}", file=sys.stderr))
+            target, drafter = ensure_demo_pairing(on_notice=lambda m: print(f"note: {printable(m)}", file=sys.stderr))
         except DemoError as e:
             raise _UsageError(str(e)) from None
         return DEMO_NAME, str(target), None if no_draft else str(drafter), True
@@ -138,7 +140,7 @@ def run(args) -> int:
             out.write(json.dumps({"error": message}) + "\n")
             out.flush()
         else:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
     settings = GenerationSettings(
@@ -169,7 +171,7 @@ def run(args) -> int:
         if as_json:
             out.write(json.dumps({"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}) + "\n")
         else:
-            out.write(e.text)
+            out.write(printable(e.text))  # model text must not drive the terminal
         out.flush()
 
     engine = Engine()

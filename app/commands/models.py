@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from app.cli import printable
+
 
 def run(args) -> int:
     action = args.models_command
@@ -125,7 +127,8 @@ class _Bar:
         filled = int(frac * width)
         rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
         eta = _clock(ev.eta_s) if ev.eta_s is not None else "--:--"
-        name = ev.filename if len(ev.filename) <= 32 else "…" + ev.filename[-31:]
+        name = printable(ev.filename)
+        name = name if len(name) <= 32 else "…" + name[-31:]
         line = (
             f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:5.1f}%  "
             f"{_gb(ev.done_bytes)} / {_gb(ev.total_bytes)}  {rate}  ETA {eta}  "
@@ -167,7 +170,7 @@ def download_pairing(name: str, offline: bool = False) -> int:
         try:
             p = catalog.get_pairing(name)
         except KeyError as e:
-            print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
             return 2
         label = p.name
         report = fit.check_fit(p.memory().total_bytes)
@@ -200,14 +203,14 @@ def download_pairing(name: str, offline: bool = False) -> int:
     final = handle.result
     if isinstance(final, DownloadFinished):
         if final.from_cache:
-            print(f"{label} is already downloaded (nothing fetched).", file=sys.stderr)
+            print(f"{printable(label)} is already downloaded (nothing fetched).", file=sys.stderr)
         else:
-            print(f"{label} downloaded.", file=sys.stderr)
+            print(f"{printable(label)} downloaded.", file=sys.stderr)
         for repo, path in final.paths.items():
             print(f"{repo}\t{path}")
         return 0
     if isinstance(final, DownloadFailed):
-        print(f"gemma-chat: {final.message}", file=sys.stderr)
+        print(f"gemma-chat: {printable(final.message)}", file=sys.stderr)
         return 1
     if isinstance(final, DownloadCancelled):
         print("download cancelled; run the same command again to resume", file=sys.stderr)
@@ -232,7 +235,7 @@ def remove_pairing(name: str, yes: bool = False) -> int:
         try:
             p = catalog.get_pairing(name)
         except KeyError as e:
-            print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
             return 2
         label = p.name
         # The drafter is shared by every pairing of its family: kept while another one is on disk.
@@ -240,7 +243,7 @@ def remove_pairing(name: str, yes: bool = False) -> int:
     if kept:
         print(f"keeping {kept[0]}: also used by {', '.join(kept[1:])}", file=sys.stderr)
     if not doomed:
-        print(f"{label}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
+        print(f"{printable(label)}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
         return 0
     size = sum(s.size_on_disk for s in hfcache.statuses(doomed).values())
     print(f"will remove {', '.join(doomed)} ({_gb(size)}) from the Hugging Face cache", file=sys.stderr)
@@ -253,5 +256,5 @@ def remove_pairing(name: str, yes: bool = False) -> int:
             print("kept.", file=sys.stderr)
             return 1
     freed = hfcache.delete_repos(doomed)
-    print(f"removed {label}: {_gb(freed)} freed.", file=sys.stderr)
+    print(f"removed {printable(label)}: {_gb(freed)} freed.", file=sys.stderr)
     return 0

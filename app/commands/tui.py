@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from app.cli import printable
 from core.demo import DEMO_NAME
 
 FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
@@ -103,7 +104,7 @@ def run(args) -> int:
     try:
         config = load_config()
     except ConfigError as e:
-        print(f"gemma-chat: {e}", file=sys.stderr)
+        print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
         return 2
     settings = config.generation_settings()
     notice = None
@@ -123,7 +124,7 @@ def run(args) -> int:
             if DEMO_NOTES:
                 notice = " ".join(filter(None, [notice, f"Note: {DEMO_NOTES[-1]}."]))
         except PairingError as e:
-            print(f"gemma-chat: {e}", file=sys.stderr)
+            print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
             return 2
         from core.engine import Engine
 
