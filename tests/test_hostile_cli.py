@@ -410,3 +410,22 @@ def test_model_text_cannot_drive_the_terminal(dirs, pairing, capsys, monkeypatch
     assert rc == 0, err
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[2J" in out
+
+
+def test_a_truncated_cached_demo_is_rebuilt(dirs, capsys):
+    from core import demo
+
+    target, drafter = demo.ensure_demo_pairing()
+    weights = target / "model.safetensors"
+    size = weights.stat().st_size
+    os.truncate(weights, size // 2)  # a full disk or a killed copy left half a file
+    assert demo.ensure_demo_pairing() == (target, drafter)
+    assert weights.stat().st_size == size
+    rc, out, err = run_cli(capsys, "generate", "--demo", "--prompt", "hi", "--max-tokens", "2")
+    assert rc == 0, err
+    # a flipped byte of the same size is caught by the hash
+    data = bytearray((drafter / "config.json").read_bytes())
+    data[-2] = ord(" ") if data[-2] != ord(" ") else ord("\n")
+    (drafter / "config.json").write_bytes(bytes(data))
+    demo.ensure_demo_pairing()
+    assert (drafter / "config.json").read_bytes() != bytes(data)
