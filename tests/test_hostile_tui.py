@@ -218,3 +218,29 @@ def test_quit_signal_gives_the_terminal_back(tmp_path, signame):
     with Store(tmp_path / "data" / "history.sqlite3") as store:
         msgs = store.load_chat(store.list_chats()[0].id).messages
     assert [(m.role, m.stopped) for m in msgs] == [("user", False), ("assistant", True)]
+
+
+# --- a long prompt: the panel shows the prefill, not "ready" --------------------------------------------------
+async def test_a_long_prefill_is_shown_with_tokens_and_an_estimate(tmp_path):
+    app = GemmaChatApp(
+        FakeEngine(hold_prefill=True, context_length=1_000_000), PairingSpec("fake", "target-dir", "drafter-dir")
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        engine = app.engine
+        await until(pilot, lambda: app.chat.loaded)
+        app.chat.prompt.text = "short"
+        await pilot.press("enter")
+        await until(pilot, lambda: "prefill" in app.chat.panel.status_text)
+        assert "ETA" not in app.chat.panel.status_text  # no rate measured yet: no guess
+        engine.release_prefill()
+        await until(pilot, lambda: not app.chat.generating)
+        assert app.chat.panel.status_text.startswith("ready")
+        app.chat.prompt.text = "word " * 20_000  # a 100 KB paste
+        await pilot.press("enter")
+        await until(pilot, lambda: "prefill" in app.chat.panel.status_text)
+        status = app.chat.panel.status_text
+        assert "prefill 20,0" in status and "ETA ~" in status, status
+        assert "reading the prompt" in str(app.chat.reply.summary.render())
+        engine.release_prefill()
+        await until(pilot, lambda: not app.chat.generating)
+        assert app.chat.panel.status_text.startswith("ready")

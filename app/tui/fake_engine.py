@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.engine import PairingInfo, PairingSpec
-from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
 
 DEFAULT_REPLY = (
@@ -76,6 +76,7 @@ class FakeEngine:
     demo: bool = False
     has_vision: bool = True  # False: image items fail the turn, as on a pairing without a vision tower
     context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
+    hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -92,6 +93,8 @@ class FakeEngine:
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
         self._reply_index = 0
+        self._prefill_gate = threading.Event()
+        self.prefilling: PrefillStarted | None = None  # as the real engine's
         self._load_gate = threading.Event()
         if not self.hold_load:
             self._load_gate.set()
@@ -99,6 +102,10 @@ class FakeEngine:
         self._thread.start()
 
     # -- the Engine API -------------------------------------------------------------------------
+    def release_prefill(self) -> None:
+        """Let the held prefill (hold_prefill=True) finish."""
+        self._prefill_gate.set()
+
     def load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None]) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put(("load", spec, on_event, fut))
@@ -241,6 +248,11 @@ class FakeEngine:
                 on_event,
             )
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
+        self.prefilling = PrefillStarted(prompt_tokens, prompt_tokens, time.monotonic())
+        if self.hold_prefill:
+            self._prefill_gate.wait()
+            self._prefill_gate.clear()
+        self.prefilling = None
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))
         stats.ttft_s = stats.prefill_s  # like the real engine: the first token comes from the prefill

@@ -85,7 +85,10 @@ class StatsPanel(Vertical):
             t.append("\nDEMO — random weights", style="bold reverse #E69F00")
         self.pairing.update(t)
 
+    status_text = ""
+
     def show_status(self, text: str) -> None:
+        self.status_text = text
         self.status.update(text)
 
     def show(self, s: LiveStats) -> None:
