@@ -26,6 +26,7 @@ The UI sees only the dataclass events below, never hub objects.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import threading
@@ -43,6 +44,20 @@ DEFAULT_ALLOW_PATTERNS: tuple[str, ...] = ("*.json", "*.safetensors", "*.jinja",
 # Resume and progress granularity. The client's default (10 MiB) makes progress jumpy and, for a
 # download killed mid-file, keeps up to 10 MiB in memory instead of on disk.
 CHUNK_BYTES = 1024 * 1024
+# A server that accepts the connection and then says nothing (or trickles a byte a second) would leave
+# a download waiting for ever: with no message from the download process for this long, it is stopped
+# and reported. Progress arrives every CHUNK_BYTES, so a working link slower than ~17 KB/s trips it too.
+STALL_ENV = "GEMMA_CHAT_HUB_TIMEOUT"
+DEFAULT_STALL_S = 60.0
+
+
+def stall_seconds() -> float:
+    try:
+        value = float(os.environ.get(STALL_ENV, ""))
+    except ValueError:
+        return DEFAULT_STALL_S
+    return value if value > 0 else DEFAULT_STALL_S
+
 
 GiB = 1024**3
 
@@ -266,6 +281,15 @@ def classify_error(exc: BaseException, repo_id: str = "", endpoint: str | None =
             f"cannot reach {where} ({type(exc).__name__}): check your connection, "
             "or use --offline with a pairing that is already downloaded.",
         )
+    if isinstance(exc, json.JSONDecodeError) or (isinstance(exc, ValueError) and "Expecting value" in str(exc)):
+        sent = " ".join(str(getattr(exc, "doc", "") or "").split())
+        sent = "".join(ch if ch.isprintable() else "?" for ch in sent)[:120]
+        return DownloadError(
+            "network",
+            f"{where} did not answer like the Hugging Face Hub"
+            + (f"; it sent: {sent!r}" if sent else " (an empty or non-JSON answer)")
+            + ". A captive portal or proxy login page? Open a browser to log in, or check HF_ENDPOINT.",
+        )
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return DownloadError(
             "disk_full",
@@ -482,10 +506,21 @@ class DownloadHandle:
     DownloadFinished / DownloadFailed / DownloadCancelled, and stops.
     """
 
-    def __init__(self, process=None, conn=None, final: DownloadEvent | None = None):
+    def __init__(
+        self,
+        process=None,
+        conn=None,
+        final: DownloadEvent | None = None,
+        *,
+        stall_s: float | None = None,
+        where: str = "the Hugging Face Hub",
+    ):
         self._process = process
         self._conn = conn if conn is not None or process is None else process.conn
         self._final = final
+        self.stall_s = stall_seconds() if stall_s is None else stall_s
+        self._where = where
+        self._last_message = time.monotonic()
         self._final_pending = final is not None  # a handle born finished still yields its event once
         self._cancelled = threading.Event()
         # progress bookkeeping
@@ -546,8 +581,11 @@ class DownloadHandle:
             except (EOFError, OSError):
                 ready = True
             if not ready:
+                if time.monotonic() - self._last_message > self.stall_s:
+                    out.append(self._stalled())
                 break
             wait = 0.0
+            self._last_message = time.monotonic()
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
@@ -558,6 +596,19 @@ class DownloadHandle:
             if self._final is not None:
                 self._close()
         return out
+
+    def _stalled(self) -> DownloadEvent:
+        """Nothing from the download process for `stall_s`: it is waiting on a server that does not answer."""
+        if self._process is not None and self._process.is_alive():
+            self._process.terminate()
+        self._final = DownloadFailed(
+            "network",
+            f"{self._where} accepted the connection but sent nothing (or almost nothing) for "
+            f"{self.stall_s:g} s: the server or a proxy is stalled. Check your connection (and HF_ENDPOINT), "
+            f"then retry; the download resumes. ({STALL_ENV} sets this limit.)",
+        )
+        self._close()
+        return self._final
 
     def _end_without_message(self) -> DownloadEvent:
         if self._cancelled.is_set():
@@ -674,7 +725,14 @@ def start_download(
             )
         )
     job = _Job(repo_ids, revision, cache_dir, endpoint, token, tuple(allow_patterns), free_bytes_fn)
-    return DownloadHandle(process=_ChildProcess(job), conn=None)
+    return DownloadHandle(process=_ChildProcess(job), conn=None, where=_where(endpoint))
+
+
+def _where(endpoint: str | None) -> str:
+    from huggingface_hub import constants
+
+    url = endpoint or constants.ENDPOINT
+    return "the Hugging Face Hub" if url.rstrip("/") == "https://huggingface.co" else f"the server at {url}"
 
 
 class _ChildProcess:

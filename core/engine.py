@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.events import LoadProgress, TurnDone, TurnStats
+from core.events import LoadProgress, PrefillStarted, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
 from core.settings import GenerationSettings
 
@@ -113,6 +113,8 @@ class Engine:
         self._info: PairingInfo | None = None
         self._state: _Loaded | None = None
         self._closed = False
+        # the running turn's prompt while it may still be prefilling (the UI polls it; PrefillDone ends it)
+        self.prefilling: PrefillStarted | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="gemma-chat-engine", daemon=True)
         self._thread.start()
@@ -414,6 +416,7 @@ class Engine:
             embeddings, mask = rows, mx.array(flags)
 
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
+        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic())
         try:
             result = st.decoder.run(
                 st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start
@@ -423,6 +426,8 @@ class Engine:
         except BaseException:
             self._reset_conversation(st)  # a failure mid-forward leaves the cache in an unknown state
             raise
+        finally:
+            self.prefilling = None
         st.token_log.extend(
             result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)]
         )

@@ -30,6 +30,17 @@ class RoundEvent:
 
 
 @dataclass(frozen=True)
+class PrefillStarted:
+    """The prompt is tokenized and running through the target: a long paste can take minutes, and the
+    UI says so (with an estimate from the last prefill's rate) instead of "ready". Not an event of the
+    turn's stream (that begins with PrefillDone): the engine's `prefilling` attribute, polled by the UI."""
+
+    prompt_tokens: int  # whole prompt length
+    prefill_tokens: int  # tokens that will run through the target (cache reuse skips the rest)
+    started: float  # time.monotonic() when it began
+
+
+@dataclass(frozen=True)
 class PrefillDone:
     prompt_tokens: int  # whole prompt length
     prefill_tokens: int  # tokens actually run through the target (cache reuse skips the rest)

@@ -27,6 +27,7 @@ SUPPORTED_SOFT_TOKENS = IMAGE_BUDGETS
 DEFAULT_MAX_SOFT_TOKENS = 280  # HF's default when a checkpoint says nothing
 # Pillow's own default limit; a bigger image is refused before it is decoded.
 DEFAULT_MAX_PIXELS = 89_478_485
+MAX_IMAGE_FILE_BYTES = 256 << 20  # far above any photo; bounds what one attachment can cost in memory
 
 
 class ImageError(ValueError):
@@ -170,6 +171,24 @@ def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
                 raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
             if size == 0:
                 raise ImageError(f"Image file{label} is empty (0 bytes).")
+            if size > MAX_IMAGE_FILE_BYTES:
+                raise ImageError(
+                    f"Image file{label} is {size / 2**20:,.0f} MiB; the limit is {MAX_IMAGE_FILE_BYTES >> 20} MiB."
+                )
+            # The header first (Pillow reads only what it needs to identify the format and the size), so
+            # a huge file that is not an image, or an image of too many pixels, is refused unread.
+            try:
+                with open(path, "rb") as head:
+                    probe = _open(head, label, max_pixels, Image, UnidentifiedImageError)
+                    w, h = probe.size
+            except PermissionError as exc:
+                raise ImageError(f"Permission denied reading image{label}.") from exc
+            except OSError as exc:
+                raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
+            if w * h > max_pixels:
+                raise ImageError(
+                    f"Image{label} is too large ({w}x{h} = {w * h:,} pixels; the limit is {max_pixels:,})."
+                )
             try:
                 # Read it whole: no file handle outlives this call, even for animations.
                 fp = io.BytesIO(path.read_bytes())

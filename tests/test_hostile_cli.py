@@ -250,3 +250,182 @@ def test_context_full_is_not_reported_as_max_tokens(dirs, pairing, capsys):
     lines = [json.loads(ln) for ln in out.splitlines() if ln.strip()]
     assert lines[-1]["stats"]["stop_reason"] == "context_full"
     assert len(lines) - 1 < 200
+
+
+# --- 4. a stalled or impostor hub ---------------------------------------------------------------------------
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for name in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return cache
+
+
+class LoopbackServer:
+    """127.0.0.1 server that accepts connections and then: says nothing ("silent"), trickles a byte a
+    second after the headers ("trickle"), or answers every request with a login page ("portal")."""
+
+    PORTAL = b"<html><body>Please log in to the hotel wifi</body></html>"
+
+    def __init__(self, mode: str):
+        import socket
+        import threading
+
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list = []
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn) -> None:
+        import time
+
+        try:
+            if self.mode == "silent":
+                return
+            conn.recv(65536)
+            if self.mode == "portal":
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(self.PORTAL)
+                conn.sendall(head + self.PORTAL)
+                conn.close()
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.is_set():
+                conn.sendall(b" ")
+                time.sleep(1)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+def test_stalled_hub_times_out_with_a_clear_message(hf_cache, monkeypatch, capsys, mode):
+    import time
+
+    server = LoopbackServer(mode)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("GEMMA_CHAT_HUB_TIMEOUT", "3")
+    try:
+        t0 = time.monotonic()
+        rc, out, err = run_cli(capsys, "models", "download", "owner/name")
+        elapsed = time.monotonic() - t0
+    finally:
+        server.close()
+    assert rc == 1
+    line = one_error_line(err)
+    assert f"the server at {server.url} accepted the connection but sent nothing" in line
+    assert elapsed < 40
+
+
+def test_captive_portal_says_what_the_server_sent(hf_cache, monkeypatch, capsys):
+    server = LoopbackServer("portal")
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    try:
+        rc, out, err = run_cli(capsys, "models", "download", "owner/name")
+    finally:
+        server.close()
+    assert rc == 1
+    line = one_error_line(err)
+    assert "did not answer like the Hugging Face Hub" in line and "Please log in to the hotel wifi" in line
+    assert "JSONDecodeError" not in err
+
+
+def test_models_rm_takes_a_repo_id_like_download(hf_cache, capsys):
+    from fakehub import put_in_cache
+
+    put_in_cache(hf_cache, "owner/name", {"config.json": b"{}", "model.safetensors": b"w" * 1000})
+    assert any(hf_cache.glob("models--owner--name"))
+    rc, out, err = run_cli(capsys, "models", "rm", "owner/name", "--yes")
+    assert rc == 0, err
+    assert "removed owner/name" in err
+    assert not any(hf_cache.glob("models--owner--name"))
+    rc, out, err = run_cli(capsys, "models", "rm", "owner/name", "--yes")
+    assert rc == 0 and "nothing to remove" in err
+
+
+# --- attachments are checked by their header before they are read ------------------------------------------
+@pytest.mark.parametrize("size_mb", [200, 2048])
+def test_a_huge_non_image_is_refused_unread(tmp_path, size_mb):
+    import tracemalloc
+
+    from core.image import ImageError, load_image
+
+    path = tmp_path / "big.png"
+    with open(path, "wb") as f:  # sparse: a PNG signature, then nothing
+        f.write(b"\x89PNG\r\n\x1a\n")
+        f.truncate(size_mb << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageError) as e:
+            load_image(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"read {peak / 2**20:.0f} MiB to refuse it"
+    assert "big.png" in str(e.value)
+
+
+# --- terminal escape sequences in printed paths and model text ------------------------------------------------
+def test_paths_with_escape_sequences_are_printed_inert(dirs, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", str(dirs / "no\x1b]0;pwned\x07\x1b[31mred"), "--prompt", "hi")
+    assert rc == 1
+    assert "\x1b" not in err and "\x07" not in err
+    assert "no\\x1b]0;pwned\\x07\\x1b[31mred" in one_error_line(err)
+
+
+def test_model_text_cannot_drive_the_terminal(dirs, pairing, capsys, monkeypatch):
+    from core.detok import Detokenizer
+
+    real_add = Detokenizer.add
+
+    def hostile_add(self, tok):  # as if the model wrote an escape sequence
+        return real_add(self, tok) + "\x1b[2J\x1b]52;c;AAAA\x07"
+
+    monkeypatch.setattr(Detokenizer, "add", hostile_add)
+    rc, out, err = run_cli(capsys, "generate", "--model", str(pairing[0]), "--prompt", "hi", "--max-tokens", "3")
+    assert rc == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2J" in out
+
+
+def test_a_truncated_cached_demo_is_rebuilt(dirs, capsys):
+    from core import demo
+
+    target, drafter = demo.ensure_demo_pairing()
+    weights = target / "model.safetensors"
+    size = weights.stat().st_size
+    os.truncate(weights, size // 2)  # a full disk or a killed copy left half a file
+    assert demo.ensure_demo_pairing() == (target, drafter)
+    assert weights.stat().st_size == size
+    rc, out, err = run_cli(capsys, "generate", "--demo", "--prompt", "hi", "--max-tokens", "2")
+    assert rc == 0, err
+    # a flipped byte of the same size is caught by the hash
+    data = bytearray((drafter / "config.json").read_bytes())
+    data[-2] = ord(" ") if data[-2] != ord(" ") else ord("\n")
+    (drafter / "config.json").write_bytes(bytes(data))
+    demo.ensure_demo_pairing()
+    assert (drafter / "config.json").read_bytes() != bytes(data)

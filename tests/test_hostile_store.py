@@ -125,3 +125,13 @@ def test_history_and_config_are_private(tmp_path, monkeypatch):
         assert mode(cfg) == 0o600
     finally:
         os.umask(old)
+
+
+def test_a_stored_chat_with_bad_sampling_values_still_chats():
+    from app.tui.history import settings_for_chat
+    from core.settings import GenerationSettings
+
+    base = GenerationSettings(temperature=0.0, seed=7)
+    s = settings_for_chat(base, {"seed": -1, "temperature": float("nan"), "top_k": 5}, None)
+    s.validate()
+    assert (s.seed, s.temperature, s.top_k) == (7, 0.0, 5)

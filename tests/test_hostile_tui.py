@@ -146,3 +146,101 @@ async def test_unsaved_messages_go_to_a_recovery_file_at_exit(tmp_path):
     assert oct(recovery.stat().st_mode & 0o777) == "0o600"
     saved = json.loads(recovery.read_text())["messages"]
     assert [(m["role"], m["content"]) for m in saved] == [("user", "kept question"), ("assistant", "kept answer")]
+
+
+# --- 7. SIGTERM / SIGHUP ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+async def test_quit_signal_keeps_the_partial_reply_as_stopped(tmp_path, signame):
+    import signal
+
+    db = tmp_path / "history.sqlite3"
+    app = make_app(db, step=True)
+    async with app.run_test(size=SIZE) as pilot:
+        engine = app.engine
+        await until(pilot, lambda: app.chat.loaded)
+        app.chat.prompt.text = "go"
+        await pilot.press("enter")
+        engine.allow(2)
+        await until(pilot, lambda: engine.rounds_done == 2 and app.chat.reply is not None and app.chat.reply.plain)
+        partial = app.chat.reply.plain
+        sig = getattr(signal, signame)
+        assert signal.getsignal(sig) is not signal.SIG_DFL, f"{signame} would kill the app (no handler)"
+        os.kill(os.getpid(), sig)
+        await until(pilot, lambda: app.quit_signal is not None and not app.is_running, timeout=10)
+    assert app.quit_signal == signame
+    app.history.close()
+    with Store(db) as store:
+        msgs = store.load_chat(store.list_chats()[0].id).messages
+    assert [(m.role, m.stopped) for m in msgs] == [("user", False), ("assistant", True)]
+    assert msgs[-1].content.startswith(partial)
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_quit_signal_gives_the_terminal_back(tmp_path, signame):
+    """The installed app in tmux, killed by a signal mid-reply: the pane leaves the alternate screen,
+    mouse tracking is off, the cursor shows again, and the exit status is 128 + the signal."""
+    import signal
+    import subprocess
+    import time
+
+    from test_tui_tmux import GEMMA_CHAT, Tmux, _ensure_tmux
+
+    env = {
+        "TERM": "xterm-256color",
+        "GEMMA_CHAT_CONFIG": str(tmp_path / "config.toml"),
+        "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
+        "GEMMA_CHAT_CACHE_DIR": str(tmp_path / "cache"),
+        "GEMMA_CHAT_FAKE_ENGINE": "1",
+        "GEMMA_CHAT_FAKE_DELAY": "0.5",
+        "HF_HUB_OFFLINE": "1",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    # a shell around the app keeps the pane (and its terminal state) after the app is gone
+    t = Tmux(_ensure_tmux(), env, ["sh", "-c", f"'{GEMMA_CHAT}; echo EXIT=$?; sleep 60'"])
+    try:
+        t.wait(lambda: "ready" in t.text(), "the fake engine to load", 30)
+        t.keys("tell me something", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "streaming" in t.text(), "the reply to stream", 10)
+        shell = t._run("display-message", "-p", "-t", "chat", "#{pane_pid}").stdout.strip()
+        app_pid = int(subprocess.run(["pgrep", "-P", shell], capture_output=True, text=True).stdout.split()[0])
+        os.kill(app_pid, getattr(signal, signame))
+        t.wait(lambda: "EXIT=" in t.text(), f"the app to exit on {signame}", 15)
+        assert f"EXIT={128 + getattr(signal, signame)}" in t.text()
+        assert "Traceback" not in t.text()
+        time.sleep(0.2)
+        flags = t._run(
+            "display-message", "-p", "-t", "chat", "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
+        ).stdout.split()
+        assert flags == ["0", "0", "1"], f"alternate screen, mouse tracking, cursor: {flags}"
+    finally:
+        t.kill()
+    with Store(tmp_path / "data" / "history.sqlite3") as store:
+        msgs = store.load_chat(store.list_chats()[0].id).messages
+    assert [(m.role, m.stopped) for m in msgs] == [("user", False), ("assistant", True)]
+
+
+# --- a long prompt: the panel shows the prefill, not "ready" --------------------------------------------------
+async def test_a_long_prefill_is_shown_with_tokens_and_an_estimate(tmp_path):
+    app = GemmaChatApp(
+        FakeEngine(hold_prefill=True, context_length=1_000_000), PairingSpec("fake", "target-dir", "drafter-dir")
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        engine = app.engine
+        await until(pilot, lambda: app.chat.loaded)
+        app.chat.prompt.text = "short"
+        await pilot.press("enter")
+        await until(pilot, lambda: "prefill" in app.chat.panel.status_text)
+        assert "ETA" not in app.chat.panel.status_text  # no rate measured yet: no guess
+        engine.release_prefill()
+        await until(pilot, lambda: not app.chat.generating)
+        assert app.chat.panel.status_text.startswith("ready")
+        app.chat.prompt.text = "word " * 20_000  # a 100 KB paste
+        await pilot.press("enter")
+        await until(pilot, lambda: "prefill" in app.chat.panel.status_text)
+        status = app.chat.panel.status_text
+        assert "prefill 20,0" in status and "ETA ~" in status, status
+        assert "reading the prompt" in str(app.chat.reply.summary.render())
+        engine.release_prefill()
+        await until(pilot, lambda: not app.chat.generating)
+        assert app.chat.panel.status_text.startswith("ready")

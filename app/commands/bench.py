@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from app.cli import printable
+
 
 def run(args) -> int:
     from app.commands.generate import _pairing, _UsageError
@@ -19,7 +21,7 @@ def run(args) -> int:
         if args.json:
             print(json.dumps({"error": message}))
         else:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
     try:

@@ -19,6 +19,8 @@ import dataclasses
 import json
 import sys
 
+from app.cli import printable
+
 
 class _UsageError(Exception):
     pass
@@ -32,7 +34,7 @@ def _pairing(args):
     with_drafter = not getattr(args, "no_draft", False)
     try:
         if getattr(args, "demo", False):
-            return demo_spec(drafter=with_drafter, on_notice=lambda m: print(f"note: {m}", file=sys.stderr))
+            return demo_spec(drafter=with_drafter, on_notice=lambda m: print(f"note: {printable(m)}", file=sys.stderr))
         if getattr(args, "model", None):
             return checkpoint_spec(args.model, args.drafter if args.drafter and with_drafter else None)
         if getattr(args, "pairing", None):
@@ -144,7 +146,7 @@ def run(args) -> int:
             out.write(json.dumps({"error": message}) + "\n")
             out.flush()
         else:
-            print(f"error: {message}", file=sys.stderr)
+            print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
     settings = GenerationSettings(
@@ -186,7 +188,7 @@ def run(args) -> int:
         if as_json:
             out.write(json.dumps({"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}) + "\n")
         else:
-            out.write(e.text)
+            out.write(printable(e.text))  # model text must not drive the terminal
         out.flush()
 
     if not connect:

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from app.cli import printable
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
@@ -135,7 +136,8 @@ class _Bar:
         filled = int(frac * width)
         rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
         eta = _clock(ev.eta_s) if ev.eta_s is not None else "--:--"
-        name = ev.filename if len(ev.filename) <= 32 else "…" + ev.filename[-31:]
+        name = printable(ev.filename)
+        name = name if len(name) <= 32 else "…" + name[-31:]
         line = (
             f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:5.1f}%  "
             f"{_gb(ev.done_bytes)} / {_gb(ev.total_bytes)}  {rate}  ETA {eta}  "
@@ -177,7 +179,7 @@ def download_pairing(name: str, offline: bool = False) -> int:
         try:
             p = catalog.get_pairing(name)
         except KeyError as e:
-            print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
+            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
             return 2
         label = p.name
         report = fit.check_fit(p.memory().total_bytes)
@@ -210,14 +212,14 @@ def download_pairing(name: str, offline: bool = False) -> int:
     final = handle.result
     if isinstance(final, DownloadFinished):
         if final.from_cache:
-            print(f"{label} is already downloaded (nothing fetched).", file=sys.stderr)
+            print(f"{printable(label)} is already downloaded (nothing fetched).", file=sys.stderr)
         else:
-            print(f"{label} downloaded.", file=sys.stderr)
+            print(f"{printable(label)} downloaded.", file=sys.stderr)
         for repo, path in final.paths.items():
             print(f"{repo}\t{path}")
         return 0
     if isinstance(final, DownloadFailed):
-        print(f"gemma-chat: {final.message}", file=sys.stderr)
+        print(f"gemma-chat: {printable(final.message)}", file=sys.stderr)
         return 1
     if isinstance(final, DownloadCancelled):
         print("download cancelled; run the same command again to resume", file=sys.stderr)
@@ -232,17 +234,25 @@ def download_pairing(name: str, offline: bool = False) -> int:
 def remove_pairing(name: str, yes: bool = False) -> int:
     from core import catalog, hfcache
 
-    try:
-        p = catalog.get_pairing(name)
-    except KeyError as e:
-        print(f"gemma-chat: {e.args[0]}", file=sys.stderr)
-        return 2
-    # The drafter is shared by every pairing of its family: kept while another one is on disk.
-    doomed, kept = catalog.removal_plan(p.name)
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        # A repository id, as `download` takes it: just that repository.
+        label = name
+        status = hfcache.statuses([name])[name]
+        doomed = [status.cached_id or name] if status.state != "missing" else []
+        kept: list[str] = []
+    else:
+        try:
+            p = catalog.get_pairing(name)
+        except KeyError as e:
+            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+            return 2
+        label = p.name
+        # The drafter is shared by every pairing of its family: kept while another one is on disk.
+        doomed, kept = catalog.removal_plan(p.name)
     if kept:
         print(f"keeping {kept[0]}: also used by {', '.join(kept[1:])}", file=sys.stderr)
     if not doomed:
-        print(f"{p.name}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
+        print(f"{printable(label)}: nothing to remove (not in the Hugging Face cache).", file=sys.stderr)
         return 0
     size = sum(s.size_on_disk for s in hfcache.statuses(doomed).values())
     print(f"will remove {', '.join(doomed)} ({_gb(size)}) from the Hugging Face cache", file=sys.stderr)
@@ -255,5 +265,5 @@ def remove_pairing(name: str, yes: bool = False) -> int:
             print("kept.", file=sys.stderr)
             return 1
     freed = hfcache.delete_repos(doomed)
-    print(f"removed {p.name}: {_gb(freed)} freed.", file=sys.stderr)
+    print(f"removed {printable(label)}: {_gb(freed)} freed.", file=sys.stderr)
     return 0

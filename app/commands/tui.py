@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.cli import printable
 from core.pairing import PairingError
 from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
 
@@ -117,7 +118,7 @@ def run(args) -> int:
     try:
         config = load_config()
     except ConfigError as e:
-        print(f"gemma-chat: {e}", file=sys.stderr)
+        print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
         return 2
     try:
         settings = cli_settings(args, config.generation_settings())
@@ -154,7 +155,7 @@ def run(args) -> int:
             if DEMO_NOTES:
                 notice = " ".join(filter(None, [notice, f"Note: {DEMO_NOTES[-1]}."]))
         except PairingError as e:
-            print(f"gemma-chat: {e}", file=sys.stderr)
+            print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
             return 2
         remember_pairing(args, config)
         from core.engine import Engine
@@ -195,4 +196,8 @@ def run(args) -> int:
                 f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
                 file=sys.stderr,
             )
+    if app.quit_signal:  # ended by SIGTERM / SIGHUP: the usual 128 + signal number
+        import signal
+
+        return 128 + int(getattr(signal, app.quit_signal))
     return 0

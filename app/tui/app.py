@@ -53,6 +53,7 @@ class GemmaChatApp(App[None]):
             self.theme = theme
 
     def on_mount(self) -> None:
+        self._install_signal_handlers()
         if self.history is not None:
             if self.history.on_error is None:
                 self.history.on_error = self._history_error
@@ -98,4 +99,42 @@ class GemmaChatApp(App[None]):
         # then the engine closes with a short timeout so a busy engine cannot hang the exit.
         await self.chat.stop_and_keep()
         self.chat.shutdown()
+        self.chat.finish_for_exit()
         self.exit()
+
+    # SIGTERM (kill, a closing session manager) and SIGHUP (the terminal went away) end the app like
+    # Ctrl+Q: the partial reply saved as stopped, the terminal given back (alternate screen, mouse
+    # tracking, cursor) by Textual's normal exit instead of the process dying mid-screen.
+    QUIT_SIGNALS = ("SIGTERM", "SIGHUP")
+
+    def _install_signal_handlers(self) -> None:
+        import asyncio
+        import signal
+
+        self._signals_installed: list = []
+        loop = asyncio.get_running_loop()
+        for name in self.QUIT_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                loop.add_signal_handler(sig, self._on_quit_signal, name)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such support
+                continue
+            self._signals_installed.append(sig)
+
+    def _on_quit_signal(self, name: str) -> None:
+        self.quit_signal = name
+        self.run_worker(self.action_quit(), group="quit", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for sig in getattr(self, "_signals_installed", ()):
+            loop.remove_signal_handler(sig)
+
+    quit_signal: str | None = None  # the signal that ended the app, if one did

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from core.engine import PairingInfo, PairingSpec
-from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
 
@@ -78,6 +78,7 @@ class FakeEngine:
     demo: bool = False
     has_vision: bool = True  # False: image items fail the turn, as on a pairing without a vision tower
     context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
+    hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -94,6 +95,8 @@ class FakeEngine:
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
         self._reply_index = 0
+        self._prefill_gate = threading.Event()
+        self.prefilling: PrefillStarted | None = None  # as the real engine's
         self._load_gate = threading.Event()
         if not self.hold_load:
             self._load_gate.set()
@@ -101,6 +104,10 @@ class FakeEngine:
         self._thread.start()
 
     # -- the Engine API -------------------------------------------------------------------------
+    def release_prefill(self) -> None:
+        """Let the held prefill (hold_prefill=True) finish."""
+        self._prefill_gate.set()
+
     def load(
         self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
     ) -> concurrent.futures.Future[PairingInfo]:
@@ -247,6 +254,11 @@ class FakeEngine:
         if too_long := context_error(prompt_tokens, self.context_length):
             return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
+        self.prefilling = PrefillStarted(prompt_tokens, prompt_tokens, time.monotonic())
+        if self.hold_prefill:
+            self._prefill_gate.wait()
+            self._prefill_gate.clear()
+        self.prefilling = None
         stats.prefill_s = prompt_tokens * 0.001
         on_event(PrefillDone(prompt_tokens, prompt_tokens, 0, stats.prefill_s))
         stats.ttft_s = stats.prefill_s  # like the real engine: the first token comes from the prefill

@@ -48,7 +48,19 @@ def chat_params(settings: GenerationSettings) -> dict[str, Any]:
 
 def settings_for_chat(base: GenerationSettings, params: dict, system_prompt: str | None) -> GenerationSettings:
     """`base` (the config's defaults) with a stored chat's parameters on top; unknown keys ignored."""
-    known = {k: v for k, v in params.items() if k in CHAT_PARAMS}
+    from core.settings import SAMPLING_CHECKS, BadValue
+
+    known = {}
+    for k, v in params.items():
+        if k not in CHAT_PARAMS:
+            continue
+        check = SAMPLING_CHECKS.get(k)
+        if check is not None and v is not None:
+            try:
+                v = check(v)
+            except BadValue:  # stored by an older build that let it through: the default instead
+                continue
+        known[k] = v
     return dataclasses.replace(base, **known, system_prompt=system_prompt)
 
 

@@ -122,6 +122,9 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._load_future = None
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
+        self._prefill: tuple[int, float] | None = None  # (tokens, start) while a prompt prefills
+        self._status_before_prefill = ""
+        self._awaiting_prefill = False  # a turn was sent and its PrefillDone has not come yet
         self._last_markdown = 0.0
         self._ticks = 0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
@@ -223,6 +226,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.conversation.anchor()
         self.stats.start_turn(time.monotonic())
         self.panel.show_status("generating… (Esc stops)")
+        self._awaiting_prefill = True
         settings = dataclasses.replace(
             self.settings, block_size=self.stats.block_setting, drafter_enabled=self.stats.drafter_enabled
         )
@@ -260,6 +264,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             if isinstance(ev, RoundEvent):
                 self.stats.on_round(ev)
             elif isinstance(ev, PrefillDone):
+                self._prefill_over()
                 self.stats.on_prefill(ev)
             elif isinstance(ev, TurnDone):
                 self._finish(ev)
@@ -323,10 +328,38 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._load_future = self.engine.load(spec, self.bridge.listener(0))
         return True
 
+    def _show_prefill(self) -> None:
+        """While a prompt prefills: how many tokens, for how long so far, and about how long in all at
+        the last measured prefill rate (a 100 KB paste takes minutes on a small machine)."""
+        if self._prefill is None:
+            started = getattr(self.engine, "prefilling", None)
+            if started is None or self.reply is None or self.reply.plain or not self._awaiting_prefill:
+                return
+            self._status_before_prefill = self.panel.status_text
+            self._prefill = (started.prefill_tokens, started.started)
+        n, t0 = self._prefill
+        elapsed = max(0.0, time.monotonic() - t0)
+        text = f"prefill {n:,} tokens · {_clock(elapsed)}"
+        rate = self.stats.prefill_tps
+        if rate:
+            text += f" · ETA ~{_clock(max(0.0, n / rate - elapsed))}"
+        self.panel.show_status(text)
+        if self.reply is not None:
+            self.reply.summary.update(f"reading the prompt: {text}…")
+
+    def _prefill_over(self) -> None:
+        self._awaiting_prefill = False
+        if self._prefill is not None:
+            self._prefill = None
+            self.panel.show_status(self._status_before_prefill)
+            if self.reply is not None:
+                self.reply.summary.update("streaming…")
+
     def _finish(self, done: TurnDone) -> None:
         reply = self.reply
         if reply is None:
             return
+        self._prefill_over()  # a turn that ended (failed, stopped) during its prefill
         self.reply = None
         self.prompt.live = False
         self.prompt.cursor_blink = True
@@ -433,6 +466,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._ticks += 1
         if self._ticks % round(DRAIN_HZ / PANEL_HZ) == 0:
             self._refresh_panels()
+            self._show_prefill()
         now = time.monotonic()
         if self.view_mode == "rendered" and self.reply is not None and now - self._last_markdown >= 1 / MARKDOWN_HZ:
             self._last_markdown = now
@@ -559,6 +593,21 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.app.push_screen(HelpScreen(self.screen_keys))
 
     # -- shutdown ---------------------------------------------------------------------------------
+    def finish_for_exit(self, timeout_s: float = 1.0) -> None:
+        """The app is closing mid-reply: end the turn now so the partial reply is kept and saved as
+        stopped (the engine was cancelled; its last events are drained, or the text so far is used)."""
+        if self.reply is None:
+            return
+        fut = self._turn_future
+        if fut is not None:
+            try:
+                fut.result(timeout=timeout_s)
+            except Exception:
+                pass
+        self._drain()
+        if self.reply is not None:  # the engine never answered: keep what is on screen
+            self._finish(TurnDone(TurnStats(stop_reason="cancelled"), self.reply.plain, ()))
+
     def shutdown(self, timeout_s: float = 1.5) -> None:
         """Stop the engine without letting a stuck engine hold the UI: close on a helper thread."""
         import threading
@@ -570,3 +619,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         closer = threading.Thread(target=self.engine.close, name="engine-close", daemon=True)
         closer.start()
         closer.join(timeout_s)
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

@@ -121,6 +121,8 @@ class StatsPanel(Vertical):
         self._update_compact()
         self.pairing.update(t)
 
+    status_text = ""
+
     def show_status(self, text: str) -> None:
         self.status_text = text
         self.status.update(text)
