@@ -103,3 +103,12 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
         if "random" in DEMO_LABEL:
             pytest.xfail("the random-weight demo's drafts are never accepted: needs the trained demo (issue 12 §1)")
         raise AssertionError("no underlined drafted + accepted token in the demo's reply")
+
+
+def test_underline_detection_reads_tmux_escapes():
+    """The check the xfail above depends on: a drafted + accepted token as tmux's capture shows it."""
+    draft = "\x1b[4;38;2;86;180;233;48;2;18;18;18m decoding\x1b[0m"
+    target_only = "\x1b[38;2;230;159;0;48;2;18;18;18mSpeculative\x1b[0m"
+    assert _underlined_draft(target_only + draft)
+    assert not _underlined_draft(target_only)
+    assert not _underlined_draft("\x1b[38;2;86;180;233m not underlined\x1b[0m")

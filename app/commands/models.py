@@ -72,7 +72,7 @@ def list_pairings(as_json: bool = False) -> int:
         }
         print(json.dumps(payload, indent=2))
         return 0
-    rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "K", "TARGET")]
+    rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "BLOCK", "TARGET")]
     # the offline demo pairing, always there (built into gemma-chat's cache on first use)
     rows.append(("demo", "ready", "—", "< 0.1 GB", "ok", "yes", "auto", "built locally: gemma-chat --demo"))
     for e in entries:
@@ -108,7 +108,7 @@ def list_pairings(as_json: bool = False) -> int:
         f"demo: a tiny Gemma 4 pair built on this machine, offline; shows the engine and the panels "
         f"(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)\n"
         f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
-        f"usable here: {budget} ({machine.note})\n"
+        f"usable here: {budget} ({machine.note}); BLOCK = the suggested block size\n"
         f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "
         f"Cache: {default_cache_dir()}"
     )

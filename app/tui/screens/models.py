@@ -89,7 +89,7 @@ class Row:
 
 # -- rows ------------------------------------------------------------------------------------------
 
-COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "K", "Repo name")
+COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "Block", "Repo name")
 
 _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
 _FIT_TEXT = FIT_WORDS  # one wording with the CLI
