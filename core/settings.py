@@ -108,4 +108,4 @@ class GenerationSettings:
             try:
                 check(value)
             except BadValue as bad:
-                raise BadValue(f"{name} {bad.why}, got {value!r}") from None
+                raise BadValue(f"{name.replace('image_budget', 'image budget')} {bad.why}, got {value!r}") from None

@@ -218,7 +218,7 @@ def test_empty_prompt_and_context_limit():
             _run(tg, None, list(range(40, 75)))
         # generation stops at the context length rather than running past it
         r, _, cache = _run(tg, None, list(range(40, 65)), ignore_eos=True)
-        assert r.stats.stop_reason == "max_tokens" and cache.offset == 30 and len(r.token_ids) == 6
+        assert r.stats.stop_reason == "context_full" and cache.offset == 30 and len(r.token_ids) == 6
     finally:
         tg.context_length = saved
 
