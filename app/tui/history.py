@@ -221,7 +221,7 @@ class HistoryRecorder:
         """Write what is queued (one last try for kept writes); what still cannot be saved goes to a
         JSON recovery file, whose path is returned (and kept in `recovery_file`)."""
         try:
-            self._pool.submit(self._drain).result(30.0)
+            self._pool.submit(self._last_drain).result(30.0)
         except Exception:
             pass
         self._pool.shutdown(wait=True)
@@ -233,6 +233,16 @@ class HistoryRecorder:
             except Exception:
                 pass
         return self.recovery_file
+
+    def _last_drain(self) -> None:
+        # the history already failed: one short try at exit, not the full wait for a lock
+        if self.failed:
+            try:
+                self.store._con.execute("PRAGMA busy_timeout = 1000")
+            except Exception as e:  # it still cannot be opened: what is kept goes to the recovery file
+                self._forget_broken_store(e)
+                return
+        self._drain()
 
     def _write_recovery(self) -> Path | None:
         import json
