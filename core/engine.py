@@ -416,7 +416,8 @@ class Engine:
             embeddings, mask = rows, mx.array(flags)
 
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
-        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic())
+        controls = req.controls
+        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic(), done=lambda: controls.prefilled)
         try:
             result = st.decoder.run(
                 st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start

@@ -8,6 +8,7 @@ One chat turn yields, in order:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -38,6 +39,8 @@ class PrefillStarted:
     prompt_tokens: int  # whole prompt length
     prefill_tokens: int  # tokens that will run through the target (cache reuse skips the rest)
     started: float  # time.monotonic() when it began
+    # of prefill_tokens, how many have run through the target so far (read from any thread); None: unknown
+    done: Callable[[], int] | None = None
 
 
 @dataclass(frozen=True)

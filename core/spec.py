@@ -44,6 +44,7 @@ class Controls:
     block_size: int | str = "auto"
     drafter_enabled: bool = True
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    prefilled: int = 0  # prompt tokens the target has run so far this turn (the UI's prefill progress)
 
     @property
     def cancelled(self) -> bool:
@@ -290,10 +291,12 @@ class Decoder:
             if not last:
                 mx.eval(hidden)  # bound the graph (and memory) per chunk
                 mx.clear_cache()
+                controls.prefilled = b
             committed.extend(prompt.ids[a:b])
         h = hidden[-1]
         first = self._pick(logits[0], settings, keys)
         mx.eval(first, h)
+        controls.prefilled = len(prompt.ids)
         return int(first.item()), h
 
     def _pick(self, logits: mx.array, settings: GenerationSettings, keys) -> mx.array:

@@ -241,6 +241,9 @@ async def test_a_long_prefill_is_shown_with_tokens_and_an_estimate(tmp_path):
         status = app.chat.panel.status_text
         assert "prefill 20,0" in status and "ETA ~" in status, status
         assert "reading the prompt" in str(app.chat.reply.summary.render())
+        engine.prefill_done = 5_000  # the engine reports tokens done: shown with the rate it runs at
+        await until(pilot, lambda: "prefill 5,000/20,0" in app.chat.panel.status_text)
+        assert "ETA ~" in app.chat.panel.status_text
         engine.release_prefill()
         await until(pilot, lambda: not app.chat.generating)
         assert app.chat.panel.status_text.startswith("ready")

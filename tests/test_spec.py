@@ -426,3 +426,23 @@ def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam):
     assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
     assert ahead[-1] == 0 and all(a == 4 for a in ahead[:-1])
     assert cache.offset == len(p["prompt_ids"]) + len(r.token_ids) - 1
+
+
+def test_prefill_reports_tokens_done_chunk_by_chunk(monkeypatch):
+    # issue 15: a long paste shows "prefill done/total"; the engine reads Controls.prefilled for it
+    tg = load_target(f"{PACK}/dense-style-target")
+    monkeypatch.setattr(tg, "prefill_chunk_size", lambda: 8)
+    controls = Controls()
+    seen: list[int] = []
+    forward = tg.forward
+
+    def spy(ids, cache, **kw):
+        if kw.get("logits") in ("last", None) and len(ids) > 1:  # prefill chunks, not decode steps
+            seen.append(controls.prefilled)
+        return forward(ids, cache, **kw)
+
+    monkeypatch.setattr(tg, "forward", spy)
+    prompt = list(range(40, 70))  # 30 tokens: chunks of 8, 8, 8, 6
+    _run(tg, None, prompt, controls=controls, max_tokens=2)
+    assert seen == [0, 8, 16, 24]  # before each chunk: the tokens already through the target
+    assert controls.prefilled == len(prompt)

@@ -79,6 +79,7 @@ class FakeEngine:
     has_vision: bool = True  # False: image items fail the turn, as on a pairing without a vision tower
     context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
     hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
+    prefill_done: int = 0  # what a held prefill reports as done so far (tests set it)
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -254,7 +255,9 @@ class FakeEngine:
         if too_long := context_error(prompt_tokens, self.context_length):
             return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
-        self.prefilling = PrefillStarted(prompt_tokens, prompt_tokens, time.monotonic())
+        self.prefilling = PrefillStarted(
+            prompt_tokens, prompt_tokens, time.monotonic(), done=lambda: min(self.prefill_done, prompt_tokens)
+        )
         if self.hold_prefill:
             self._prefill_gate.wait()
             self._prefill_gate.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -122,7 +123,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self._load_future = None
         self._turn_future = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
-        self._prefill: tuple[int, float] | None = None  # (tokens, start) while a prompt prefills
+        # (tokens, start, tokens done so far) while a prompt prefills
+        self._prefill: tuple[int, float, Callable[[], int] | None] | None = None
         self._status_before_prefill = ""
         self._awaiting_prefill = False  # a turn was sent and its PrefillDone has not come yet
         self._last_markdown = 0.0
@@ -336,13 +338,19 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             if started is None or self.reply is None or self.reply.plain or not self._awaiting_prefill:
                 return
             self._status_before_prefill = self.panel.status_text
-            self._prefill = (started.prefill_tokens, started.started)
-        n, t0 = self._prefill
+            self._prefill = (started.prefill_tokens, started.started, started.done)
+        n, t0, progress = self._prefill
         elapsed = max(0.0, time.monotonic() - t0)
-        text = f"prefill {n:,} tokens · {_clock(elapsed)}"
-        rate = self.stats.prefill_tps
+        done = min(progress(), n) if progress is not None else 0
+        if done > 0:  # tokens done so far, and the rate this prefill is actually running at
+            text = f"prefill {done:,}/{n:,} tokens · {_clock(elapsed)}"
+            rate: float | None = done / elapsed if elapsed > 0 else None
+            left = n - done
+        else:
+            text = f"prefill {n:,} tokens · {_clock(elapsed)}"
+            rate, left = self.stats.prefill_tps, n
         if rate:
-            text += f" · ETA ~{_clock(max(0.0, n / rate - elapsed))}"
+            text += f" · ETA ~{_clock(max(0.0, left / rate - (elapsed if done == 0 else 0.0)))}"
         self.panel.show_status(text)
         if self.reply is not None:
             self.reply.summary.update(f"reading the prompt: {text}…")
