@@ -417,7 +417,8 @@ class Engine:
 
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
         controls = req.controls
-        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic(), done=lambda: controls.prefilled)
+        done = (lambda: controls.prefilled) if controls is not None else None
+        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic(), done=done)
         try:
             result = st.decoder.run(
                 st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start
