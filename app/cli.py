@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--demo",
         action="store_true",
-        help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)",
+        help="open the offline demo pairing (a tiny trained model; short answers, real speculative decoding)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -104,16 +104,16 @@ DEMO_SHAPES = {
 
 
 def encode_examples(tokenizer, max_len: int) -> list[tuple[list[int], int]]:
-    """(token ids, index of the first reply token) per example, rendered with the chat template."""
+    """(token ids, index of the first reply token) per example: the prompt exactly as the engine
+    renders it (core.prompt, the checkpoint's chat template, no thinking), then the reply's own
+    tokens and the end-of-turn token, which is how the model sees them while it generates."""
+    from core import prompt as prompt_mod
+
+    end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
     out = []
     for user, reply in demo_corpus.chat_examples(SEED):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-        )
-        if full[: len(prompt)] != prompt:
-            raise RuntimeError("the chat template does not extend the generation prompt")
-        full = full[:-1] if tokenizer.decode(full[-1:]) == "\n" else full  # end on <turn|>
+        prompt = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": user}])
+        full = prompt + tokenizer.encode(reply, add_special_tokens=False) + [end_of_turn]
         if len(full) <= max_len:
             out.append((full, len(prompt)))
     return out
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "core" / "data" / "demo"))
     ap.add_argument("--target-steps", type=int, default=80)
-    ap.add_argument("--drafter-steps", type=int, default=40)
+    ap.add_argument("--drafter-steps", type=int, default=36)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=8e-3)

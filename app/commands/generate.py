@@ -28,7 +28,10 @@ def _pairing(args):
     if getattr(args, "demo", False):
         from core.demo import DEMO_NAME, ensure_demo_pairing
 
-        target, drafter = ensure_demo_pairing()
+        try:
+            target, drafter = ensure_demo_pairing()
+        except RuntimeError as e:  # DemoIntegrityError: a damaged install
+            raise _UsageError(str(e)) from e
         return DEMO_NAME, str(target), None if no_draft else str(drafter), True
     if getattr(args, "model", None):
         try:

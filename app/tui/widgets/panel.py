@@ -9,6 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.tui.live_stats import LiveStats, format_bytes
+from core.demo import demo_label
 
 
 def _set(widget: Static, text: str) -> None:
@@ -82,7 +83,7 @@ class StatsPanel(Vertical):
     def show_pairing(self, name: str, demo: bool) -> None:
         t = Text(name, style="bold")
         if demo:
-            t.append("\nDEMO — random weights", style="bold reverse #E69F00")
+            t.append("\n" + demo_label(), style="bold reverse #E69F00")
         self.pairing.update(t)
 
     def show_status(self, text: str) -> None:
