@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+DEMO_PROMPT = "What is speculative decoding?"  # `bench --demo`: a question the tiny demo was trained on
 
 
 class BenchError(RuntimeError):
