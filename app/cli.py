@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--demo",
         action="store_true",
-        help="open the offline demo pairing (tiny random weights; babble, but real speculative decoding)",
+        help="open the offline demo pairing (a tiny trained model; short answers, real speculative decoding)",
     )
     _add_connect_args(parser)
     chat = parser.add_argument_group("chat settings (this session only; the config file keeps the defaults)")

@@ -4,7 +4,8 @@
 
 Every configuration runs on the same loaded weights and prompt, interleaved inside each repeat
 (mlx-lm, off, K=2.., auto, then again) so that thermal or load drift hits them alike; a
-configuration's figure is its median over the repeats. EOS is ignored everywhere so every run
+configuration's row is its median repeat by tok/s, with that repeat's own bound and efficiency
+(so a row reconciles: tok/s = efficiency x bound). EOS is ignored everywhere so every run
 emits exactly `max_tokens` tokens, and tok/s is measured the same way for all of them: the
 tokens after the first over the time from the first token to the last (the first token carries
 the prefill).
@@ -33,6 +34,7 @@ from typing import Any
 from core.limits import MAX_BLOCK_SIZE
 
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+DEMO_PROMPT = "What is speculative decoding?"  # `bench --demo`: a question the tiny demo was trained on
 
 
 class BenchError(RuntimeError):
@@ -76,12 +78,12 @@ class RunResult:
 @dataclass
 class ConfigSummary:
     config: str
-    tps: float  # median over repeats
+    tps: float  # the median repeat's tok/s (the lower middle one for an even count)
     tps_runs: list[float]
     acceptance: float | None
     tokens_per_round: float | None
-    bound_tps: float | None
-    efficiency: float | None
+    bound_tps: float | None  # the median repeat's own bound
+    efficiency: float | None  # the median repeat's tps / its bound: tps == efficiency * bound_tps
     vs_baseline: float | None
     matches_teacher: bool | None
 
@@ -378,8 +380,7 @@ def run_bench(
     fixed = [k for k in o.block_sizes if k != "auto"]
     ks = list(range(1, max(fixed + [2]) + 1)) if drafter is not None else [1]
     runs: dict[str, list[RunResult]] = {}
-    efficiencies: dict[str, list[float]] = {}
-    bounds: dict[str, list[float]] = {}
+    bounds: dict[str, list[float | None]] = {}  # per run, aligned with runs
     costs = []
     for rep in range(o.repeats):
         # the costs are measured in every repeat too, so each run meets a bound from the same conditions
@@ -387,14 +388,13 @@ def run_bench(
         costs.append(cost)
         sim = simulated(rep)
         for c in configs:
+            b = None
             if c == "mlx-lm":
                 r = run_mlx_lm(base_model, base_tok, ids, o.max_tokens)
             else:
                 r = run_ours(target, sim, tokenizer, stops, ids, o.max_tokens, c)
                 b = bound_tps(r, cost[1], cost[2])
-                if b:
-                    bounds.setdefault(r.config, []).append(b)
-                    efficiencies.setdefault(r.config, []).append(r.tps / b)
+            bounds.setdefault(r.config, []).append(b)
             say(f"repeat {rep + 1}/{o.repeats} {r.config}: {r.tps:.1f} tok/s")
             runs.setdefault(r.config, []).append(r)
             if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != teacher.token_ids:
@@ -407,10 +407,14 @@ def run_bench(
     verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
     chains = {n: statistics.median(c[2][n] for c in costs) for n in costs[0][2]}
 
-    base_tps = statistics.median(r.tps for r in runs["mlx-lm"]) if "mlx-lm" in runs else None
+    base_tps = runs["mlx-lm"][median_repeat(runs["mlx-lm"])].tps if "mlx-lm" in runs else None
     summaries = []
     for name, rs in runs.items():
-        tps = statistics.median(r.tps for r in rs)
+        # One repeat stands for the row: its tok/s, bound and efficiency are measured together,
+        # so the row reconciles (tok/s = effic x bound); medians taken column by column do not.
+        mid = median_repeat(rs)
+        tps = rs[mid].tps
+        bound = bounds[name][mid]
         drafted = sum(r.drafted for r in rs)
         acceptance = sum(r.accepted for r in rs) / drafted if drafted else None
         rounds = sum(r.rounds for r in rs)
@@ -422,8 +426,8 @@ def run_bench(
                 tps_runs=[r.tps for r in rs],
                 acceptance=acceptance,
                 tokens_per_round=tpr,
-                bound_tps=statistics.median(bounds[name]) if bounds.get(name) else None,
-                efficiency=statistics.median(efficiencies[name]) if efficiencies.get(name) else None,
+                bound_tps=bound,
+                efficiency=tps / bound if bound else None,
                 vs_baseline=tps / base_tps if base_tps else None,
                 matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
             )
@@ -443,6 +447,12 @@ def run_bench(
         draft_s=chains,
         configs=summaries,
     )
+
+
+def median_repeat(runs: list[RunResult]) -> int:
+    """Index of the run with the median tok/s (the lower middle one for an even count)."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i].tps)
+    return order[(len(order) - 1) // 2]
 
 
 def _first_diff(a: list, b: list) -> int:
@@ -540,7 +550,7 @@ def format_table(report: BenchReport) -> str:
         f"target  {report.target}",
         f"drafter {report.drafter or '-'}",
         f"dtype {report.dtype} | prompt {report.prompt_tokens} tokens | {report.max_tokens} new tokens (eos ignored)"
-        f" | median of {report.repeats} interleaved repeats"
+        f" | median repeat of {report.repeats} interleaved"
         + (f" | simulated acceptance {report.simulate_acceptance:g}" if report.simulate_acceptance is not None else ""),
         "",
         f"{'config':<8} {'tok/s':>8} {'x mlx-lm':>9} {'accept':>7} {'tok/rnd':>8} "
@@ -570,6 +580,10 @@ def format_table(report: BenchReport) -> str:
             f" | draft chain of n steps / decode step: {chain}"
         )
     lines.append("bound = tokens per round / (verify(K) + draft chain(K-1)), measured costs; effic = tok/s / bound")
+    lines.append(
+        "each row is its median repeat by tok/s (lower middle for an even count); bound and effic are that"
+        " repeat's own, costs measured in the same repeat, so tok/s = effic x bound"
+    )
     best = report.best
     if best is not None:
         off = report.config("off")

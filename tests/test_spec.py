@@ -422,7 +422,11 @@ def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam):
 
     r = Decoder(tg, OracleDrafter(full), None, STOP).run(
         # max_tokens well past the eos (unified-style's is the 40th token), so room never shrinks a block
-        cache, Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=64), on_event, Controls(block_size=4)
+        cache,
+        Prompt(p["prompt_ids"]),
+        GenerationSettings(max_tokens=64),
+        on_event,
+        Controls(block_size=4),
     )
     assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
     assert ahead[-1] == 0 and all(a == 4 for a in ahead[:-1])

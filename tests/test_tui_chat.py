@@ -350,7 +350,7 @@ async def test_panels_show_the_engine_numbers_and_demo_label():
     app, engine = make_app(demo=True)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        assert "DEMO — random weights" in text_of(app.chat.panel.pairing)
+        assert "DEMO — tiny model trained on" in text_of(app.chat.panel.pairing)
         await send(pilot, app, "numbers")
         await until(pilot, lambda: app.chat.last_reply is not None)
         stats = engine.turns[-1].stats

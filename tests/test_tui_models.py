@@ -116,7 +116,7 @@ async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_models(pilot, app)
         keys = [r.key for r in screen.rows]
-        assert keys[0] == DEMO_KEY and "demo — tiny random weights, offline" in cell(screen, DEMO_KEY, 0)
+        assert keys[0] == DEMO_KEY and "demo — tiny trained model, offline" in cell(screen, DEMO_KEY, 0)
         assert keys[1 : 1 + len(catalog.load_catalog().pairings)] == catalog.load_catalog().names()
         assert cell(screen, NAME, 1) == "ready"
         assert cell(screen, "e4b-4bit", 1).startswith("partial")

@@ -148,7 +148,7 @@ def test_demo_pairing_in_tmux_real_engine(term_env):
     t = _session(term_env, {}, ["--demo"])
     try:
         t.wait(lambda: "ready" in t.text(), "the demo pairing to build and load", 60)
-        assert "DEMO — random weights" in t.text()
+        assert "DEMO — tiny model" in t.text()
         t.keys("hello", literal=True)
         t.keys("Enter")
         t.wait(lambda: "streaming" in t.text(), "the reply to stream", 15)

@@ -46,6 +46,10 @@ def run(args) -> int:
         )
         if args.prompt is not None:
             options.prompt = args.prompt
+        elif getattr(args, "demo", False):
+            from core.bench import DEMO_PROMPT
+
+            options.prompt = DEMO_PROMPT  # a topic the demo was trained on (it knows no stories)
         report = run_bench(target, drafter, options, progress=lambda s: print(s, file=sys.stderr, flush=True))
     except _UsageError as e:
         return fail(str(e))

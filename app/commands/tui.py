@@ -1,7 +1,7 @@
 """`gemma-chat` with no sub-command: the chat screen.
 
 Which pairing opens:
-  --demo                 the offline demo pairing (tiny random weights, built once by core.demo)
+  --demo                 the offline demo pairing (a tiny trained model shipped in core/data/demo)
   --model [--drafter]    local checkpoint directories, or Hugging Face repo ids already in the cache
   --pairing NAME         a catalogue pairing that has been downloaded
   nothing                the config's default_pairing ("demo": the demo) when it is downloaded,
@@ -59,9 +59,9 @@ def pairing_spec(args, default_pairing: str | None = None):
             return catalogue_spec(default_pairing), None
         except PairingError as e:
             return demo_spec(on_notice=DEMO_NOTES.append), f"Opened the demo pairing: {e}"
-    return demo_spec(
-        on_notice=DEMO_NOTES.append
-    ), "No pairing configured yet: this is the demo (random weights). See `gemma-chat models list`."
+    return demo_spec(on_notice=DEMO_NOTES.append), (
+        "No pairing configured yet: this is the demo (a tiny trained model). See `gemma-chat models list`."
+    )
 
 
 def is_first_run(args, default_pairing: str | None) -> bool:

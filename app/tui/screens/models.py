@@ -119,14 +119,14 @@ def entry_state(entry) -> str:
 
 def demo_row() -> Row:
     cells = (
-        Text("demo — tiny random weights, offline", style="bold"),
+        Text("demo — tiny trained model, offline", style="bold"),
         Text("ready", style="green"),
         "—",
         "< 0.1 GB",
         Text("ok", style="green"),
         "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
         "auto",
-        "built locally",
+        "shipped",
     )
     return Row(DEMO_KEY, "demo", cells=cells)
 
@@ -164,7 +164,7 @@ def other_row(ckpt) -> Row:
 
 
 def intro_text(ready: str | None) -> str:
-    demo = "the offline demo (tiny random weights: it babbles, but the speculative decoding is real)"
+    demo = "the offline demo (a tiny model trained on gemma-chat's notes: short answers, real speculative decoding)"
     if ready is None:
         return (
             f"Welcome! No pairing is set up yet. Press Enter to start {demo}, "
@@ -178,8 +178,9 @@ def intro_text(ready: str | None) -> str:
 def details_for(row: Row) -> str:
     if row.kind == "demo":
         return (
-            "Demo: a tiny random-weight Gemma 4 target and its drafter, built on this machine. It babbles, "
-            "but the speculative decoding is real. No download, works offline. Enter: use it."
+            "Demo: a tiny Gemma 4 target and its drafter, trained on gemma-chat's own notes and Python "
+            "docstrings, shipped with the app. Short answers on a few topics (greetings, the keys, speculative "
+            "decoding, Gemma 4, short Python); the speculative decoding is real. Works offline. Enter: use it."
         )
     if row.kind == "other":
         st = row.other.status
@@ -346,7 +347,7 @@ class ModelsScreen(Screen):
         if row is None:
             return
         if row.kind != "pairing":
-            self.say("Only catalogue pairings download from here (the demo is built locally).", "warning")
+            self.say("Only catalogue pairings download from here (the demo ships with gemma-chat).", "warning")
             return
         if self.options.offline:
             self.say(OFFLINE_MESSAGE, "error")
@@ -568,7 +569,7 @@ class ModelsScreen(Screen):
         if row is None:
             return
         if row.kind == "demo":
-            self.say("The demo is tiny and built locally; there is nothing to remove.")
+            self.say("The demo is tiny and ships with gemma-chat; there is nothing to remove.")
             return
         if self.downloading and row.key == self.download_name:
             self.say("Cancel the download first (x).", "warning")

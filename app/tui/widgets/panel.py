@@ -9,6 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.tui.live_stats import LiveStats, format_bytes
+from core.demo import demo_label
 
 
 def _set(widget: Static, text: str) -> None:
@@ -116,8 +117,8 @@ class StatsPanel(Vertical):
     def show_pairing(self, name: str, demo: bool) -> None:
         t = Text(name, style="bold")
         if demo:
-            t.append("\nDEMO — random weights", style="bold reverse #E69F00")
-        self.compact_name = name + ("  DEMO — random weights" if demo else "")
+            t.append("\n" + demo_label(), style="bold reverse #E69F00")
+        self.compact_name = name + ("  DEMO" if demo else "")
         self._update_compact()
         self.pairing.update(t)
 
