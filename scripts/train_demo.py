@@ -303,6 +303,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=8e-3)
+    ap.add_argument(
+        "--continue-drafter",
+        metavar="DIR",
+        help="keep DIR's trained target and train its drafter further (a second distillation stage)",
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     mx.random.seed(SEED)
@@ -314,9 +319,18 @@ def main(argv=None) -> int:
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix="demo-train-"))
     try:
-        target_dir, drafter_dir = factory.build_pairing(work / "build", config_overrides=DEMO_SHAPES, seed=SEED)
-        for d in (target_dir, drafter_dir):
-            (d / factory.MARKER_FILE).unlink()  # "random weights": no longer true
+        if args.continue_drafter:
+            # a second distillation stage on a trained pairing: the target stays as it is
+            src = Path(args.continue_drafter)
+            target_dir, drafter_dir = work / "build" / "target", work / "build" / "assistant"
+            shutil.copytree(src / "target", target_dir)
+            shutil.copytree(src / "assistant", drafter_dir)
+            previous = json.loads((src / "gemma_chat_demo.json").read_text(encoding="utf-8"))
+        else:
+            target_dir, drafter_dir = factory.build_pairing(work / "build", config_overrides=DEMO_SHAPES, seed=SEED)
+            for d in (target_dir, drafter_dir):
+                (d / factory.MARKER_FILE).unlink()  # "random weights": no longer true
+            previous = None
         from core.loader import load_tokenizer
 
         tokenizer = load_tokenizer(target_dir)
@@ -328,10 +342,12 @@ def main(argv=None) -> int:
         lm = getattr(loaded.model, "language_model", loaded.model)
         spec = dn.TextSpec(lm, args.max_len + DRAFT_STEPS + 1)
         pt = {k: np.array(v) for k, v in tree_flatten(lm.parameters())}
-        start_unscaled(pt)
+        if previous is None:
+            start_unscaled(pt)
         n_params = sum(v.size for v in pt.values())
         log(f"target: {n_params / 1e6:.2f} M text parameters")
-        train_target(pt, spec, examples, args.target_steps, args.batch_tokens, args.lr, log)
+        if previous is None:
+            train_target(pt, spec, examples, args.target_steps, args.batch_tokens, args.lr, log)
 
         dr = load_drafter(drafter_dir)
         dspec = dn.DrafterSpec(dr, spec)
@@ -341,7 +357,8 @@ def main(argv=None) -> int:
         cluster_of = np.argsort(ordering) // per
         onehot_clusters = np.eye(dspec.num_centroids, dtype=np.float32)[cluster_of]  # [V, C]
         pd = {k: np.array(v) for k, v in tree_flatten(dr.parameters()) if k != "token_ordering"}
-        start_unscaled(pd)
+        if previous is None:
+            start_unscaled(pd)
         n_dparams = sum(v.size for v in pd.values())
         log(f"drafter: {n_dparams / 1e6:.2f} M parameters")
         train_drafter(
@@ -378,10 +395,10 @@ def main(argv=None) -> int:
             "drafter_parameters": int(n_dparams),
             "corpus": demo_corpus.corpus_summary(),
             "corpus_tokens": n_tokens,
-            "target_steps": args.target_steps,
-            "drafter_steps": args.drafter_steps,
+            "target_steps": previous["target_steps"] if previous else args.target_steps,
+            "drafter_steps": [*(previous["drafter_steps"] if previous else []), args.drafter_steps],
             "seed": SEED,
-            "train_seconds": round(elapsed, 1),
+            "train_seconds": [*(previous["train_seconds"] if previous else []), round(elapsed, 1)],
             "sha256": files,
         }
         (out / "gemma_chat_demo.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
