@@ -149,7 +149,8 @@ def test_demo_pairing_in_tmux_real_engine(term_env):
     try:
         t.wait(lambda: "ready" in t.text(), "the demo pairing to build and load", 60)
         assert "DEMO — tiny model" in t.text()
-        t.keys("hello", literal=True)
+        # the trained demo's longest answer (~60 tokens): long enough to stop it mid-reply
+        t.keys("What are the keys?", literal=True)
         t.keys("Enter")
         t.wait(lambda: "streaming" in t.text(), "the reply to stream", 15)
         time.sleep(0.5)
@@ -159,7 +160,7 @@ def test_demo_pairing_in_tmux_real_engine(term_env):
         t.keys("Escape")
         t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 10)
         # quitting in the middle of a reply: cancel + close, promptly
-        t.keys("again", literal=True)
+        t.keys("What are the keys?", literal=True)
         t.keys("Enter")
         t.wait(lambda: t.text().count("streaming") == 1, "the second reply to stream", 15)
         start = time.monotonic()
