@@ -66,6 +66,14 @@ def demo_label() -> str:
     return f"DEMO — tiny model trained on {DEMO_TRAINED_ON}, {millions:.1f} M params"
 
 
+def demo_short_label() -> str:
+    """The label where a line is short (the compact panel of a narrow terminal)."""
+    try:
+        return f"DEMO — tiny model, {demo_parameters() / 1e6:.1f} M params"
+    except DemoIntegrityError:
+        return "DEMO — tiny model"
+
+
 # Kept for callers of the old API: the label the UI shows next to the demo pairing.
 DEMO_LABEL = f"demo: tiny model trained on {DEMO_TRAINED_ON}"
 

@@ -9,7 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.tui.live_stats import LiveStats, format_bytes
-from core.demo import demo_label
+from core.demo import demo_label, demo_short_label
 
 
 def _set(widget: Static, text: str) -> None:
@@ -118,7 +118,7 @@ class StatsPanel(Vertical):
         t = Text(name, style="bold")
         if demo:
             t.append("\n" + demo_label(), style="bold reverse #E69F00")
-        self.compact_name = name + ("  DEMO" if demo else "")
+        self.compact_name = demo_short_label() if demo else name  # the demo's name says less than its label
         self._update_compact()
         self.pairing.update(t)
 
