@@ -64,7 +64,7 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
         t.keys("Enter")
         t.wait(lambda: "· ready" in t.text(), "the demo pairing to build and load", 90)
         screen = t.text()
-        assert "Welcome!" not in screen and "demo" in screen
+        assert "Welcome!" not in screen and "DEMO — tiny model" in screen
         # a reply, coloured by origin
         t.keys("hello", literal=True)
         t.keys("Enter")
