@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from core.vision import _quant_mode, _quantize_like
+from core.vision import load_module_weights
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the unified embedder uses
 # Layout prefixes: HF hub names, mlx-community (mlx-vlm keeps hub names without `model.`)
@@ -230,13 +230,7 @@ class UnifiedVisionEncoder(nn.Module):
         if not own or not config.get("vision_config"):
             return None
         model = cls(UnifiedVisionConfig.from_model_config(config))
-        _quantize_like(model, own, _quant_mode(config))
-        if dtype is not None:
-            own = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in own.items()}
-        model.load_weights(list(own.items()), strict=True)
-        model.eval()
-        mx.eval(model.parameters())
-        return model
+        return load_module_weights(model, own, config, dtype)
 
 
 def select_unified_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -382,13 +382,19 @@ class VisionEncoder(nn.Module):
         model = cls(cfg)
         if not cfg.use_clipped_linears:
             own = {k: v for k, v in own.items() if k.rsplit(".", 1)[-1] not in _CLIP_BOUNDS}
-        _quantize_like(model, own, _quant_mode(config))
-        if dtype is not None:
-            own = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in own.items()}
-        model.load_weights(list(own.items()), strict=True)
-        model.eval()
-        mx.eval(model.parameters())
-        return model
+        return load_module_weights(model, own, config, dtype)
+
+
+def load_module_weights(model: nn.Module, own: dict[str, mx.array], config: dict, dtype: mx.Dtype | None):
+    """Quantize `model` as the checkpoint's weights are (if they are), load `own` into it strictly (floats
+    cast to `dtype` when given) and evaluate it: the shared tail of every image encoder's load."""
+    _quantize_like(model, own, _quant_mode(config))
+    if dtype is not None:
+        own = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in own.items()}
+    model.load_weights(list(own.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
 
 
 def select_vision_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:
