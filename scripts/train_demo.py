@@ -237,6 +237,30 @@ def train_drafter(pt_, spec, pd, dspec, examples, steps, batch_tokens, lr, oneho
                 break
 
 
+def on_policy_examples(target_dir: Path, tokenizer, examples, max_len: int, log) -> list[tuple[list[int], int]]:
+    """The target's own greedy replies to every corpus prompt (MLX, the engine's loader), as
+    (ids, reply start) examples. The drafter is measured on what the target says, not on the corpus:
+    where the target's reply drifts from the corpus text, these positions teach the drafter the drift."""
+    from mlx_lm.generate import generate_step
+
+    model = load_target_model(target_dir).model
+    stops = {tokenizer.convert_tokens_to_ids("<turn|>"), tokenizer.eos_token_id}
+    prompts = sorted({tuple(ids[:start]) for ids, start in examples})
+    out, t0 = [], time.perf_counter()
+    for prompt in prompts:
+        reply: list[int] = []
+        for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_len - len(prompt) - 1):
+            reply.append(int(tok))
+            if reply[-1] in stops:
+                break
+        out.append((list(prompt) + reply, len(prompt)))
+    log(
+        f"on-policy: {len(out)} greedy replies of the target, {sum(len(i) for i, _ in out)} tokens "
+        f"({time.perf_counter() - t0:.0f}s)"
+    )
+    return out
+
+
 def start_unscaled(params: dict) -> None:
     """Start every `layer_scalar` at 1: the factory's random values (0.5 to 1) multiply the whole
     residual stream layer after layer, which shrinks a 16-layer stack's signal ~100x and slows
@@ -259,7 +283,10 @@ def token_ordering(examples, vocab: int) -> np.ndarray:
 
 
 def _drafter_module_name(disk_name: str) -> str:
+    """On-disk drafter name -> the loaded module's (core.drafter._sanitize's renames)."""
     name = disk_name.removeprefix("model.")
+    if name == "masked_embedding.token_ordering":
+        return "token_ordering"
     return name.replace("masked_embedding.centroids.", "centroids.")
 
 
@@ -312,6 +339,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=8e-3)
     ap.add_argument(
+        "--on-policy",
+        action="store_true",
+        help="distil the drafter on the target's own greedy replies to the corpus prompts as well",
+    )
+    ap.add_argument(
         "--continue-drafter",
         metavar="DIR",
         help="keep DIR's trained target and train its drafter further (a second distillation stage)",
@@ -354,8 +386,21 @@ def main(argv=None) -> int:
             start_unscaled(pt)
         n_params = sum(v.size for v in pt.values())
         log(f"target: {n_params / 1e6:.2f} M text parameters")
+        prefix = "language_model." if lm is not loaded.model else ""
         if previous is None:
             train_target(pt, spec, examples, args.target_steps, args.batch_tokens, args.lr, log)
+            n = write_trained(target_dir, {prefix + k: mx.array(v) for k, v in pt.items()}, factory.mlx_name)
+            log(f"target: wrote {n} trained tensors")
+        drafter_examples = examples
+        if args.on_policy:
+            seen = {tuple(ids) for ids, _ in examples}
+            extra = [
+                e
+                for e in on_policy_examples(target_dir, tokenizer, examples, args.max_len, log)
+                if tuple(e[0]) not in seen
+            ]
+            log(f"on-policy: {len(extra)} replies differ from the corpus text")
+            drafter_examples = examples + extra
 
         dr = load_drafter(drafter_dir)
         dspec = dn.DrafterSpec(dr, spec)
@@ -370,13 +415,9 @@ def main(argv=None) -> int:
         n_dparams = sum(v.size for v in pd.values())
         log(f"drafter: {n_dparams / 1e6:.2f} M parameters")
         train_drafter(
-            pt, spec, pd, dspec, examples, args.drafter_steps, args.batch_tokens, args.lr, onehot_clusters, log
+            pt, spec, pd, dspec, drafter_examples, args.drafter_steps, args.batch_tokens, args.lr, onehot_clusters, log
         )
 
-        # module names -> on-disk (HF) names
-        prefix = "language_model." if lm is not loaded.model else ""
-        n = write_trained(target_dir, {prefix + k: mx.array(v) for k, v in pt.items()}, factory.mlx_name)
-        log(f"target: wrote {n} trained tensors")
         trained_d = {k: mx.array(v) for k, v in pd.items()}
         trained_d["token_ordering"] = mx.array(ordering)
         n = write_trained(drafter_dir, trained_d, _drafter_module_name)
