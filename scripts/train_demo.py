@@ -326,6 +326,28 @@ def check_mlx_agrees(target_dir: Path, pt: dict, spec, examples, log) -> None:
         raise RuntimeError("the MLX forward does not reproduce the trained model")
 
 
+def check_drafter_routes(drafter_dir: Path, pt: dict, spec, pd: dict, examples, log) -> None:
+    """The engine's drafter (MLX, centroid routing over the written `token_ordering`) must pick the
+    token the trained drafter's full vocabulary picks: a wrong cluster table on disk routes the
+    drafts among the wrong candidates, and acceptance collapses while every loss looks fine."""
+    dr = load_drafter(drafter_dir)
+    dspec = dn.DrafterSpec(dr, spec)
+    embed = pt["model.embed_tokens.weight"]
+    same = total = 0
+    for ids, start in examples[:24]:
+        x = np.array([ids], np.int32)
+        _, hidden, kv = dn.target_forward(pt, spec, x, want_kv=True)
+        nxt = np.concatenate([x[:, 1:], np.zeros((1, 1), x.dtype)], axis=1)
+        y, _ = dn.drafter_step(pd, dspec, embed[nxt] * dspec.target_embed_scale, hidden, kv, dn.causal_mask(x.shape[1]))
+        for q in range(start - 1, x.shape[1] - 1):
+            routed = int(np.array(dr.greedy_token(mx.array(y[:, q : q + 1]))).reshape(-1)[0])
+            same += routed == int((pd["embed_tokens.weight"] @ y[0, q]).argmax())
+            total += 1
+    log(f"drafter: centroid-routed greedy == full-vocabulary greedy at {same}/{total} positions")
+    if same < 0.9 * total:
+        raise RuntimeError("the written drafter's centroid routing does not reproduce the trained drafter")
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -423,6 +445,7 @@ def main(argv=None) -> int:
         n = write_trained(drafter_dir, trained_d, _drafter_module_name)
         log(f"drafter: wrote {n} trained tensors")
         check_mlx_agrees(target_dir, pt, spec, examples, log)
+        check_drafter_routes(drafter_dir, pt, spec, pd, examples, log)
 
         elapsed = time.perf_counter() - t_start
         if out.exists():
