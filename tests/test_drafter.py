@@ -178,39 +178,3 @@ def test_sparse_candidate_distribution_equals_the_full_vocabulary_one(temp, top_
     ids, sel = dr._candidates(y.reshape(-1))
     sparse = sampling.SparseLogProbs(ids[None], sampling.transform_logits(sel, temp, top_k, top_p)[None])
     np.testing.assert_allclose(np.array(sparse.dense(dr.vocab_size)[0]), np.array(full), atol=1e-5)
-
-
-@pytest.mark.parametrize("conv", sorted(set(CONVENTIONS.values())))
-def test_drafting_ahead_masks_the_rejected_tail(pair, conv):
-    """Drafting before the round that fixes the committed length is read (core.spec's pipelined
-    round): the cache still holds the whole verified block, the length is an array, and a key mask
-    hides the rejected tail. For every accepted count it drafts what drafting after the trim does."""
-    from core.drafter import LazyLength
-
-    _, tg, dr, _, _ = pair
-    dr.configure(*conv)
-    try:
-        ids = [(7 * i + 3) % 200 + 20 for i in range(45)]  # past the pack's sliding windows
-        cache, _, _ = _prefill(tg, ids)
-        P, K = cache.offset, 5
-        block = [31, 32, 33, 34, 35]
-        keys = list(mx.random.split(mx.random.key(7), 3))
-        for n in range(K):
-            _, H = tg.forward(block, cache, logits=None)
-            assert cache.offset == P + K
-            b, h = mx.array([block[n]]), H[n]  # any token / hidden: what matters is the keys seen
-            length = LazyLength(mx.array(n) + (P + 1), P + 1)
-            ahead, _ = dr.draft(tg, cache, b, h, 3, length=length)
-            ahead_s, lp_s = dr.draft(tg, cache, b, h, 3, length=length, temperature=0.8, keys=keys)
-            mx.eval(ahead, ahead_s, lp_s.logprobs if isinstance(lp_s, sampling.SparseLogProbs) else lp_s)
-            cache.trim_to(P + n + 1)
-            want, _ = dr.draft(tg, cache, b, h, 3)
-            want_s, want_lp = dr.draft(tg, cache, b, h, 3, temperature=0.8, keys=keys)
-            assert ahead.tolist() == want.tolist(), n
-            assert ahead_s.tolist() == want_s.tolist(), n
-            if isinstance(lp_s, sampling.SparseLogProbs):
-                lp_s, want_lp = lp_s.dense(dr.vocab_size), want_lp.dense(dr.vocab_size)
-            np.testing.assert_allclose(np.array(lp_s), np.array(want_lp), atol=1e-4)
-            cache.trim_to(P)
-    finally:
-        dr.configure("P-1", "W")

@@ -134,27 +134,6 @@ class OracleDrafter:
         return mx.array(self.sequence[P + 1 : P + 1 + n], dtype=mx.uint32), None
 
 
-class AheadOracle(OracleDrafter):
-    """The oracle, drafting ahead as the real drafter does: the next round is drafted before this
-    one is read, from its lazy committed length (no host sync); counts how often it was."""
-
-    drafts_ahead = True
-
-    def __init__(self, sequence):
-        super().__init__(sequence)
-        self.ahead = 0
-
-    def draft(self, target, cache, bonus, hidden, n, length=None, **kw):
-        if length is None:
-            return super().draft(target, cache, bonus, hidden, n, **kw)
-        self.ahead += 1
-        seq = mx.array(self.sequence + [0] * (n + 1), dtype=mx.uint32)
-        return mx.take(seq, length.value + 1 + mx.arange(n)), None
-
-
-ORACLES = [OracleDrafter, AheadOracle]
-
-
 def test_eos_inside_an_accepted_run_stops_there_and_trims(fam):
     _, tg, _, ref = fam
     p = ref["multiturn"]
@@ -177,13 +156,14 @@ def test_eos_inside_an_accepted_run_stops_there_and_trims(fam):
     np.testing.assert_allclose(np.array(nxt[0]), _fresh_next_logits(tg, r.committed, r.token_ids[-1]), atol=2e-5)
 
 
-@pytest.mark.parametrize("oracle", ORACLES)
-def test_max_tokens_inside_a_round(fam, oracle):
+def test_max_tokens_inside_a_round(fam):
     _, tg, _, ref = fam
     p = ref["long"]
     full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
     for max_tokens in (1, 2, 7, 13):
-        r, events, cache = _run(tg, oracle(full), p["prompt_ids"], block_size=5, max_tokens=max_tokens, ignore_eos=True)
+        r, events, cache = _run(
+            tg, OracleDrafter(full), p["prompt_ids"], block_size=5, max_tokens=max_tokens, ignore_eos=True
+        )
         assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:max_tokens] and r.stats.stop_reason == "max_tokens"
         assert cache.offset == len(p["prompt_ids"]) + max_tokens - 1
 
@@ -371,9 +351,8 @@ def test_speculative_sampling_reproduces_the_target_distribution():
 # --- the pipelined round: the next round is queued before this one's tokens are emitted ------
 
 
-@pytest.mark.parametrize("oracle", ORACLES)
 @pytest.mark.parametrize("change", ["block", "off", "auto", "cancel"])
-def test_controls_changed_while_a_round_is_queued(fam, change, oracle):
+def test_controls_changed_while_a_round_is_queued(fam, change):
     """Every speculative round is submitted before the previous round's events go out; a change of
     the controls seen in those events drops the queued round (its K/V trimmed) and applies to the
     very next round. Output, cache and committed tokens stay exactly those of plain decoding."""
@@ -401,14 +380,11 @@ def test_controls_changed_while_a_round_is_queued(fam, change, oracle):
             else:
                 controls.cancel_event.set()
 
-    drafter = oracle(full)
-    r = Decoder(tg, drafter, None, STOP).run(
+    r = Decoder(tg, OracleDrafter(full), None, STOP).run(
         cache, Prompt(p["prompt_ids"]), GenerationSettings(max_tokens=30, ignore_eos=True), on_event, controls
     )
     rounds = [e for e in seen if isinstance(e, RoundEvent)]
     assert queued_ahead[:3] == [3, 3, 3]  # rounds 2..4 were on the device before rounds 1..3 were emitted
-    if oracle is AheadOracle:  # and rounds 2..5 were drafted before rounds 1..4 were read
-        assert drafter.ahead >= 4
     assert [e.accepted for e in rounds[:3]] == [2, 2, 2]
     if change == "cancel":
         assert r.stats.stop_reason == "cancelled" and len(rounds) == 3
@@ -429,11 +405,9 @@ def test_controls_changed_while_a_round_is_queued(fam, change, oracle):
     np.testing.assert_allclose(np.array(nxt_logits[0]), _fresh_next_logits(tg, r.committed, r.token_ids[-1]), atol=2e-5)
 
 
-@pytest.mark.parametrize("oracle", ORACLES)
-def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam, oracle):
+def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam):
     """A stop (eos or max tokens) inside a round is known from the round's result before any event
-    goes out, so no round is queued past it and nothing of it reaches the cache. Drafting ahead,
-    the round after it was drafted already (before the stop was read): it is dropped unseen."""
+    goes out, so no round is queued past it and nothing of it reaches the cache."""
     _, tg, _, ref = fam
     p = ref["multiturn"]
     full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
@@ -446,8 +420,7 @@ def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam, oracle):
             emitted = sum(isinstance(x, TokenEvent) for x in seen)
             ahead.append(cache.offset - (len(p["prompt_ids"]) + emitted - 1))
 
-    drafter = oracle(full)
-    r = Decoder(tg, drafter, None, STOP).run(
+    r = Decoder(tg, OracleDrafter(full), None, STOP).run(
         # max_tokens well past the eos (unified-style's is the 40th token), so room never shrinks a block
         cache,
         Prompt(p["prompt_ids"]),
@@ -458,26 +431,6 @@ def test_stop_inside_an_accepted_run_queues_nothing_past_it(fam, oracle):
     assert r.token_ids == p["greedy_eos_stop"]["ids"] and r.stats.stop_reason == "eos"
     assert ahead[-1] == 0 and all(a == 4 for a in ahead[:-1])
     assert cache.offset == len(p["prompt_ids"]) + len(r.token_ids) - 1
-    if oracle is AheadOracle:
-        assert drafter.ahead == r.stats.rounds  # every round's successor, the stop round's too
-
-
-@pytest.mark.parametrize("block", [3, 5])
-def test_drafting_ahead_drafts_what_drafting_after_the_read_does(fam, block):
-    """The real drafter drafting ahead (masked keys, lazy position) proposes the same tokens as
-    drafting after the trim: the same accepted count in every round, the same output."""
-    _, tg, dr, ref = fam
-    p = ref["long"]
-    runs = []
-    for ahead in (False, True):
-        decoder = Decoder(tg, dr, None, STOP)
-        decoder.draft_ahead = ahead
-        events: list = []
-        settings = GenerationSettings(max_tokens=30, ignore_eos=True, block_size=block)
-        r = decoder.run(tg.make_cache(slack=3), Prompt(p["prompt_ids"]), settings, events.append)
-        runs.append((r.token_ids, [(e.block_size, e.accepted) for e in events if isinstance(e, RoundEvent)]))
-    assert runs[0] == runs[1]
-    assert runs[0][0] == p["greedy_no_eos_stop"]["ids"][:30]
 
 
 def test_prefill_reports_tokens_done_chunk_by_chunk(monkeypatch):
