@@ -166,20 +166,12 @@ class SimulatedDrafter:
         self.mask = mx.array(rng.random(n) < alpha)
         mx.eval(self.teacher, self.mask)
 
-    @property
-    def drafts_ahead(self) -> bool:
-        return getattr(self.drafter, "drafts_ahead", False)
-
     def draft(self, target, cache, bonus, hidden, n, **kw):
         import mlx.core as mx
 
         drafts, logprobs = self.drafter.draft(target, cache, bonus, hidden, n, **kw)
-        length = kw.get("length")
-        if length is None:  # the cache holds exactly the committed positions [0, P)
-            P = cache.offset
-            return mx.where(self.mask[P + 1 : P + 1 + n], self.teacher[P + 1 : P + 1 + n], drafts), logprobs
-        at = length.value + 1 + mx.arange(n)  # drafted ahead: P is on the device still
-        return mx.where(mx.take(self.mask, at), mx.take(self.teacher, at), drafts), logprobs
+        P = cache.offset
+        return mx.where(self.mask[P + 1 : P + 1 + n], self.teacher[P + 1 : P + 1 + n], drafts), logprobs
 
 
 # --- the runs -------------------------------------------------------------------------------

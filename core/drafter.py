@@ -15,10 +15,7 @@ Two conventions differ between public implementations (pack README, D1/D2), so b
 - `query_position`: "P-1" (the last cached position; mlx-vlm, vLLM; default) or "P" (HF).
 - `sliding_keys`: "W" (keys with |q - k| < W, as mlx-vlm; default) or "W+1" (the last W + 1
   cached keys whatever the position, as HF).
-Drafting stays lazy: no host sync. A block can also be drafted ahead, before the round that
-decides its inputs has been read (`draft(..., length=LazyLength(...))`): the committed length is
-then an array, the cache may still hold that round's rejected positions past it, and a key mask
-admits only committed positions (see `gather_kv_ahead`).
+Drafting stays lazy: no host sync, positions are Python ints.
 """
 
 from __future__ import annotations
@@ -37,18 +34,6 @@ from core.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
 SLIDING_KEYS = ("W", "W+1")
-
-
-@dataclass
-class LazyLength:
-    """The target cache's committed length while the round deciding it is still on the device.
-
-    value: int32 scalar array (P + n + 1 for a round at P that accepts n); low: the least it can be
-    (P + 1). The cache holds positions up to its `offset` >= value; those at or past value are
-    rejected drafts, still written, that no reader may see."""
-
-    value: mx.array
-    low: int
 
 
 @dataclass
@@ -86,8 +71,6 @@ class DrafterConfig:
 
 
 class Drafter(nn.Module):
-    drafts_ahead = True  # `draft` takes a committed length not read yet (core.spec drafts the next round ahead)
-
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         a = cfg.text
@@ -132,22 +115,14 @@ class Drafter(nn.Module):
         object.__setattr__(self, "_fast", fast_layers(self.layers))
 
     def step(
-        self,
-        token_embedding: mx.array,
-        hidden: mx.array,
-        kv: dict,
-        position: int | mx.array,
-        masks: dict | None = None,
+        self, token_embedding: mx.array, hidden: mx.array, kv: dict, position: int | mx.array
     ) -> tuple[mx.array, mx.array]:
-        """token_embedding, hidden [1, 1, Hb] -> (y [1, 1, Hd] normed output, next hidden [1, 1, Hb]).
-
-        masks: per layer type, a bool [T] over kv's keys (True = attend), or None for all of them."""
+        """token_embedding, hidden [1, 1, Hb] -> (y [1, 1, Hd] normed output, next hidden [1, 1, Hb])."""
         # the norm weights carry the compute dtype (linear weights may be packed 4-bit ints)
         x = mx.concatenate([token_embedding, hidden], axis=-1).astype(self.norm.weight.dtype)
         x = self.pre_projection(x)
         for layer in getattr(self, "_fast", None) or self.layers:
-            mask = masks.get(layer.layer_type) if masks else None
-            x, _, _ = layer(x, mask, None, shared_kv=kv[layer.layer_type], offset=position)
+            x, _, _ = layer(x, None, None, shared_kv=kv[layer.layer_type], offset=position)
         y = self.norm(x)
         return y, self.post_projection(y)
 
@@ -206,29 +181,6 @@ class Drafter(nn.Module):
             kv[t] = (p.keys, p.values)
         return pos, kv
 
-    def gather_kv_ahead(self, target: Target, cache, length: LazyLength) -> tuple[mx.array, dict, dict]:
-        """`gather_kv` for a committed length not read yet: (query position [] int32, K/V per layer
-        type, key masks per layer type). The keys fetched are those of the widest window any value
-        of `length` can need, up to the cache's offset; each mask keeps exactly the keys
-        `gather_kv(target, cache, length.value)` would return, so the attention is the same."""
-        L = length.value.astype(mx.int32)
-        pos = L - 1 if self.query_position == "P-1" else L
-        if self.sliding_keys == "W":
-            first_sliding = pos - self.window + 1
-        else:
-            first_sliding = L - self.window - 1
-        _, low_firsts = self.key_windows(length.low)
-        kv, masks = {}, {}
-        for t in set(self.layer_types):
-            p = target.producer_kv(cache, t, low_firsts[t])
-            kv[t] = (p.keys, p.values)
-            k = mx.arange(p.first, p.first + p.keys.shape[2], dtype=mx.int32)  # absolute key positions
-            keep = k < L
-            if t == SLIDING:
-                keep = keep & (k >= first_sliding)
-            masks[t] = keep
-        return pos, kv, masks
-
     def draft(
         self,
         target: Target,
@@ -241,7 +193,6 @@ class Drafter(nn.Module):
         top_k: int = 0,
         top_p: float = 1.0,
         keys: list[mx.array] | None = None,
-        length: LazyLength | None = None,
     ) -> tuple[mx.array, mx.array | sampling.SparseLogProbs | None]:
         """Propose n tokens after `bonus` (the token whose K/V is not in the cache yet).
 
@@ -249,21 +200,16 @@ class Drafter(nn.Module):
         the cache holds positions [0, P). Returns (drafts [n] uint32, log-probs [n, V] or None when
         greedy; on the centroid head a `sampling.SparseLogProbs` over the [n, m] candidates, exactly
         the full distribution with -inf elsewhere). Lazy: nothing here waits for the device.
-        length: the committed length P when it is not read yet (bonus and hidden then lazy too);
-        the cache may hold rejected positions past it, which are masked out.
         """
-        masks = None
-        if length is None:
-            pos, kv = self.gather_kv(target, cache, cache.offset)
-            pos_arr = mx.array(pos)  # one position for every step of the block
-        else:
-            pos_arr, kv, masks = self.gather_kv_ahead(target, cache, length)
+        P = cache.offset
+        pos, kv = self.gather_kv(target, cache, P)
+        pos_arr = mx.array(pos)  # one position for every step of the block
         tok = bonus.reshape(1)
         h = hidden.reshape(1, 1, -1)
         drafts, logprobs, cand_ids = [], [], []
         for j in range(n):
             e = target.embed(tok.reshape(1, 1))
-            y, h = self.step(e, h, kv, pos_arr, masks)
+            y, h = self.step(e, h, kv, pos_arr)
             if temperature <= 0:
                 tok = self.greedy_token(y)
             elif self.ordered:  # sample among the candidates: no full-vocabulary vector, no full sort

@@ -26,7 +26,6 @@ import mlx.core as mx
 
 from core import memory, sampling
 from core.autoblock import AutoBlock, AutoBlockConfig
-from core.drafter import LazyLength
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
 from core.settings import GenerationSettings
 from core.target import TargetCache
@@ -113,20 +112,6 @@ class _Round:
     drafts: mx.array  # [K - 1] uint32
     packed: mx.array  # [2 + K - 1]: n accepted, the target's token, the drafts
     H: mx.array  # [K, H] target hidden states of the verified block
-    n: mx.array  # [] int32 accepted drafts, lazy (what the next round's drafting ahead depends on)
-    t: mx.array  # [1] uint32 the target's token, lazy
-
-
-@dataclass
-class _Ahead:
-    """The next round's block size, and its drafts when it drafts (K > 1), decided and queued
-    from `parent`'s lazy outputs before `parent` is read."""
-
-    parent: _Round
-    K: int
-    auto: bool
-    drafts: mx.array | None = None  # [K - 1] uint32, submitted
-    q_lp: object = None  # the drafter's log-probs (sampling)
 
 
 class Decoder:
@@ -140,15 +125,7 @@ class Decoder:
     emission, detokenizing and the controller overlap device work. A queued round that turns
     out unwanted (a stop, cancel, a new block size, the drafter toggled) is dropped and its K/V
     trimmed; drafting writes nothing, so dropping costs only the wasted work.
-
-    Speculative rounds go one step further (`_draft_ahead`): as soon as round r is queued, round
-    r+1's drafting is queued too, from round r's lazy outputs (accepted count n, the target's
-    token, hidden row n, committed length P + n + 1 with a key mask over the rejected tail), so
-    the device drafts r+1 while the host reads r, trims, and builds r+1's verify. A drafter opts
-    in with `drafts_ahead = True` (its `draft` takes `length=LazyLength`).
     """
-
-    draft_ahead = True  # draft round r+1 before reading round r, when the drafter can (A/B switch for bench)
 
     def __init__(self, target, drafter=None, detokenizer=None, stop_ids=frozenset(), auto: AutoBlock | None = None):
         self.target = target
@@ -223,7 +200,6 @@ class Decoder:
         # whenever the step is not used. `queued` is a speculative round submitted the same way.
         pending = None
         queued: _Round | None = None
-        ahead: _Ahead | None = None  # the round after the queued (or current) one, drafted ahead
         plan: tuple[int, bool] | None = None  # (K, auto) of the round queued ahead, if any
         while reason is None:
             if controls.cancelled:
@@ -262,27 +238,18 @@ class Decoder:
                 if pending is not None:
                     cache.trim(1)
                     pending = None
-                if queued is None:
-                    rnd = self._queue_round(turn, K, auto)
-                    ahead = self._draft_ahead(turn, rnd, controls, unemitted=0)
-                else:
-                    rnd, queued = queued, None
+                rnd = queued if queued is not None else self._queue_round(turn, K, auto)
+                queued = None
                 n_acc, round_tokens = self._read_round(rnd)
                 self._observe(turn, K, auto, n_acc)
                 out, reason = self._emit_count(turn, round_tokens)
                 self._commit(turn, rnd.P, round_tokens, out, rnd.H, trim=True)
                 next_room = min(settings.max_tokens - len(turn.emitted) - out, tg.context_length - cache.offset)
-                use = ahead if ahead is not None and ahead.parent is rnd else None
-                ahead = None
                 if reason is None and not controls.cancelled and next_room >= 1:
                     # queue the next round before emitting this one: the host work below overlaps it
-                    if use is not None and use.auto and self._auto_on(controls) and use.K <= next_room:
-                        plan = (use.K, True)  # the controller chose it when drafting ahead (one choice a round)
-                    else:
-                        plan = self._block_size(controls, next_room)
+                    plan = self._block_size(controls, next_room)
                     if plan[0] > 1:
-                        queued = self._queue_round(turn, *plan, ahead=use)
-                        ahead = self._draft_ahead(turn, queued, controls, unemitted=out)
+                        queued = self._queue_round(turn, *plan)
                     else:
                         pending = self._plain_step(mx.array([turn.b_tok], dtype=mx.uint32), cache, settings, keys)
                         mx.async_eval(pending[0])
@@ -360,9 +327,6 @@ class Decoder:
             K = int(controls.block_size)
         return max(1, min(K, room)), auto
 
-    def _auto_on(self, controls: Controls) -> bool:
-        return self.drafter is not None and controls.drafter_enabled and controls.block_size == "auto"
-
     def _plan_holds(self, plan: tuple[int, bool], controls: Controls, room: int) -> bool:
         """Whether a round decided ahead still matches the controls (they may change while it runs)."""
         K, auto = plan
@@ -379,23 +343,20 @@ class Decoder:
         if K > 1 or auto:
             self.auto.observe(K, n_acc, round_s=round_s)
 
-    def _queue_round(self, turn: _Turn, K: int, auto: bool, ahead: _Ahead | None = None) -> _Round:
+    def _queue_round(self, turn: _Turn, K: int, auto: bool) -> _Round:
         """Build round (draft K - 1, verify K) on the committed state and submit it; nothing waits.
 
         The drafts are submitted as soon as they are built, so the device drafts while the host
-        builds the verify; drafts queued ahead for this very round (same K) are used as they are."""
+        builds the verify."""
         s, tg, cache = turn.settings, self.target, turn.cache
         temp = s.temperature
         P = cache.offset
         b = mx.array([turn.b_tok], dtype=mx.uint32)
-        if ahead is not None and ahead.K == K and ahead.drafts is not None:
-            drafts, q_lp = ahead.drafts, ahead.q_lp
-        else:
-            draft_keys = turn.keys.split(K - 1) if temp > 0 else None
-            drafts, q_lp = self.drafter.draft(
-                tg, cache, b, turn.h, K - 1, temperature=temp, top_k=s.top_k, top_p=s.top_p, keys=draft_keys
-            )
-            mx.async_eval(drafts)
+        draft_keys = turn.keys.split(K - 1) if temp > 0 else None
+        drafts, q_lp = self.drafter.draft(
+            tg, cache, b, turn.h, K - 1, temperature=temp, top_k=s.top_k, top_p=s.top_p, keys=draft_keys
+        )
+        mx.async_eval(drafts)
         logits, H = tg.forward(mx.concatenate([b, drafts]), cache, logits="all", softcap=temp > 0)
         if temp > 0:
             p_lp = sampling.transform_logits_compiled(logits, temp, s.top_k, s.top_p)
@@ -404,40 +365,7 @@ class Decoder:
             n, t = sampling.verify_greedy(drafts, logits)
         packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t.reshape(1).astype(mx.uint32), drafts])
         mx.async_eval(packed, H)
-        return _Round(K, auto, P, drafts, packed, H, n.reshape(()).astype(mx.int32), t.reshape(1).astype(mx.uint32))
-
-    def _draft_ahead(self, turn: _Turn, rnd: _Round, controls: Controls, unemitted: int) -> _Ahead | None:
-        """Decide the round after `rnd` and queue its drafting now, before `rnd` is read.
-
-        Its inputs are `rnd`'s lazy outputs: b = t, h = H[n], committed length P + n + 1; the cache
-        still holds `rnd`'s whole block, and the drafter masks the rejected tail. The block size
-        is chosen for the least room `rnd` can leave (all of its K tokens emitted); `unemitted`
-        counts tokens decided but not emitted yet. None when the drafter cannot draft ahead."""
-        if not (self.draft_ahead and getattr(self.drafter, "drafts_ahead", False)) or controls.cancelled:
-            return None
-        s, tg = turn.settings, self.target
-        room = min(s.max_tokens - len(turn.emitted) - unemitted - rnd.K, tg.context_length - (rnd.P + rnd.K))
-        if room < 1:
-            return None
-        K, auto = self._block_size(controls, room)
-        ahead = _Ahead(rnd, K, auto)
-        if K > 1:
-            temp = s.temperature
-            draft_keys = turn.keys.split(K - 1) if temp > 0 else None
-            ahead.drafts, ahead.q_lp = self.drafter.draft(
-                tg,
-                turn.cache,
-                rnd.t,
-                mx.take(rnd.H, rnd.n, axis=0),
-                K - 1,
-                temperature=temp,
-                top_k=s.top_k,
-                top_p=s.top_p,
-                keys=draft_keys,
-                length=LazyLength(rnd.n + (rnd.P + 1), rnd.P + 1),
-            )
-            mx.async_eval(ahead.drafts)
-        return ahead
+        return _Round(K, auto, P, drafts, packed, H)
 
     def _read_round(self, rnd: _Round) -> tuple[int, list[int]]:
         """The round's one host sync: (accepted drafts n, the tokens it decided: d1..dn, t)."""
