@@ -112,3 +112,27 @@ def test_drafts_are_accepted_and_greedy_output_is_unchanged(capsys):
     # the random-weight demo's drafter got 0 % here; the trained one 12 of 55 tokens (22 %)
     assert from_drafts / len(tokens) >= 0.15, stats
     assert stats["tokens_per_round"] > 1.15
+
+
+def test_the_drafter_routes_its_drafts_among_the_right_candidates(monkeypatch, capsys):
+    """The centroid head drafts among the tokens of its top clusters (`token_ordering`): with the
+    cluster table it was trained with, that is the token its full vocabulary would pick. A table that
+    does not match the trained centroids (the first shipped demo kept the factory's random one) routes
+    most drafts among the wrong candidates: acceptance collapses while the weights look trained."""
+    import mlx.core as mx
+
+    from core.drafter import Drafter
+
+    routed_greedy = Drafter.greedy_token
+    same: list[bool] = []
+
+    def spy(self, y):
+        routed = routed_greedy(self, y)
+        full = mx.argmax(self.embed_tokens.as_linear(y.reshape(-1)))
+        same.append(int(routed.item()) == int(full.item()))
+        return routed
+
+    monkeypatch.setattr(Drafter, "greedy_token", spy)
+    _generate(capsys, "What is gemma-chat?", "--max-tokens", "48", "--block-size", "4")
+    assert len(same) >= 20
+    assert sum(same) / len(same) >= 0.9, f"{sum(same)}/{len(same)} drafts routed to the full-vocabulary choice"
