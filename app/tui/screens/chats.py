@@ -76,7 +76,7 @@ class RenameScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class ChatListScreen(ModalScreen[tuple | None]):
+class ChatListScreen(ModalScreen[tuple[str, int | None] | None]):
     CSS_PATH = str(style_path("chats.tcss"))
     BINDINGS = [
         Binding("escape", "close", "Close", priority=True),
