@@ -287,29 +287,11 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
 
 
 def check_pair(target: Target, drafter: Drafter) -> None:
-    """Refuse a drafter that cannot read this target's embeddings, hidden states or K/V."""
-    problems = []
-    cross = modeltypes.cross_pair_problem(target.config.get("model_type"), drafter.cfg.raw.get("model_type"))
-    if cross:
-        problems.append(cross)
-    if drafter.cfg.backbone_hidden_size != target.hidden_size:
-        problems.append(
-            f"drafter backbone_hidden_size {drafter.cfg.backbone_hidden_size} "
-            f"!= target hidden_size {target.hidden_size}"
-        )
-    if drafter.vocab_size != target.vocab_size:
-        problems.append(f"drafter vocab {drafter.vocab_size} != target vocab {target.vocab_size}")
-    for layer in drafter.layers:
-        t = layer.layer_type
-        if t not in target.producers:
-            problems.append(f"target has no {t} layer to read K/V from")
-            continue
-        kv_heads, head_dim = target.kv_shape(t)
-        a = layer.self_attn
-        if a.head_dim != head_dim:
-            problems.append(f"{t}: drafter head_dim {a.head_dim} != target {head_dim}")
-        if a.n_kv_heads != kv_heads or a.n_heads % kv_heads:
-            problems.append(f"{t}: drafter expects {a.n_kv_heads} K/V heads, target has {kv_heads}")
-    problems = list(dict.fromkeys(problems))
+    """Refuse a drafter that cannot read this target's embeddings, hidden states or K/V: the one pair
+    check (core.pairing.check_pair, the same sentences the CLI and the models screen show) over the two
+    loaded checkpoints' configs."""
+    from core.pairing import check_pair as pair_problems
+
+    problems = pair_problems(target.config, drafter.cfg.raw)
     if problems:
         raise CheckpointError("drafter does not fit this target: " + "; ".join(problems))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core import modeltypes
 from core.fit import kv_shape, layer_types, producer_layers
+from core.loader import looks_like_repo_id
 
 TARGET_TYPES = tuple(modeltypes.TARGET_TYPES)
 DRAFTER_TYPES = tuple(modeltypes.DRAFTER_TYPES)
@@ -123,7 +124,7 @@ def load_config(
             raise PairingError(f"{path} has no config.json: not a checkpoint directory")
         return json.loads(cfg.read_text())
     repo_id = str(source)
-    if path.exists() or repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+    if path.exists() or not looks_like_repo_id(repo_id):
         raise PairingError(f"{repo_id} is neither a checkpoint directory nor a Hugging Face repo id (owner/name)")
     from huggingface_hub import hf_hub_download
 

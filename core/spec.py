@@ -27,6 +27,7 @@ import mlx.core as mx
 from core import memory, sampling
 from core.autoblock import AutoBlock, AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
+from core.limits import context_error
 from core.settings import GenerationSettings
 from core.target import TargetCache
 
@@ -171,11 +172,9 @@ class Decoder:
             raise TurnError("empty prompt: nothing to generate from")
         if cache.offset != prompt.start:
             raise TurnError(f"internal: cache holds {cache.offset} tokens, prompt continues at {prompt.start}")
-        total = prompt.start + len(prompt.ids)
-        if total >= tg.context_length:
-            raise TurnError(
-                f"the prompt is {total} tokens, the model's context is {tg.context_length}: shorten the conversation"
-            )
+        too_long = context_error(prompt.start + len(prompt.ids), tg.context_length)
+        if too_long:
+            raise TurnError(too_long)
         keys = sampling.KeyStream(settings.seed) if settings.temperature > 0 else None
         if self.detok is not None:
             self.detok.reset()

@@ -10,10 +10,15 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from app.cli import printable
+from core.loader import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.catalog import Pairing
 
 
 def run(args) -> int:
@@ -160,6 +165,17 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def _catalogue_pairing(name: str) -> Pairing | None:
+    """The catalogue pairing `name`, or None after saying on stderr that there is none."""
+    from core import catalog
+
+    try:
+        return catalog.get_pairing(name)
+    except KeyError as e:
+        print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        return None
+
+
 def download_pairing(name: str, offline: bool = False) -> int:
     from core import catalog, fit
     from core.download import (
@@ -171,15 +187,13 @@ def download_pairing(name: str, offline: bool = False) -> int:
         start_download,
     )
 
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if looks_like_repo_id(name):
         # A repository id (a custom target or drafter): just that repository.
         label = name
         handle = start_download([name], offline=offline, endpoint=_endpoint())
     else:
-        try:
-            p = catalog.get_pairing(name)
-        except KeyError as e:
-            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        p = _catalogue_pairing(name)
+        if p is None:
             return 2
         label = p.name
         report = fit.check_fit(p.memory().total_bytes)
@@ -234,17 +248,15 @@ def download_pairing(name: str, offline: bool = False) -> int:
 def remove_pairing(name: str, yes: bool = False) -> int:
     from core import catalog, hfcache
 
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if looks_like_repo_id(name):
         # A repository id, as `download` takes it: just that repository.
         label = name
         status = hfcache.statuses([name])[name]
         doomed = [status.cached_id or name] if status.state != "missing" else []
         kept: list[str] = []
     else:
-        try:
-            p = catalog.get_pairing(name)
-        except KeyError as e:
-            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        p = _catalogue_pairing(name)
+        if p is None:
             return 2
         label = p.name
         # The drafter is shared by every pairing of its family: kept while another one is on disk.

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.widgets import Collapsible, Static
@@ -32,11 +32,13 @@ from app.tui.widgets.conversation import (
     origin_runs,
     text_with_origins,
 )
-from core.engine import PairingSpec
 from core.events import TurnDone, TurnStats
 from core.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
 from core.store import Chat, decode_origins, encode_origins
+
+if TYPE_CHECKING:
+    from core.engine import PairingSpec
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -382,26 +384,23 @@ def same_pairing(chat, spec) -> bool:
 
 
 def pairing_spec_for(chat: Chat) -> PairingSpec | None:
-    """A PairingSpec for the pairing a stored chat ran on: its recorded directories if they are still
-    there, else the catalogue pairing of that name if it is downloaded; None if neither.
-    Touches the disk: call it off the UI thread."""
+    """A PairingSpec (core.pairing_spec) for the pairing a stored chat ran on: its recorded directories
+    if they are still there, else the catalogue pairing of that name if it is downloaded; None if
+    neither. Touches the disk: call it off the UI thread."""
+    from core.pairing import PairingError
+    from core.pairing_spec import catalogue_spec, checkpoint_spec
+
     target, drafter = chat.target_id, chat.drafter_id
     if target and Path(target).is_dir() and (drafter is None or Path(drafter).is_dir()):
         try:
-            from core.demo import is_demo_checkpoint
-
-            demo = bool(is_demo_checkpoint(target))
-        except Exception:
-            demo = False
-        return PairingSpec(name=chat.pairing or Path(target).name, target=target, drafter=drafter, demo=demo)
+            return checkpoint_spec(target, drafter, name=chat.pairing or Path(target).name)
+        except PairingError:
+            pass
     if chat.pairing:
         try:
-            from core.catalog import resolve_pairing
-
-            p = resolve_pairing(chat.pairing)
-        except Exception:  # unknown, or not downloaded any more
+            return catalogue_spec(chat.pairing)
+        except PairingError:  # unknown, or not downloaded any more
             return None
-        return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
     return None
 
 
