@@ -51,6 +51,11 @@ STALL_ENV = "GEMMA_CHAT_HUB_TIMEOUT"
 DEFAULT_STALL_S = 60.0
 
 
+def looks_like_repo_id(value: str) -> bool:
+    """`owner/name` (a Hugging Face repo id), not a path: one slash, not starting with `.`, `/` or `~`."""
+    return value.count("/") == 1 and not value.startswith((".", "/", "~"))
+
+
 def stall_seconds() -> float:
     try:
         value = float(os.environ.get(STALL_ENV, ""))

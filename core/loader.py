@@ -23,11 +23,6 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be used (missing files, wrong model type, bad pair)."""
 
 
-def looks_like_repo_id(value: str) -> bool:
-    """`owner/name` (a Hugging Face repo id), not a path: one slash, not starting with `.`, `/` or `~`."""
-    return value.count("/") == 1 and not value.startswith((".", "/", "~"))
-
-
 def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -> Path:
     """A local directory as-is; a Hugging Face repo id only if it is already in the local cache
     (`cache_dir`, default the shared HF cache). Never touches the network."""
@@ -36,6 +31,8 @@ def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -
         return p.resolve()
     if p.exists():
         raise CheckpointError(f"{path_or_repo} is a file, not a checkpoint directory")
+    from core.download import looks_like_repo_id
+
     if not looks_like_repo_id(path_or_repo):
         raise CheckpointError(
             f"no such checkpoint directory: {path_or_repo} (and not a Hugging Face repo id, owner/name)"

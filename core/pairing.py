@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import modeltypes
+from core.download import looks_like_repo_id
 from core.fit import kv_shape, layer_types, producer_layers
-from core.loader import looks_like_repo_id
 
 TARGET_TYPES = tuple(modeltypes.TARGET_TYPES)
 DRAFTER_TYPES = tuple(modeltypes.DRAFTER_TYPES)

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from app.cli import printable
-from core.loader import looks_like_repo_id
+from core.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
