@@ -10,7 +10,7 @@ import pytest
 
 from core.detok import Detokenizer, default_skip_ids, special_ids
 
-TOKENIZER_DIR = Path(__file__).parent / "data" / "pack" / "models" / "tokenizer"
+TOKENIZER_DIR = Path(__file__).parents[1] / "data" / "pack" / "models" / "tokenizer"
 
 TEXTS = [
     "Return the index of the first item.",

@@ -2,7 +2,7 @@
 
 Deterministic: fixed terminal size, the fake engine's statistics use virtual time, and every shot is
 taken after the turn has finished (the panels then show the engine's TurnStats, not live clocks).
-Update with `pytest tests/test_tui_snapshots.py --snapshot-update`, then LOOK at the SVGs.
+Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`, then LOOK at the SVGs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SVG snapshots of image attachments: a sent image's thumbnail (the text-label fallback) with a chip
 waiting above the prompt, and the file picker's preview (half-cell blocks, deterministic).
 
-Update with `pytest tests/test_tui_images_snapshots.py --snapshot-update`, then LOOK at the SVGs.
+Update with `pytest tests/tui/test_tui_images_snapshots.py --snapshot-update`, then LOOK at the SVGs.
 """
 
 from __future__ import annotations

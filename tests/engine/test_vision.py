@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from core.image import ImageProcessorConfig, preprocess_image
 from core.vision import VisionEncoder, load_vision, pooling_order
 
-PACK = Path(__file__).parent / "data" / "pack"
+PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"
 IMAGES = PACK / "references" / "images"
 FAMILIES = ("e-style", "moe-style", "dense-style")

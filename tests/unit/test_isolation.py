@@ -7,11 +7,8 @@ import tempfile
 from pathlib import Path
 
 import platformdirs
-import pytest
 
 from core import paths
-
-pytestmark = pytest.mark.unit
 
 
 def _inside_temp(p: Path) -> bool:

@@ -2,7 +2,7 @@
 
 Deterministic: the chats' times are fixed in the database and shown in UTC, the config file's
 location (a tmp path) is replaced by its name. Update with
-`pytest tests/test_tui_history_snapshots.py --snapshot-update`, then LOOK at the SVGs.
+`pytest tests/tui/test_tui_history_snapshots.py --snapshot-update`, then LOOK at the SVGs.
 """
 
 from __future__ import annotations

@@ -339,7 +339,7 @@ def test_sigkill_mid_reply_keeps_completed_turns(tmp_path):
         [sys.executable, "-c", _CHILD, str(db)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         committed_wal_size = int(proc.stdout.readline())
@@ -394,7 +394,7 @@ def test_sigkill_while_appending_turns(tmp_path):
         [sys.executable, "-c", _LOOP_CHILD, str(db)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert proc.stdout.readline().strip() == "THREE"

@@ -17,7 +17,7 @@ from core.drafter import check_pair, load_drafter
 from core.loader import CheckpointError
 from core.target import load_target
 
-PACK = Path(__file__).parent / "data" / "pack"
+PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"
 UT, UA = MODELS / "unified-style-target", MODELS / "unified-style-assistant"
 

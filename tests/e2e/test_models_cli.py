@@ -14,7 +14,7 @@ from fakehub import FakeHub, FakeRepo, put_in_cache
 from app.cli import main
 from core import catalog
 
-PACK = Path(__file__).parent / "data" / "pack" / "models"
+PACK = Path(__file__).parents[1] / "data" / "pack" / "models"
 FILES = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w" * 5000}
 
 

@@ -27,7 +27,7 @@ from core.prompt import (
     thinking_markers,
 )
 
-PACK = Path(__file__).parent / "data" / "pack"
+PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"
 FAMILIES = ["e-style", "moe-style", "dense-style"]
 

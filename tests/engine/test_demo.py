@@ -15,7 +15,7 @@ import pytest
 from app.cli import main
 from core import demo, factory
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _json_lines(out: str) -> list[dict]:

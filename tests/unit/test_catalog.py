@@ -13,7 +13,7 @@ from fakehub import FakeHub, FakeRepo, put_in_cache
 from core import catalog, fit, hfcache, pairing
 from core.download import local_snapshot
 
-PACK = Path(__file__).parent / "data" / "pack" / "models"
+PACK = Path(__file__).parents[1] / "data" / "pack" / "models"
 FAMILIES = ("e-style", "moe-style", "dense-style", "unified-style")
 
 

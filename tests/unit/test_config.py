@@ -325,7 +325,8 @@ def test_data_layer_imports_stay_light():
     import sys
 
     code = (
-        "import sys, core.paths, core.store, core.config, core.keymap, core.export, core.clipboard; "
+        "import sys, core.paths, core.store, core.config, "
+        "core.keymap, core.export, core.clipboard; "
         "print(sorted(m for m in ('textual', 'mlx', 'tomlkit', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

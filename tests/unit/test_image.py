@@ -23,11 +23,11 @@ from core.image import (
     target_size,
 )
 
-PACK = Path(__file__).parent / "data" / "pack"
+PACK = Path(__file__).parents[1] / "data" / "pack"
 IMAGES = PACK / "references" / "images"
 PREPROCESS = json.loads((IMAGES / "preprocess.json").read_text())
 CASES = [(name, int(budget)) for name, case in PREPROCESS["cases"].items() for budget in case["budgets"]]
-ASSETS = Path(__file__).parent.parent / "assets" / "images"
+ASSETS = Path(__file__).parents[2] / "assets" / "images"
 
 
 @pytest.mark.parametrize("name,budget", CASES, ids=[f"{n}-{b}" for n, b in CASES])

@@ -15,8 +15,6 @@ from core.image import SUPPORTED_SOFT_TOKENS
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
 
-pytestmark = pytest.mark.unit
-
 GOOD = [MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, "auto"]
 BAD = [MIN_BLOCK_SIZE - 1, MAX_BLOCK_SIZE + 1]
 

@@ -2,7 +2,7 @@
 
 Deterministic: a fixed terminal size, a fixed machine memory (`ModelsOptions.machine`), and a
 temporary HF cache laid out with fixed file sizes, so statuses, sizes and fit never depend on
-this machine. Update with `pytest tests/test_tui_models_snapshots.py --snapshot-update`, then LOOK.
+this machine. Update with `pytest tests/tui/test_tui_models_snapshots.py --snapshot-update`, then LOOK.
 """
 
 from __future__ import annotations
