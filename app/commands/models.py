@@ -1,6 +1,6 @@
 """`gemma-chat models list|download|rm`: the pairing catalogue, downloads with a progress bar, removal.
 
-Everything goes through core.catalog / core.download / core.hfcache; nothing here imports mlx or
+Everything goes through core.hub.catalog / core.hub.download / core.hub.hfcache; nothing here imports mlx or
 textual. Exit codes: 0 done, 1 failed or refused, 2 unknown pairing name, 130 interrupted.
 """
 
@@ -13,12 +13,12 @@ import time
 from typing import TYPE_CHECKING
 
 from app.cli import printable
-from core.download import looks_like_repo_id
+from core.hub.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
 if TYPE_CHECKING:
-    from core.catalog import Pairing
+    from core.hub.catalog import Pairing
 
 
 def run(args) -> int:
@@ -46,9 +46,9 @@ def _endpoint() -> str | None:
 
 
 def list_pairings(as_json: bool = False) -> int:
-    from core import catalog, fit
-    from core.download import default_cache_dir
-    from core.fit import FIT_WORDS
+    from core.hub import catalog, fit
+    from core.hub.download import default_cache_dir
+    from core.hub.fit import FIT_WORDS
 
     machine = fit.machine_memory()
     entries = catalog.list_entries(machine=machine)
@@ -167,7 +167,7 @@ def _clock(seconds: float) -> str:
 
 def _catalogue_pairing(name: str) -> Pairing | None:
     """The catalogue pairing `name`, or None after saying on stderr that there is none."""
-    from core import catalog
+    from core.hub import catalog
 
     try:
         return catalog.get_pairing(name)
@@ -177,8 +177,8 @@ def _catalogue_pairing(name: str) -> Pairing | None:
 
 
 def download_pairing(name: str, offline: bool = False) -> int:
-    from core import catalog, fit
-    from core.download import (
+    from core.hub import catalog, fit
+    from core.hub.download import (
         DownloadCancelled,
         DownloadFailed,
         DownloadFinished,
@@ -246,7 +246,7 @@ def download_pairing(name: str, offline: bool = False) -> int:
 
 
 def remove_pairing(name: str, yes: bool = False) -> int:
-    from core import catalog, hfcache
+    from core.hub import catalog, hfcache
 
     if looks_like_repo_id(name):
         # A repository id, as `download` takes it: just that repository.

@@ -13,9 +13,9 @@ from core.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from app.tui.history import HistoryRecorder
-    from core.config import Config
     from core.engine import PairingSpec
     from core.protocol import ChatEngine
+    from core.user.config import Config
 
 
 class GemmaChatApp(App[None]):

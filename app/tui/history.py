@@ -32,15 +32,15 @@ from app.tui.widgets.conversation import (
     origin_runs,
     text_with_origins,
 )
+from core.decode.prompt import ThinkingMarkers, split_thinking
 from core.events import TurnDone, TurnStats
-from core.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
-from core.store import Chat, decode_origins, encode_origins
+from core.user.store import Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
     from core.engine import PairingSpec
 
-# Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
+# Gemma 4's channel markers; the engine keeps them in reply text (core.decode.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
 # The GenerationSettings fields a chat keeps as its own parameters (the rest are live controls).
 CHAT_PARAMS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "thinking")
@@ -138,7 +138,7 @@ class HistoryRecorder:
         """The Store, opened on first use (call only on the writer thread). A failed open is retried
         at the next use: the user may have fixed the file meanwhile."""
         if self._store is None:
-            from core.store import Store
+            from core.user.store import Store
 
             self._store = Store(self._path)
         return self._store
@@ -155,7 +155,7 @@ class HistoryRecorder:
             raise
 
     def _forget_broken_store(self, error: Exception) -> None:
-        from core.store import StoreError
+        from core.user.store import StoreError
 
         if isinstance(error, StoreError) and self._store is not None and self._owns_store:
             try:
@@ -182,7 +182,7 @@ class HistoryRecorder:
         return self._pool.submit(self._drain) if self.failed else None
 
     def _drain(self) -> bool:
-        from core.store import StoreError
+        from core.user.store import StoreError
 
         saved = 0
         while self.backlog:
@@ -262,7 +262,7 @@ class HistoryRecorder:
         if self._path is not None and str(self._path) != ":memory:":
             places.append(Path(self._path).parent)
         else:
-            from core import paths
+            from core.user import paths
 
             places.append(paths.data_dir())
         places.append(Path(tempfile.gettempdir()))
@@ -293,7 +293,7 @@ class HistoryRecorder:
         return self.current
 
     def adopt(self, chat) -> ChatRef:
-        """Continue a stored chat (a core.store.Chat)."""
+        """Continue a stored chat (a core.user.store.Chat)."""
         self.current = ChatRef(
             chat.id,
             len(chat.messages),
@@ -387,7 +387,7 @@ def pairing_spec_for(chat: Chat) -> PairingSpec | None:
     """A PairingSpec (core.pairing_spec) for the pairing a stored chat ran on: its recorded directories
     if they are still there, else the catalogue pairing of that name if it is downloaded; None if
     neither. Touches the disk: call it off the UI thread."""
-    from core.pairing import PairingError
+    from core.hub.pairing import PairingError
     from core.pairing_spec import catalogue_spec, checkpoint_spec
 
     target, drafter = chat.target_id, chat.drafter_id
@@ -456,7 +456,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
 
 
 def reply_origins(reply: ReplyView, answer: str) -> str | None:
-    """The answer's per-token origins as stored (core.store.encode_origins), None when the token view
+    """The answer's per-token origins as stored (core.user.store.encode_origins), None when the token view
     does not hold exactly the answer's characters."""
     text = reply.tokens.text
     if len(text) != len(answer):
@@ -487,7 +487,7 @@ class RestoredReply(ReplyView):
         self.chunks = [text]
 
     def on_mount(self) -> None:
-        from core.export import stats_line
+        from core.user.export import stats_line
 
         # set_text, not an append: a finished reply keeps no blank rows reserved for streaming
         self.tokens.set_text(text_with_origins(displayable(self.restored_text), self.restored_origins))

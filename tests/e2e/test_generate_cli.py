@@ -75,7 +75,7 @@ def test_no_draft_no_template_and_max_tokens(capsys):
     assert rc == 0 and len(lines) == 8
     s = lines[-1]["stats"]
     assert s["drafted"] == 0 and not any(t["from_draft"] for t in lines[:-1]) and s["stop_reason"] == "max_tokens"
-    from core.loader import load_tokenizer
+    from core.model.loader import load_tokenizer
 
     tok = load_tokenizer(f"{PACK}/e-style-target")
     assert s["prompt_tokens"] == 1 + len(tok.encode("def reverse(items):", add_special_tokens=False))
@@ -110,8 +110,8 @@ def test_messages_file_and_system(tmp_path, capsys):
     lines = _json_lines(capsys.readouterr().out)
     assert rc == 0 and [t["id"] for t in lines[:-1]] == ref["greedy_eos_stop"]["ids"]
     # --system becomes the system turn of the rendered prompt
-    from core.loader import load_tokenizer
-    from core.prompt import encode_messages
+    from core.decode.prompt import encode_messages
+    from core.model.loader import load_tokenizer
 
     rc = main(["generate", *_pair("e-style"), "--system", "Be brief.", "--prompt", "Hi", "--json", "--max-tokens", "1"])
     stats = _json_lines(capsys.readouterr().out)[-1]["stats"]

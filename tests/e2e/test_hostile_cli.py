@@ -111,7 +111,7 @@ def test_bad_sampling_values_are_refused_up_front(dirs, pairing, capsys, args, m
 
 
 def test_config_refuses_a_seed_the_engine_cannot_use(tmp_path):
-    from core.config import ConfigError, load_config
+    from core.user.config import ConfigError, load_config
 
     path = tmp_path / "config.toml"
     for bad in ("-1", "inf", "nan"):
@@ -356,7 +356,7 @@ def test_models_rm_takes_a_repo_id_like_download(hf_cache, capsys):
 def test_a_huge_non_image_is_refused_unread(tmp_path, size_mb):
     import tracemalloc
 
-    from core.image import ImageError, load_image
+    from core.model.image import ImageError, load_image
 
     path = tmp_path / "big.png"
     with open(path, "wb") as f:  # sparse: a PNG signature, then nothing
@@ -382,7 +382,7 @@ def test_paths_with_escape_sequences_are_printed_inert(dirs, capsys):
 
 
 def test_model_text_cannot_drive_the_terminal(dirs, pairing, capsys, monkeypatch):
-    from core.detok import Detokenizer
+    from core.decode.detok import Detokenizer
 
     real_add = Detokenizer.add
 

@@ -12,7 +12,7 @@ import pytest
 from fakehub import FakeHub, FakeRepo, put_in_cache
 
 from app.cli import main
-from core import catalog
+from core.hub import catalog
 
 PACK = Path(__file__).parents[1] / "data" / "pack" / "models"
 FILES = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": b"w" * 5000}
@@ -91,8 +91,8 @@ def test_list_table(hf_cache, capsys):
 
 def test_models_screen_and_cli_share_their_words():
     from app.tui.screens.models import _FIT_TEXT, status_text
-    from core.catalog import STATUS_WORDS
-    from core.fit import FIT_WORDS
+    from core.hub.catalog import STATUS_WORDS
+    from core.hub.fit import FIT_WORDS
 
     assert _FIT_TEXT is FIT_WORDS and FIT_WORDS["wont_fit"] == "won't fit"
     assert status_text("missing").plain == STATUS_WORDS["missing"] == "not downloaded"

@@ -18,9 +18,9 @@ from core.bench import (
     run_bench,
     run_ours,
 )
-from core.drafter import load_drafter
-from core.loader import load_tokenizer
-from core.target import load_target
+from core.model.drafter import load_drafter
+from core.model.loader import load_tokenizer
+from core.model.target import load_target
 
 PACK = "tests/data/pack/models"
 N = 24

@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.cache import FullKVCache, SlidingKVCache, attention_mask
-from core.target import load_target
+from core.model.cache import FullKVCache, SlidingKVCache, attention_mask
+from core.model.target import load_target
 
 PACK = "tests/data/pack/models"
 

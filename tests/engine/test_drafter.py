@@ -8,9 +8,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from core import sampling
-from core.drafter import check_pair, load_drafter
-from core.loader import CheckpointError
-from core.target import FULL, SLIDING, load_target
+from core.model.drafter import check_pair, load_drafter
+from core.model.loader import CheckpointError
+from core.model.target import FULL, SLIDING, load_target
 
 PACK = "tests/data/pack/models"
 REFS = "tests/data/pack/references/drafter"

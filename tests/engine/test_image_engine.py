@@ -15,16 +15,16 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors.numpy import load_file
 
-import core.spec as spec_mod
-from core import prompt as prompt_mod
+import core.decode.spec as spec_mod
+from core.decode import prompt as prompt_mod
+from core.decode.spec import prefill_chunks
 from core.engine import Engine, EngineError, PairingSpec
 from core.events import PrefillDone, TurnDone
-from core.image import ImageProcessorConfig, preprocess_image
-from core.loader import load_tokenizer
+from core.model.image import ImageProcessorConfig, preprocess_image
+from core.model.loader import load_tokenizer
+from core.model.target import load_target
+from core.model.vision import VisionConfig, VisionEncoder, load_vision
 from core.settings import GenerationSettings
-from core.spec import prefill_chunks
-from core.target import load_target
-from core.vision import VisionConfig, VisionEncoder, load_vision
 
 PACK = "tests/data/pack/models"
 IMAGES = "tests/data/pack/references/images"
@@ -450,7 +450,7 @@ def test_generate_with_two_images(capsys):
 
 def test_drafter_conventions_reach_the_drafter(monkeypatch, capsys):
     from app.cli import main
-    from core.drafter import Drafter
+    from core.model.drafter import Drafter
 
     seen = []
     real = Drafter.configure

@@ -1,4 +1,4 @@
-"""core.layers: fused projections and compiled layer pieces compute mlx-lm's layer, float and quantized."""
+"""core.model.layers: fused projections and compiled layer pieces compute mlx-lm's layer, float and quantized."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from core.layers import COMPILED_MAX_LEN, FastLayer, FusedLinear, fuse
-from core.target import load_target
+from core.model.layers import COMPILED_MAX_LEN, FastLayer, FusedLinear, fuse
+from core.model.target import load_target
 
 PACK = "tests/data/pack/models"
 
@@ -95,7 +95,7 @@ def test_long_inputs_keep_mlx_lm_layer_and_both_paths_agree():
 def test_half_precision_and_quantized_steps_run_and_match_mlx_lm(factory_checkpoints, layout, dtype):
     """bf16 and 4-bit targets: fused projections; the pieces are compiled only where MLX runs them
     (not on the CPU backend in bf16, where evaluating them never returned). Steps match mlx-lm's ids."""
-    from core.layers import compile_ok
+    from core.model.layers import compile_ok
 
     tg = load_target(factory_checkpoints.target("e-style", layout=layout, dtype=dtype))
     assert all(f.compiled == compile_ok(mx.bfloat16) for f in tg.layers)

@@ -1,11 +1,11 @@
-"""core.memory: the Metal settings, checked on any backend by standing in for Metal's facts."""
+"""core.model.memory: the Metal settings, checked on any backend by standing in for Metal's facts."""
 
 import types
 
 import pytest
 
-from core import memory
-from core.target import load_target
+from core.model import memory
+from core.model.target import load_target
 
 PACK = "tests/data/pack/models"
 
@@ -29,7 +29,7 @@ def test_metal_block_cap_is_the_fused_attention_kernels_limit(monkeypatch):
 
 
 def test_auto_block_size_stays_within_the_cap_on_metal(monkeypatch):
-    from core.spec import Decoder
+    from core.decode.spec import Decoder
 
     tg = load_target(f"{PACK}/e-style-target")
     assert tg.metal_block_cap() is None and Decoder(tg).auto.config.k_max == 8

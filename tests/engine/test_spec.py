@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from core.drafter import load_drafter
+from core.decode.spec import Controls, Decoder, Prompt, TurnError, prefill_chunks
 from core.events import PrefillDone, RoundEvent, TokenEvent
+from core.model.drafter import load_drafter
+from core.model.target import load_target
 from core.settings import GenerationSettings
-from core.spec import Controls, Decoder, Prompt, TurnError, prefill_chunks
-from core.target import load_target
 
 PACK = "tests/data/pack/models"
 FAMILIES = ["e-style", "moe-style", "dense-style", "unified-style"]
@@ -236,7 +236,7 @@ def test_prefill_chunks_never_cut_an_image():
 
 
 def test_image_prompt_prefill_matches_hf_bidirectional_reference():
-    import core.spec as spec
+    import core.decode.spec as spec
 
     tg = load_target(f"{PACK}/moe-style-target")
     meta = json.load(open("tests/data/pack/references/images/moe-style.json"))
@@ -273,7 +273,7 @@ def test_factory_pairings_drafted_equals_plain(factory_checkpoints, variant, lay
     target_dir, drafter_dir = factory_checkpoints.pairing(variant, layout=layout, dtype=dtype)
     tg = load_target(target_dir)
     dr = load_drafter(drafter_dir)
-    from core.drafter import check_pair
+    from core.model.drafter import check_pair
 
     check_pair(tg, dr)
     n = 16 if dtype == "float32" else 6  # bf16/q4 matmuls are slow on the CPU backend

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from core.loader import CheckpointError, load_tokenizer, resolve_checkpoint
-from core.prompt import stop_ids
-from core.target import FULL, SLIDING, load_target
+from core.decode.prompt import stop_ids
+from core.model.loader import CheckpointError, load_tokenizer, resolve_checkpoint
+from core.model.target import FULL, SLIDING, load_target
 
 PACK = "tests/data/pack/models"
 REFS = "tests/data/pack/references/text"

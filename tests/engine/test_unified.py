@@ -12,10 +12,11 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from core import modeltypes, pairing
-from core.drafter import check_pair, load_drafter
-from core.loader import CheckpointError
-from core.target import load_target
+from core import modeltypes
+from core.hub import pairing
+from core.model.drafter import check_pair, load_drafter
+from core.model.loader import CheckpointError
+from core.model.target import load_target
 
 PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"
@@ -179,8 +180,8 @@ def test_unified_preprocessing_matches_hf_at_every_budget():
 
     import numpy as np
 
-    from core.image import SUPPORTED_SOFT_TOKENS, preprocess_image
-    from core.unified import model_inputs
+    from core.model.image import SUPPORTED_SOFT_TOKENS, preprocess_image
+    from core.model.unified import model_inputs
 
     ref = json.loads((IMAGES / "preprocess-unified.json").read_text())
     assert tuple(ref["budgets"]) == SUPPORTED_SOFT_TOKENS
@@ -206,9 +207,9 @@ def test_vision_embedder_and_soft_tokens_match_hf():
     import numpy as np
     from safetensors.numpy import load_file
 
-    from core.image import ImageProcessorConfig, preprocess_image
-    from core.unified import UnifiedVisionEncoder, model_inputs
-    from core.vision import load_vision
+    from core.model.image import ImageProcessorConfig, preprocess_image
+    from core.model.unified import UnifiedVisionEncoder, model_inputs
+    from core.model.vision import load_vision
 
     enc = load_vision(UT)
     assert isinstance(enc, UnifiedVisionEncoder) and enc.config.mm_embed_dim == 32 and enc.config.raw_dims == 6912
@@ -236,7 +237,7 @@ def test_vision_embedder_and_soft_tokens_match_hf():
 def test_image_attention_rule_is_the_unified_one():
     """Image tokens see their whole image both ways on every layer, past the window too; the
     26B/31B rule (sliding only, within the window) or a causal prefill misses the reference."""
-    from core.cache import attention_mask
+    from core.model.cache import attention_mask
 
     spans = [(2, 20)]
     unified = attention_mask(0, 24, 0, 24, 4, spans, spans_past_window=True)
@@ -252,7 +253,7 @@ def test_image_attention_rule_is_the_unified_one():
 def test_mm_posemb_bound_and_raw_width_are_checked():
     import numpy as np
 
-    from core.vision import load_vision
+    from core.model.vision import load_vision
 
     enc = load_vision(UT)
     with pytest.raises(ValueError, match="6912 values, got 768"):
@@ -266,7 +267,7 @@ def test_engine_image_prompt_greedy_equals_hf_with_small_chunks_drafter_on_and_o
     """The 158-token image prompt through the engine in 16-token prefill chunks: the 130-token image
     (ten sliding windows long) sits in one chunk with its span as the overlay, and 30 greedy tokens
     equal HF's, drafter on (block 3) and off."""
-    import core.spec as spec_mod
+    import core.decode.spec as spec_mod
     from core.engine import Engine, PairingSpec
     from core.settings import GenerationSettings
 
@@ -311,7 +312,7 @@ def test_generate_12b_4bit_from_the_hf_cache_with_an_image(tmp_path, monkeypatch
     from huggingface_hub import constants
 
     from app.cli import main
-    from core import catalog
+    from core.hub import catalog
 
     cache = tmp_path / "hf" / "hub"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
@@ -344,8 +345,8 @@ def test_real_shape_12b_embedder_runs_float_and_quantized():
     import numpy as np
     from mlx.utils import tree_flatten
 
-    from core.image import preprocess_image
-    from core.unified import UnifiedVisionConfig, UnifiedVisionEncoder, merge_patches
+    from core.model.image import preprocess_image
+    from core.model.unified import UnifiedVisionConfig, UnifiedVisionEncoder, merge_patches
 
     config = {
         "model_type": "gemma4_unified",
@@ -415,7 +416,7 @@ def test_real_12b_configs_pair_and_refuse_the_others():
     reads 8 sliding K/V heads of 256 and 1 full head of 512 from layers 46 and 47; an E2B
     assistant is refused for the architecture and every shape it gets wrong."""
     from core import factory
-    from core.fit import producer_layers
+    from core.hub.fit import producer_layers
 
     spec = factory.resolve_spec(full_config="12B")
     target, drafter = factory.target_config(spec, "bfloat16"), factory.drafter_config(spec, "bfloat16")
@@ -427,8 +428,8 @@ def test_real_12b_configs_pair_and_refuse_the_others():
 
 
 def test_sampling_with_the_unified_drafter_keeps_greedy_at_top_k_1_and_reproduces_by_seed():
+    from core.decode.spec import Decoder, Prompt
     from core.settings import GenerationSettings
-    from core.spec import Decoder, Prompt
 
     tg, dr = load_target(UT), load_drafter(UA)
     p = json.loads((PACK / "references" / "text" / "unified-style.json").read_text())["prompts"]["long"]
@@ -452,7 +453,7 @@ def test_doctor_and_models_list_show_a_downloaded_12b_pairing(tmp_path):
 
     from fakehub import put_in_cache
 
-    from core import catalog
+    from core.hub import catalog
 
     hub = tmp_path / "hf" / "hub"
     p = catalog.get_pairing("12b-4bit")

@@ -13,8 +13,8 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors.numpy import load_file
 
-from core.image import ImageProcessorConfig, preprocess_image
-from core.vision import VisionEncoder, load_vision, pooling_order
+from core.model.image import ImageProcessorConfig, preprocess_image
+from core.model.vision import VisionEncoder, load_vision, pooling_order
 
 PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"
@@ -89,11 +89,11 @@ def test_padding_and_patch_order_do_not_matter(encoders, small_image):
 
 
 def test_attention_in_query_blocks_is_exact(encoders, small_image, monkeypatch):
-    import core.vision
+    import core.model.vision
 
     enc = encoders["dense-style"]
     base = np.array(enc.encode_image(small_image))
-    monkeypatch.setattr(core.vision, "_SCORE_BUDGET", 2 * 256 * small_image.num_patches)  # 3 blocks
+    monkeypatch.setattr(core.model.vision, "_SCORE_BUDGET", 2 * 256 * small_image.num_patches)  # 3 blocks
     assert np.array_equal(np.array(enc.encode_image(small_image)), base)
 
 

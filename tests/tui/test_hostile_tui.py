@@ -19,7 +19,7 @@ from app.tui.history import HistoryRecorder
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.chats import ChatListScreen
 from app.tui.widgets.conversation import ReplyView, UserMessage
-from core.store import Store
+from core.user.store import Store
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio

@@ -54,7 +54,7 @@ async def test_paste_with_a_missing_image_path_keeps_the_path_in_the_text(tmp_pa
 # -- Ctrl+Q mid-reply ------------------------------------------------------------------------------
 async def test_quit_mid_reply_keeps_the_partial_reply_marked_stopped(tmp_path):
     from app.tui.history import HistoryRecorder
-    from core.store import Store
+    from core.user.store import Store
 
     db = tmp_path / "h.db"
     recorder = HistoryRecorder(path=db)
@@ -140,7 +140,7 @@ THINKING_REPLY = "Sure.\n<|channel>thought\nThe user greets me; answer briefly.<
 async def test_reopened_reply_keeps_colours_and_count_without_blank_rows(tmp_path):
     from app.tui.history import HistoryRecorder, RestoredReply
     from app.tui.widgets.conversation import origin_runs
-    from core.store import decode_origins, encode_origins
+    from core.user.store import decode_origins, encode_origins
 
     db = tmp_path / "h.db"
     app, _ = make_app(history=HistoryRecorder(path=db))
@@ -171,7 +171,7 @@ async def test_reopened_reply_keeps_colours_and_count_without_blank_rows(tmp_pat
 
 async def test_reply_with_thinking_keeps_its_answer_colours_and_they_are_stored(tmp_path):
     from app.tui.history import HistoryRecorder
-    from core.store import Store, decode_origins
+    from core.user.store import Store, decode_origins
 
     db = tmp_path / "h.db"
     engine = FakeEngine(replies=[THINKING_REPLY])
@@ -301,7 +301,7 @@ async def test_chat_parameters_dialog_fits_80x24():
 # -- regenerate keeps the earlier variants -------------------------------------------------------------
 async def test_regenerate_keeps_variants_and_alt_arrows_switch_between_them(tmp_path):
     from app.tui.history import HistoryRecorder
-    from core.store import Store
+    from core.user.store import Store
 
     db = tmp_path / "h.db"
     engine = FakeEngine(replies=["First answer here.", "Second, different answer."])

@@ -18,7 +18,7 @@ from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.conversation import ReplyView, UserMessage
-from core.store import Store
+from core.user.store import Store
 
 SIZE = (110, 34)
 pytestmark = pytest.mark.anyio
@@ -337,10 +337,10 @@ async def test_thinking_is_collapsed_saved_apart_and_not_sent_back(tmp_path):
 
 
 async def test_copy_reply_and_code_and_export(tmp_path, monkeypatch):
-    import core.clipboard
+    import core.user.clipboard
     from app.tui.fake_engine import DEFAULT_REPLY
 
-    monkeypatch.setattr(core.clipboard, "system_copy", lambda text, **kw: False)
+    monkeypatch.setattr(core.user.clipboard, "system_copy", lambda text, **kw: False)
     app = make_app(tmp_path / "h.sqlite3", export_dir=tmp_path / "out")
     copied: list[str] = []
     monkeypatch.setattr(app, "copy_to_clipboard", copied.append)

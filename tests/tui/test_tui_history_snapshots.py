@@ -17,8 +17,8 @@ from app.tui.history import HistoryRecorder
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen
 from app.tui.screens.settings import SettingsScreen
-from core.config import load_config
-from core.store import Store
+from core.user.config import load_config
+from core.user.store import Store
 
 SIZE = (110, 36)
 DAY = 1_780_000_000.0  # 2026-05-28 UTC

@@ -22,9 +22,9 @@ from app.tui.fake_engine import PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
-from core import catalog, fit
-from core import download as dl
-from core.config import load_config
+from core.hub import catalog, fit
+from core.hub import download as dl
+from core.user.config import load_config
 
 pytestmark = pytest.mark.anyio
 SIZE = (120, 36)

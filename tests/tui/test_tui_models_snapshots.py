@@ -15,7 +15,7 @@ from pilot import make_app as shared_make_app
 
 from app.tui.app import GemmaChatApp
 from app.tui.screens.models import ModelsOptions, ModelsScreen
-from core import catalog, fit
+from core.hub import catalog, fit
 
 SIZE = (120, 36)
 MACHINE = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")

@@ -10,7 +10,7 @@ from pilot import until
 from app.tui.fake_engine import PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.settings import SettingsScreen
-from core.config import load_config
+from core.user.config import load_config
 
 SIZE = (110, 40)
 pytestmark = pytest.mark.anyio

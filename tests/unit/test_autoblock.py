@@ -1,4 +1,4 @@
-"""core.autoblock: block-size choice from acceptance and timing, probing, bounds, determinism."""
+"""core.decode.autoblock: block-size choice from acceptance and timing, probing, bounds, determinism."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from core.autoblock import AutoBlock, AutoBlockConfig, expected_tokens
+from core.decode.autoblock import AutoBlock, AutoBlockConfig, expected_tokens
 
 
 def test_expected_tokens():

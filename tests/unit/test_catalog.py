@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakehub import FakeHub, FakeRepo, put_in_cache
 
-from core import catalog, fit, hfcache, pairing
-from core.download import local_snapshot
+from core.hub import catalog, fit, hfcache, pairing
+from core.hub.download import local_snapshot
 
 PACK = Path(__file__).parents[1] / "data" / "pack" / "models"
 FAMILIES = ("e-style", "moe-style", "dense-style", "unified-style")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.clipboard import clipboard_commands, copy_text, osc52, system_copy
+from core.user.clipboard import clipboard_commands, copy_text, osc52, system_copy
 
 TEXT = "héllo\nworld ✓"
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from core import paths
-from core.config import (
+from core.settings import GenerationSettings
+from core.user import paths
+from core.user.config import (
     DEFAULT_CONFIG_TEXT,
     Config,
     ConfigError,
@@ -17,8 +18,7 @@ from core.config import (
     save_config,
     write_default_config,
 )
-from core.keymap import ACTIONS, CHAR_NAMES, DEFAULT_KEYS, SCOPES, KeymapError, normalize_key, resolve_keys
-from core.settings import GenerationSettings
+from core.user.keymap import ACTIONS, CHAR_NAMES, DEFAULT_KEYS, SCOPES, KeymapError, normalize_key, resolve_keys
 
 
 @pytest.fixture(autouse=True)
@@ -325,8 +325,8 @@ def test_data_layer_imports_stay_light():
     import sys
 
     code = (
-        "import sys, core.paths, core.store, core.config, "
-        "core.keymap, core.export, core.clipboard; "
+        "import sys, core.user.paths, core.user.store, core.user.config, "
+        "core.user.keymap, core.user.export, core.user.clipboard; "
         "print(sorted(m for m in ('textual', 'mlx', 'tomlkit', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

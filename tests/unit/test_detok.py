@@ -1,4 +1,4 @@
-"""core.detok with the pack tokenizer (byte fallback, '▁' for spaces, Gemma 4 special strings)."""
+"""core.decode.detok with the pack tokenizer (byte fallback, '▁' for spaces, Gemma 4 special strings)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.detok import Detokenizer, default_skip_ids, special_ids
+from core.decode.detok import Detokenizer, default_skip_ids, special_ids
 
 TOKENIZER_DIR = Path(__file__).parents[1] / "data" / "pack" / "models" / "tokenizer"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fakehub import FakeHub, FakeRepo, etag_of, tiny_disk
 
-from core import download as dl
+from core.hub import download as dl
 
 BIG = 4 * 1024 * 1024
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core import paths
 from core.events import TurnStats
-from core.export import chat_to_markdown, code_blocks, export_chat, last_code_block, stats_line
-from core.store import Attachment, Chat, Message, Store
+from core.user import paths
+from core.user.export import chat_to_markdown, code_blocks, export_chat, last_code_block, stats_line
+from core.user.store import Attachment, Chat, Message, Store
 
 T0 = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
 

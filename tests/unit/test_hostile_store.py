@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from core.config import save_config, write_default_config
-from core.store import Store, StoreError
+from core.user.config import save_config, write_default_config
+from core.user.store import Store, StoreError
 
 
 def mode(path) -> int:

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from safetensors.numpy import load_file
 
-from core.image import (
+from core.model.image import (
     ImageError,
     ImageProcessorConfig,
     load_image,

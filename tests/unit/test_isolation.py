@@ -8,7 +8,7 @@ from pathlib import Path
 
 import platformdirs
 
-from core import paths
+from core.user import paths
 
 
 def _inside_temp(p: Path) -> bool:

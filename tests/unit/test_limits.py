@@ -10,10 +10,10 @@ import pytest
 from app.cli import _block_size as cli_block_size
 from app.tui.fake_engine import FakeEngine
 from app.tui.screens.settings import FieldError, parse_block_size
-from core.config import DEFAULT_CONFIG_TEXT, ConfigError, validate
-from core.image import SUPPORTED_SOFT_TOKENS
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from core.model.image import SUPPORTED_SOFT_TOKENS
 from core.settings import GenerationSettings
+from core.user.config import DEFAULT_CONFIG_TEXT, ConfigError, validate
 
 GOOD = [MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, "auto"]
 BAD = [MIN_BLOCK_SIZE - 1, MAX_BLOCK_SIZE + 1]

@@ -1,4 +1,4 @@
-"""core.prompt against the reference pack: rendering, ids, images, stop ids, thinking, reuse."""
+"""core.decode.prompt against the reference pack: rendering, ids, images, stop ids, thinking, reuse."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.prompt import (
+from core.decode.prompt import (
     ImageSpan,
     ImageTokenIds,
     ThinkingMarkers,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core import paths
 from core.events import TurnStats
-from core.store import (
+from core.user import paths
+from core.user.store import (
     DEFAULT_TITLE,
     SCHEMA_V1,
     SCHEMA_VERSION,
@@ -191,7 +191,7 @@ def test_search(tmp_path):
 
 
 def test_search_without_fts(tmp_path, monkeypatch):
-    monkeypatch.setattr("core.store.fts5_available", lambda: False)
+    monkeypatch.setattr("core.user.store.fts5_available", lambda: False)
     with Store(tmp_path / "h.db") as store:
         assert not store.has_fts
         cid = store.create_chat("t")
@@ -265,7 +265,7 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     db = tmp_path / "old.db"
     _make_v1(db)
     monkeypatch.setitem(
-        __import__("core.store").store.MIGRATIONS,
+        __import__("core.user.store").user.store.MIGRATIONS,
         2,
         ("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0", "THIS IS NOT SQL"),
     )
@@ -306,7 +306,7 @@ def test_threads_share_one_store(tmp_path):
 _CHILD = textwrap.dedent(
     """
     import sqlite3, sys, time
-    from core.store import Store
+    from core.user.store import Store
     db = sys.argv[1]
     store = Store(db)
     cid = store.create_chat("crash")
@@ -374,7 +374,7 @@ def test_sigkill_mid_reply_keeps_completed_turns(tmp_path):
 _LOOP_CHILD = textwrap.dedent(
     """
     import sys
-    from core.store import Store
+    from core.user.store import Store
     store = Store(sys.argv[1])
     cid = store.create_chat("loop")
     i = 0
@@ -425,7 +425,7 @@ def test_not_a_database(tmp_path):
 
 
 def test_reply_origins_round_trip_compactly(tmp_path):
-    from core.store import decode_origins, encode_origins
+    from core.user.store import decode_origins, encode_origins
 
     runs = [("t", 1), ("d", 5), ("d", 7), ("t", 0), ("t", 4), ("u", 2)]
     encoded = encode_origins(runs)

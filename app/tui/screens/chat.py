@@ -37,16 +37,16 @@ from app.tui.widgets.conversation import ReplyView, UserMessage, Variant, legend
 from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
-from core import keymap
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
+from core.user import keymap
 
 if TYPE_CHECKING:
-    from core.config import Config
     from core.engine import PairingInfo, PairingSpec
     from core.protocol import ChatEngine
-    from core.store import Chat, Store
+    from core.user.config import Config
+    from core.user.store import Chat, Store
 
 MAX_BLOCK = MAX_BLOCK_SIZE
 
@@ -66,7 +66,7 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
 
 
 def prompt_placeholder(overrides=None) -> str:
-    from core.keymap import resolve_keys
+    from core.user.keymap import resolve_keys
 
     resolved = resolve_keys(overrides)
 
@@ -81,7 +81,7 @@ class ChatCommands(Provider):
     """Command palette entries for the chat screen's actions."""
 
     def _commands(self) -> tuple[tuple[str, str, str], ...]:
-        return keymap.PALETTE  # the action table (core.keymap) that the keys and the help screen read too
+        return keymap.PALETTE  # the action table (core.user.keymap) that the keys and the help screen read too
 
     def _run(self, action: str) -> None:
         screen = self.screen
@@ -791,7 +791,7 @@ class ChatScreen(Screen):
 
     # -- copy and export ------------------------------------------------------------------------------
     def _copy(self, text: str, what: str) -> None:
-        from core.clipboard import system_copy
+        from core.user.clipboard import system_copy
 
         # OSC 52 through the terminal (works over SSH), and the system clipboard tool where there is
         # one (for terminals that ignore OSC 52) on a thread: it runs a subprocess.
@@ -807,7 +807,7 @@ class ChatScreen(Screen):
         self._copy(self.last_reply.plain, "the last reply")
 
     def action_copy_code(self) -> None:
-        from core.export import last_code_block
+        from core.user.export import last_code_block
 
         if self.last_reply is None:
             self.notify("No reply to copy from yet", severity="warning")
@@ -822,7 +822,7 @@ class ChatScreen(Screen):
         self.run_worker(self._export(), group="export")
 
     async def _export(self) -> None:
-        from core.export import export_chat
+        from core.user.export import export_chat
 
         recorder = self.recorder
         if recorder is None:

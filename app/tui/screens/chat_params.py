@@ -18,8 +18,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from app.resources import style_path
-from core.config import SAMPLING
 from core.settings import GenerationSettings
+from core.user.config import SAMPLING
 
 # field -> (label, kind): kind "int" / "float" / "seed" (an int, or empty for a random seed)
 SAMPLING_FIELDS: dict[str, tuple[str, str]] = {
@@ -55,7 +55,7 @@ def parse_field(name: str, text: str, label: str | None = None) -> Any:
         raise FieldError(label, f"must be {what}, got {text!r}" if text else f"must be {what}") from None
     try:
         return SAMPLING[name](value)
-    except Exception as e:  # core.config's check: `why` says what is allowed
+    except Exception as e:  # core.user.config's check: `why` says what is allowed
         raise FieldError(label, f"{getattr(e, 'why', e)}, got {text}") from None
 
 

@@ -22,7 +22,7 @@ from app.resources import style_path
 from app.tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
-    from core.store import ChatSummary
+    from core.user.store import ChatSummary
 
 
 def when(ts: float) -> str:

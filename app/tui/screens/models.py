@@ -30,15 +30,15 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
-from core.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
-from core.fit import FIT_WORDS
+from core.hub.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
+from core.hub.fit import FIT_WORDS
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
 if TYPE_CHECKING:
-    from core.catalog import CatalogEntry, LocalCheckpoint
-    from core.download import DownloadHandle, DownloadProgress
-    from core.fit import MachineMemory
+    from core.hub.catalog import CatalogEntry, LocalCheckpoint
+    from core.hub.download import DownloadHandle, DownloadProgress
+    from core.hub.fit import MachineMemory
 
 DEMO_KEY = "demo"
 OTHER_PREFIX = "other:"
@@ -296,7 +296,7 @@ class ModelsScreen(Screen):
     # -- listing ---------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="models-list")
     def refresh_rows(self) -> None:
-        from core import catalog, fit
+        from core.hub import catalog, fit
 
         machine = self.options.machine or fit.machine_memory()
         entries = catalog.list_entries(cache_dir=self.options.cache_dir, machine=machine)
@@ -383,7 +383,7 @@ class ModelsScreen(Screen):
         if row.entry.status == "ready":
             self.say(f"{row.key} is already downloaded. Enter: use it.")
             return
-        from core.catalog import start_pairing_download
+        from core.hub.catalog import start_pairing_download
 
         o = self.options
         self.download_result = None
@@ -426,7 +426,7 @@ class ModelsScreen(Screen):
             self._watch_load()
 
     def _drain_download(self) -> None:
-        from core.download import (
+        from core.hub.download import (
             DownloadCancelled,
             DownloadFailed,
             DownloadFinished,
@@ -453,7 +453,7 @@ class ModelsScreen(Screen):
                 return
 
     def _download_ended(self, ev) -> None:
-        from core.download import DownloadCancelled, DownloadFailed, DownloadFinished
+        from core.hub.download import DownloadCancelled, DownloadFailed, DownloadFinished
 
         name = self.download_name
         self.download_handle = None
@@ -487,7 +487,7 @@ class ModelsScreen(Screen):
         if self.pending_load is not None:
             self.say("A pairing is loading; wait for it.", "warning")
             return
-        from core.pairing import PairingError
+        from core.hub.pairing import PairingError
 
         try:
             spec = self._spec_for(row)
@@ -565,7 +565,7 @@ class ModelsScreen(Screen):
     @work(thread=True, group="models-config")
     def _remember(self, name: str) -> None:
         """The next start opens this pairing (config default_pairing)."""
-        from core.config import ConfigError, save_config
+        from core.user.config import ConfigError, save_config
 
         try:
             save_config({"default_pairing": name})
@@ -601,7 +601,7 @@ class ModelsScreen(Screen):
         if self.downloading and row.key == self.download_name:
             self.say("Cancel the download first (x).", "warning")
             return
-        from core.catalog import removal_plan
+        from core.hub.catalog import removal_plan
 
         if row.kind == "pairing":
             doomed, kept = removal_plan(row.key, cache_dir=self.options.cache_dir)
@@ -619,7 +619,7 @@ class ModelsScreen(Screen):
         if in_use:
             self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
             return
-        from core import hfcache
+        from core.hub import hfcache
 
         local = hfcache.statuses(doomed, cache_dir=self.options.cache_dir)
         size = sum(s.size_on_disk for s in local.values())
@@ -640,7 +640,7 @@ class ModelsScreen(Screen):
 
     @work(thread=True, group="models-remove")
     def _remove(self, name: str, doomed: list[str]) -> None:
-        from core import hfcache
+        from core.hub import hfcache
 
         try:
             freed = hfcache.delete_repos(doomed, cache_dir=self.options.cache_dir)

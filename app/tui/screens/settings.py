@@ -1,6 +1,6 @@
 """F3: the settings that live in the config file (defaults for new chats, pairing, theme...).
 
-Reads the file on open and writes back only the keys that changed with `core.config.save_config`,
+Reads the file on open and writes back only the keys that changed with `core.user.config.save_config`,
 which keeps the user's comments and layout. Both run on a worker thread. A bad value is reported
 with the field's name and nothing is written; dismisses with the new Config, or None.
 """
@@ -19,8 +19,8 @@ from textual.widgets import Button, Input, Select, Static, Switch
 
 from app.resources import style_path
 from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, form_row, parse_field, shown
-from core.config import Config, ConfigError, load_config, save_config
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, IMAGE_BUDGETS, is_block_size
+from core.user.config import Config, ConfigError, load_config, save_config
 
 
 def parse_block_size(text: str) -> int | str:

@@ -94,7 +94,7 @@ class AttachmentBar(Horizontal):
         )
 
     def _check(self, paths: list[str], on_done: Done | None) -> None:
-        from core.image import ImageError
+        from core.model.image import ImageError
 
         good: list[ImageInfo] = []
         bad: list[str] = []

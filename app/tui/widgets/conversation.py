@@ -50,7 +50,7 @@ def displayable(text: str) -> str:
     return text.translate(_CONTROL_PICTURES)
 
 
-# Origins as stored with a reply (core.store.encode_origins): style of each run kind, and back.
+# Origins as stored with a reply (core.user.store.encode_origins): style of each run kind, and back.
 ORIGIN_STYLES = {"d": DRAFT_STYLE, "t": TARGET_STYLE}
 
 

@@ -4,7 +4,7 @@ Flow (one call to `start_download`):
 
   already complete in the cache?  -> finished at once, no network at all (local_files_only)
   offline?                        -> refused with a clear message if anything is missing
-  child process (`python -m core._download_child`, messages back over a pipe):
+  child process (`python -m core.hub._download_child`, messages back over a pipe):
     plan       snapshot_download(dry_run=True) per repo: per-file sizes, what is cached
     disk       bytes still needed (+ margin) vs free space under the cache -> refuse with numbers
     fetch      per file: HEAD for the blob's etag, then GET into blobs/<etag>.incomplete, resuming
@@ -741,7 +741,7 @@ def _where(endpoint: str | None) -> str:
 
 
 class _ChildProcess:
-    """`python -m core._download_child` with a one-way message pipe back to us.
+    """`python -m core.hub._download_child` with a one-way message pipe back to us.
 
     A plain subprocess rather than multiprocessing's spawn: spawn re-imports the parent's
     `__main__`, which breaks under any entry script without a `__main__` guard.
@@ -756,7 +756,7 @@ class _ChildProcess:
         read_fd, write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "core._download_child", str(write_fd)],
+                [sys.executable, "-m", "core.hub._download_child", str(write_fd)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,  # the UI owns the terminal; errors come back as messages
@@ -801,7 +801,7 @@ class _ChildProcess:
 
 
 def child_entry(write_fd: int) -> None:
-    """Body of `python -m core._download_child FD`: read the job from stdin, report over FD."""
+    """Body of `python -m core.hub._download_child FD`: read the job from stdin, report over FD."""
     import pickle
     import sys
     from multiprocessing.connection import Connection

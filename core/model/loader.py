@@ -31,7 +31,7 @@ def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -
         return p.resolve()
     if p.exists():
         raise CheckpointError(f"{path_or_repo} is a file, not a checkpoint directory")
-    from core.download import looks_like_repo_id
+    from core.hub.download import looks_like_repo_id
 
     if not looks_like_repo_id(path_or_repo):
         raise CheckpointError(

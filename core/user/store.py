@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import paths
+from core.user import paths
 
 DEFAULT_TITLE = "New chat"
 TITLE_MAX_CHARS = 60

@@ -28,9 +28,9 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from core import modeltypes, sampling
-from core.layers import fast_layers
-from core.loader import CheckpointError, check_finite, load_safetensors, read_config, weights_error
-from core.target import FULL, SLIDING, Target
+from core.model.layers import fast_layers
+from core.model.loader import CheckpointError, check_finite, load_safetensors, read_config, weights_error
+from core.model.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
 SLIDING_KEYS = ("W", "W+1")
@@ -111,7 +111,7 @@ class Drafter(nn.Module):
     # --- one step ------------------------------------------------------------------------
 
     def use_fast_layers(self) -> None:
-        """Run the layers through `core.layers.FastLayer` (fused gate/up, compiled pieces); after loading."""
+        """Run the layers through `core.model.layers.FastLayer` (fused gate/up, compiled pieces); after loading."""
         object.__setattr__(self, "_fast", fast_layers(self.layers))
 
     def step(
@@ -288,9 +288,9 @@ def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
 
 def check_pair(target: Target, drafter: Drafter) -> None:
     """Refuse a drafter that cannot read this target's embeddings, hidden states or K/V: the one pair
-    check (core.pairing.check_pair, the same sentences the CLI and the models screen show) over the two
+    check (core.hub.pairing.check_pair, the same sentences the CLI and the models screen show) over the two
     loaded checkpoints' configs."""
-    from core.pairing import check_pair as pair_problems
+    from core.hub.pairing import check_pair as pair_problems
 
     problems = pair_problems(target.config, drafter.cfg.raw)
     if problems:

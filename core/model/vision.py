@@ -1,4 +1,4 @@
-"""Gemma 4 vision tower + `embed_vision`: patch rows from core.image -> soft tokens in text width.
+"""Gemma 4 vision tower + `embed_vision`: patch rows from core.model.image -> soft tokens in text width.
 
 Data flow for one image (n real patches, D = vision hidden, H = text hidden):
 
@@ -13,7 +13,7 @@ Padding rows (position (-1, -1)) are dropped before the encoder. The reference m
 keys and zeroes them before pooling, so dropping them gives the same result and saves the work.
 
 How the soft tokens go into a prompt (done by the engine): the prompt holds `boi` + `image_token_id`
-x num_soft_tokens + `eoi` per image (`core.prompt.expand_images` builds it from
+x num_soft_tokens + `eoi` per image (`core.decode.prompt.expand_images` builds it from
 `PreparedImage.num_soft_tokens` and returns each image's span [start, end)). Embed the ids as usual
 (times the text embed scale sqrt(H)), then overwrite the rows of each run with that image's soft
 tokens as they are: they are NOT multiplied by the embed scale. For per-layer inputs (PLE, E2B/E4B)
@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from core.loader import load_safetensors
+from core.model.loader import load_safetensors
 
 # Weight-name prefixes of the two layouts: HF/Google, then mlx-community (mlx-vlm's conversion).
 _PREFIXES = ("model.", "")
@@ -351,14 +351,14 @@ class VisionEncoder(nn.Module):
         """Soft tokens for one image: [n_soft, text hidden], in the projection's dtype.
 
         pixel_values [N, p*p*3] (or [1, N, ...]) in [0, 1], numpy or mx; position_ids [N, 2]
-        (or [1, N, 2]) with (-1, -1) on padding rows, as core.image.preprocess_image makes them.
+        (or [1, N, 2]) with (-1, -1) on padding rows, as core.model.image.preprocess_image makes them.
         """
         pooled = self.tower(pixel_values, position_ids)
         dtype = self.vision_tower.patch_embedder.position_embedding_table.dtype
         return self.embed_vision(pooled.astype(dtype))
 
     def encode_image(self, image) -> mx.array:
-        """Soft tokens for a core.image.PreparedImage."""
+        """Soft tokens for a core.model.image.PreparedImage."""
         n = image.num_patches
         return self.encode(image.pixel_values[:n], image.position_ids[:n])
 
@@ -439,7 +439,7 @@ def vision_weight_files(model_dir: Path) -> list[Path]:
 
 
 def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None):
-    """Load the vision tower + embedder of a checkpoint directory (core.unified's encoder for the
+    """Load the vision tower + embedder of a checkpoint directory (core.model.unified's encoder for the
     12B), or None if it has none.
 
     `dtype` casts the float weights (e.g. mx.float32 for parity checks); None keeps the
@@ -450,7 +450,7 @@ def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None):
     if not config.get("vision_config"):
         return None
     if config.get("model_type") == "gemma4_unified":  # the 12B: no tower, an encoder-free embedder
-        from core.unified import load_unified_vision
+        from core.model.unified import load_unified_vision
 
         return load_unified_vision(model_dir, dtype)
     weights: dict[str, mx.array] = {}

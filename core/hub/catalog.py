@@ -3,7 +3,7 @@
 list_entries()             every pairing + local status (ready/partial/missing) + size + fit
 get_pairing(name)          one pairing (KeyError with a helpful message)
 resolve_pairing(name)      local snapshot paths for the engine, never the network
-start_pairing_download()   core.download.start_download for a pairing's two repositories
+start_pairing_download()   core.hub.download.start_download for a pairing's two repositories
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from core import fit, hfcache, modeltypes
-from core.download import DownloadHandle, start_download
+from core import modeltypes
+from core.hub import fit, hfcache
+from core.hub.download import DownloadHandle, start_download
 
-CATALOG_PATH = Path(__file__).parent / "data" / "catalog.toml"
+CATALOG_PATH = Path(__file__).parents[1] / "data" / "catalog.toml"
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from core import memory, sampling
-from core.autoblock import AutoBlock, AutoBlockConfig
+from core import sampling
+from core.decode.autoblock import AutoBlock, AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
 from core.limits import context_error
+from core.model import memory
+from core.model.target import TargetCache
 from core.settings import GenerationSettings
-from core.target import TargetCache
 
 PREFILL_CHUNK = 512
 
@@ -134,7 +135,7 @@ class Decoder:
         self.detok = detokenizer
         self.stop_ids = frozenset(stop_ids)
         if auto is None:
-            # on Metal, auto block size stays where the fused attention kernel applies (core.memory)
+            # on Metal, auto block size stays where the fused attention kernel applies (core.model.memory)
             cap = target.metal_block_cap() if hasattr(target, "metal_block_cap") else None
             auto = AutoBlock(AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap)))) if cap else AutoBlock()
         self.auto = auto

@@ -8,7 +8,7 @@ bytes) is held back, so nothing is ever re-decoded.
 
 Special tokens: the reply text leaves out every special token (`<turn|>`, `<eos>`, `<|image|>`,
 ...) except the thinking-channel markers (`<|channel>`, `<channel|>`), which are kept so the
-text can be split into thinking and answer (`core.prompt.split_thinking`). The invariant the
+text can be split into thinking and answer (`core.decode.prompt.split_thinking`). The invariant the
 tests check: the concatenation of the deltas plus `flush()` equals
 `tokenizer.decode([i for i in ids if i not in skip_ids])` for valid UTF-8. For byte sequences
 that are not valid UTF-8 both give U+FFFD, though not always the same number of them.
@@ -34,7 +34,7 @@ def special_ids(tokenizer) -> dict[int, str]:
 
 def default_skip_ids(tokenizer) -> set[int]:
     """Special tokens to leave out of reply text: all but the thinking-channel markers."""
-    from core.prompt import thinking_markers
+    from core.decode.prompt import thinking_markers
 
     markers = thinking_markers(tokenizer)
     keep = {markers.start, markers.end} if markers else set()

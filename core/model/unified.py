@@ -1,6 +1,6 @@
 """Gemma 4 12B (`gemma4_unified`): the encoder-free vision embedder and its 48-pixel patches.
 
-The 12B has no vision tower. The processor resizes exactly as for the other sizes (core.image:
+The 12B has no vision tower. The processor resizes exactly as for the other sizes (core.model.image:
 multiples of 48, at most 9 x budget 16-px patches), but the model takes one row per 48 x 48
 "model patch" (3 x 3 merged 16-px patches), 6912 raw values in (row, column, channel) order,
 padded with zero rows to `budget` rows, positions (x, y) on the 48-px grid, (-1, -1) for padding.
@@ -11,7 +11,7 @@ padded with zero rows to `budget` rows, positions (x, y) on the 48-px grid, (-1,
 
 One soft token per model patch, so `PreparedImage.num_soft_tokens` (patches / 9) is the count here
 too. The soft tokens replace the image-token embeddings unscaled, as for the other sizes; the
-attention rule differs (core.target: image tokens see their whole image on every layer).
+attention rule differs (core.model.target: image tokens see their whole image on every layer).
 
 Precision: the mean and variance of `patch_ln1` over 6912 raw values lose ~2e-4 in float32 on
 MLX's CPU backend, so that normalisation runs in float64 on the host (the pixels come from numpy
@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from core.vision import load_module_weights
+from core.model.vision import load_module_weights
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the unified embedder uses
 # Layout prefixes: HF hub names, mlx-community (mlx-vlm keeps hub names without `model.`)
@@ -118,7 +118,7 @@ def merge_patches(pixel_values: np.ndarray, position_ids: np.ndarray, k: int = 3
 
 
 def model_inputs(image, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """A core.image.PreparedImage -> the unified processor's padded inputs: pixel_values
+    """A core.model.image.PreparedImage -> the unified processor's padded inputs: pixel_values
     [budget, 6912] and image_position_ids [budget, 2], (-1, -1) and zeros on padding rows."""
     budget = image.pixel_values.shape[0] // (k * k)  # PreparedImage pads to k^2 x budget 16-px rows
     pixels, pos = merge_patches(image.pixel_values, image.position_ids, k)
@@ -173,7 +173,7 @@ def standardize_rows(pixels: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndar
 
 
 class UnifiedVisionEncoder(nn.Module):
-    """The 12B's `vision_embedder` + `embed_vision`; same interface as core.vision.VisionEncoder."""
+    """The 12B's `vision_embedder` + `embed_vision`; same interface as core.model.vision.VisionEncoder."""
 
     def __init__(self, cfg: UnifiedVisionConfig):
         super().__init__()
@@ -188,7 +188,7 @@ class UnifiedVisionEncoder(nn.Module):
         if pixels.shape[1] != self.config.raw_dims:
             raise ValueError(
                 f"unified model patches have {self.config.raw_dims} values, got {pixels.shape[1]} "
-                "(merge 16-px patches with core.unified.merge_patches)"
+                "(merge 16-px patches with core.model.unified.merge_patches)"
             )
         real = ~(pos == -1).all(axis=-1)
         if not real.any():
@@ -211,7 +211,7 @@ class UnifiedVisionEncoder(nn.Module):
         return self.embed_vision(self.embedder(pixel_values, position_ids))
 
     def encode_image(self, image) -> mx.array:
-        """Soft tokens for a core.image.PreparedImage (16-px patches; merged here)."""
+        """Soft tokens for a core.model.image.PreparedImage (16-px patches; merged here)."""
         pixels, pos = merge_patches(image.pixel_values, image.position_ids, self.config.pooling_kernel_size)
         return self.encode(pixels, pos)
 
@@ -266,7 +266,7 @@ def load_unified_vision(model_dir: str | Path, dtype: mx.Dtype | None = None) ->
         files = [model_dir / f for f in sorted(set(wanted.values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
-    from core.loader import load_safetensors
+    from core.model.loader import load_safetensors
 
     weights: dict[str, mx.array] = {}
     for path in files:

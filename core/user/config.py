@@ -17,8 +17,6 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-from core import paths
-from core.keymap import ACTION_NAMES, ACTIONS, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
 from core.limits import (
     DEFAULT_IMAGE_BUDGET,
     IMAGE_BUDGETS,  # noqa: F401  # re-exported: the settings screen reads it here
@@ -30,6 +28,8 @@ from core.settings import (
     check_block_size,
     check_image_budget,
 )
+from core.user import paths
+from core.user.keymap import ACTION_NAMES, ACTIONS, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
 
 
 @dataclass

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import modeltypes
-from core.download import looks_like_repo_id
-from core.fit import kv_shape, layer_types, producer_layers
+from core.hub.download import looks_like_repo_id
+from core.hub.fit import kv_shape, layer_types, producer_layers
 
 TARGET_TYPES = tuple(modeltypes.TARGET_TYPES)
 DRAFTER_TYPES = tuple(modeltypes.DRAFTER_TYPES)
@@ -128,7 +128,7 @@ def load_config(
         raise PairingError(f"{repo_id} is neither a checkpoint directory nor a Hugging Face repo id (owner/name)")
     from huggingface_hub import hf_hub_download
 
-    from core.download import classify_error
+    from core.hub.download import classify_error
 
     try:
         file = hf_hub_download(repo_id, "config.json", cache_dir=cache_dir, local_files_only=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from core.events import reply_tokens
-from core.store import Chat, Message
+from core.user.store import Chat, Message
 
 
 # --- code blocks --------------------------------------------------------------------------------

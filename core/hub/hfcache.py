@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.download import DEFAULT_ALLOW_PATTERNS, default_cache_dir, local_snapshot
+from core.hub.download import DEFAULT_ALLOW_PATTERNS, default_cache_dir, local_snapshot
 
 
 @dataclass(frozen=True)

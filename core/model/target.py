@@ -20,10 +20,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from core import memory, modeltypes
-from core.cache import FullKVCache, SlidingKVCache, attention_mask
-from core.layers import fast_layers
-from core.loader import LoadedTarget, load_target_model
+from core import modeltypes
+from core.model import memory
+from core.model.cache import FullKVCache, SlidingKVCache, attention_mask
+from core.model.layers import fast_layers
+from core.model.loader import LoadedTarget, load_target_model
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -106,7 +107,7 @@ class Target:
         self.architecture = modeltypes.architecture(self.config.get("model_type")) or modeltypes.GEMMA4
         # the unified model's image tokens see their whole image on full and sliding layers alike
         self.vision_all_layers = self.architecture == modeltypes.UNIFIED
-        # the same layers with fused projections and compiled pieces for short inputs (core.layers)
+        # the same layers with fused projections and compiled pieces for short inputs (core.model.layers)
         self.layers = fast_layers(self.inner.layers)
 
     @property
