@@ -75,7 +75,7 @@ def check_pair(
     backbone = drafter_cfg.get("backbone_hidden_size") or d_text.get("backbone_hidden_size")
     if backbone != hidden:
         problems.append(
-            f"{drafter_name} was made for a target with hidden size {backbone}, "
+            f"{drafter_name} was made for a target with hidden size {backbone} (its backbone_hidden_size), "
             f"but {target_name} has hidden size {hidden}"
         )
     t_vocab, d_vocab = t_text.get("vocab_size"), d_text.get("vocab_size")

@@ -16,8 +16,8 @@ import re
 import time
 
 import pytest
-from test_tui_tmux import _colour, _session, _sgr_params
-from test_tui_tmux import term_env as term_env  # noqa: F401 (a fixture, used by name)
+from tmux_session import _colour, _session, _sgr_params
+from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
 SIZE = (80, 24)
 TARGET = _colour(0xE6, 0x9F, 0x00)

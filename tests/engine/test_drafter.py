@@ -111,7 +111,8 @@ def test_sampling_logits_exclude_non_candidates():
 
 def test_mismatched_pair_and_non_drafter_are_refused():
     tg = load_target(f"{PACK}/e-style-target")
-    with pytest.raises(CheckpointError, match="hidden size 80, but the target has hidden size 96"):
+    too_wide = r"hidden size 80 \(its backbone_hidden_size\), but the target has hidden size 96"
+    with pytest.raises(CheckpointError, match=too_wide):
         check_pair(tg, load_drafter(f"{PACK}/moe-style-assistant"))
     with pytest.raises(CheckpointError, match="not a Gemma 4 assistant"):
         load_drafter(f"{PACK}/e-style-target")

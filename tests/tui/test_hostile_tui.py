@@ -11,14 +11,14 @@ import os
 import sqlite3
 
 import pytest
-from pilot import until
+from pilot import make_app as shared_make_app
+from pilot import texts, turn, until
 
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.chats import ChatListScreen
-from app.tui.widgets.conversation import ReplyView, UserMessage
 from core.user.store import Store
 
 SIZE = (110, 34)
@@ -31,32 +31,11 @@ def anyio_backend():
 
 
 def make_app(db, **kwargs) -> GemmaChatApp:
-    recorder = HistoryRecorder(path=db)
-    return GemmaChatApp(FakeEngine(**kwargs), PairingSpec("fake", "target-dir", "drafter-dir"), history=recorder)
-
-
-def texts(app) -> list[str]:
-    out = []
-    for w in app.chat.conversation.children:
-        if isinstance(w, UserMessage):
-            out.append("U:" + w.message_text)
-        elif isinstance(w, ReplyView):
-            out.append("A:" + w.plain)
-    return out
+    return shared_make_app(history=HistoryRecorder(path=db), **kwargs)
 
 
 def messages(app, severity: str | None = None) -> list[str]:
     return [n.message for n in app._notifications if severity is None or n.severity == severity]
-
-
-async def turn(pilot, text: str) -> None:
-    app = pilot.app
-    await until(pilot, lambda: app.chat.loaded and not app.chat.generating)
-    n = len(app.chat.history)
-    app.chat.prompt.focus()
-    app.chat.prompt.text = text
-    await pilot.press("enter")
-    await until(pilot, lambda: len(app.chat.history) == n + 2)
 
 
 async def settle(app) -> None:
@@ -183,7 +162,7 @@ def test_quit_signal_gives_the_terminal_back(tmp_path, signame):
     import subprocess
     import time
 
-    from test_tui_tmux import GEMMA_CHAT, Tmux, _ensure_tmux
+    from tmux_session import GEMMA_CHAT, Tmux, _ensure_tmux
 
     env = {
         "TERM": "xterm-256color",

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 from pilot import make_app as shared_make_app
-from pilot import until
+from pilot import texts, turn, until
 
 from app.tui.app import GemmaChatApp
 from app.tui.fake_engine import FakeEngine
@@ -17,7 +17,7 @@ from app.tui.history import HistoryRecorder, RestoredReply
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
 from app.tui.screens.confirm import ConfirmScreen
-from app.tui.widgets.conversation import ReplyView, UserMessage
+from app.tui.widgets.conversation import ReplyView
 from core.user.store import Store
 
 SIZE = (110, 34)
@@ -35,26 +35,6 @@ def make_app(db, engine: FakeEngine | None = None, export_dir=None, **kwargs) ->
 
 async def flush(app) -> None:
     await asyncio.to_thread(app.history.flush)
-
-
-async def turn(pilot, text: str) -> None:
-    app = pilot.app
-    await until(pilot, lambda: app.chat.loaded and not app.chat.generating)
-    n = len(app.chat.history)
-    app.chat.prompt.focus()
-    app.chat.prompt.text = text
-    await pilot.press("enter")
-    await until(pilot, lambda: len(app.chat.history) == n + 2)
-
-
-def texts(app) -> list[str]:
-    out = []
-    for w in app.chat.conversation.children:
-        if isinstance(w, UserMessage):
-            out.append("U:" + w.message_text)
-        elif isinstance(w, ReplyView):
-            out.append("A:" + w.plain)
-    return out
 
 
 async def open_list(pilot) -> ChatListScreen:
