@@ -201,10 +201,10 @@ class _Clock:
 
 def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int, block) -> RunResult:
     """block: None (drafter off), an int K or "auto"."""
-    from core.detok import Detokenizer
+    from core.decode.detok import Detokenizer
+    from core.decode.spec import Controls, Decoder, Prompt
     from core.events import TokenEvent
     from core.settings import GenerationSettings
-    from core.spec import Controls, Decoder, Prompt
 
     clock = _Clock()
 
@@ -327,10 +327,10 @@ def run_bench(
     """Load the pairing, run every configuration interleaved, measure the costs; see the module doc."""
     import mlx.core as mx
 
-    from core import prompt as prompt_mod
-    from core.drafter import check_pair, load_drafter
-    from core.loader import load_tokenizer
-    from core.target import load_target
+    from core.decode import prompt as prompt_mod
+    from core.model.drafter import check_pair, load_drafter
+    from core.model.loader import load_tokenizer
+    from core.model.target import load_target
 
     o = options or BenchOptions()
     say = progress or (lambda s: None)

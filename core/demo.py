@@ -32,8 +32,8 @@ DemoError = DemoIntegrityError  # what callers catch: the demo pairing cannot be
 
 
 def cache_root() -> Path:
-    """gemma-chat's cache directory (`$GEMMA_CHAT_CACHE_DIR` wins), as `core.paths` has it."""
-    from core import paths
+    """gemma-chat's cache directory (`$GEMMA_CHAT_CACHE_DIR` wins), as `core.user.paths` has it."""
+    from core.user import paths
 
     return paths.cache_dir()
 

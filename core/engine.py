@@ -7,7 +7,7 @@ into the caller: every failure ends as a `TurnDone` with stop_reason "error" and
 fails its future with `EngineError`; a failed load leaves no model loaded (the previous one is
 freed first, so two large models never sit in memory together).
 
-Across chat turns the target cache is reused: the committed-token log (`core.prompt.TokenLog`)
+Across chat turns the target cache is reused: the committed-token log (`core.decode.prompt.TokenLog`)
 says which ids the cache holds, a new prompt keeps their longest common prefix and prefills only
 the rest; when the sliding-window cache can no longer roll back that far, the turn re-prefills
 from scratch (same output, more work).
@@ -35,12 +35,12 @@ from core.settings import GenerationSettings
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
     import mlx.core as mx
 
-    from core.drafter import Drafter
-    from core.image import ImageProcessorConfig
-    from core.prompt import TokenLog
-    from core.spec import Controls, Decoder
-    from core.target import Target, TargetCache
-    from core.vision import VisionEncoder
+    from core.decode.prompt import TokenLog
+    from core.decode.spec import Controls, Decoder
+    from core.model.drafter import Drafter
+    from core.model.image import ImageProcessorConfig
+    from core.model.target import Target, TargetCache
+    from core.model.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class PairingSpec:
     drafter: str | None  # local drafter directory, or None (no speculative decoding)
     demo: bool = False
     dtype: str | None = None  # cast float weights ("float32", "bfloat16"); None keeps the checkpoint's
-    # The drafter's two conventions (core.drafter, pack README D1/D2): the RoPE position of its
+    # The drafter's two conventions (core.model.drafter, pack README D1/D2): the RoPE position of its
     # query ("P-1" the last cached position, or "P" as HF) and how many recent keys its sliding
     # layers see ("W" keys with |q - k| < W, or "W+1" as HF). They change acceptance, not output.
     drafter_position: str = "P-1"
@@ -180,7 +180,7 @@ class Engine:
         return [r.controls for r in self._pending if r.controls is not None]
 
     def _submit(self, kind: str, args: tuple, settings: GenerationSettings | None = None) -> concurrent.futures.Future:
-        from core.spec import Controls
+        from core.decode.spec import Controls
 
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
@@ -237,17 +237,17 @@ class Engine:
     def _load(self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None) -> PairingInfo:
         import mlx.core as mx
 
-        from core import prompt as prompt_mod
-        from core.detok import Detokenizer
-        from core.drafter import check_pair, load_drafter
-        from core.loader import CheckpointError, load_tokenizer, resolve_checkpoint
-        from core.spec import Decoder
-        from core.target import load_target
+        from core.decode import prompt as prompt_mod
+        from core.decode.detok import Detokenizer
+        from core.decode.spec import Decoder
+        from core.model.drafter import check_pair, load_drafter
+        from core.model.loader import CheckpointError, load_tokenizer, resolve_checkpoint
+        from core.model.target import load_target
 
         def progress(stage: str, fraction: float, message: str = "") -> None:
             _safe_call(on_event, LoadProgress(stage, fraction, message))
 
-        from core.drafter import QUERY_POSITIONS, SLIDING_KEYS
+        from core.model.drafter import QUERY_POSITIONS, SLIDING_KEYS
 
         # a bad convention is refused before the loaded pairing is let go
         if spec.drafter_position not in QUERY_POSITIONS:
@@ -273,7 +273,7 @@ class Engine:
             progress("vision", 0.0)
             vision = None
             try:
-                from core.vision import load_vision
+                from core.model.vision import load_vision
 
                 vision = load_vision(target_dir, getattr(mx, spec.dtype) if spec.dtype else None)
             except Exception as e:  # text chat still works without the tower
@@ -342,7 +342,7 @@ class Engine:
             else:
                 done = self._turn(st, req, what, settings, emit, t_start)
         except Exception as e:
-            from core.spec import TurnError
+            from core.decode.spec import TurnError
 
             user = isinstance(e, (_UserError, TurnError, ValueError))
             if not user:
@@ -357,8 +357,8 @@ class Engine:
     def _turn(self, st: _Loaded, req: _Request, what, settings: GenerationSettings, emit, t_start: float) -> TurnDone:
         import mlx.core as mx
 
-        from core import prompt as prompt_mod
-        from core.spec import Prompt, TurnError
+        from core.decode import prompt as prompt_mod
+        from core.decode.spec import Prompt, TurnError
 
         images: list = []  # (PreparedImage or None, key) per image, in prompt order
         if req.kind == "complete":
@@ -441,14 +441,14 @@ class Engine:
         return TurnDone(result.stats, result.text, tuple(result.token_ids))
 
     def _prepare_images(self, st: _Loaded, messages: list[dict], budget: int | None = None) -> list:
-        from core import prompt as prompt_mod
+        from core.decode import prompt as prompt_mod
 
         n = prompt_mod.count_images(messages)
         if not n:
             return []
         if st.vision is None:
             raise _UserError("this model does not take images (no vision tower loaded)")
-        from core.image import ImageProcessorConfig, preprocess_image
+        from core.model.image import ImageProcessorConfig, preprocess_image
 
         if st.image_config is None:
             st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)

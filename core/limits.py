@@ -1,4 +1,4 @@
-"""The settings' limits and budgets, each written once. Config validation (core.config), the per-turn
+"""The settings' limits and budgets, each written once. Config validation (core.user.config), the per-turn
 settings (core.settings), the engine, the CLI, the TUI and the fake engine all read them from here."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two architectures share the Gemma 4 text layers but not their checkpoints:
 - "gemma4_unified": 12B, encoder-free (`gemma4_unified` / `gemma4_unified_text`; drafter
   `gemma4_unified_assistant`, the same drafter code with its own checkpoint).
 A drafter was distilled against one architecture's hidden states, so it drafts only for a target
-of that architecture (core.pairing refuses the cross pairs with a sentence that says so).
+of that architecture (core.hub.pairing refuses the cross pairs with a sentence that says so).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every `PairingSpec` the app opens is built here: the demo, a catalogue pairing, local checkpoints.
 
 The CLI (`gemma-chat`, `gemma-chat generate`) and the models screen call these, so a pairing's name,
-paths and demo flag come out the same wherever it is chosen. Failures raise `core.pairing.PairingError`
+paths and demo flag come out the same wherever it is chosen. Failures raise `core.hub.pairing.PairingError`
 with a sentence for the user. Nothing here imports mlx.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.demo import DEMO_NAME
 from core.engine import PairingSpec
-from core.pairing import PairingError
+from core.hub.pairing import PairingError
 
 
 def demo_spec(*, drafter: bool = True, on_notice: Callable[[str], None] | None = None) -> PairingSpec:
@@ -30,7 +30,7 @@ def demo_spec(*, drafter: bool = True, on_notice: Callable[[str], None] | None =
 
 def catalogue_spec(name: str, *, cache_dir: str | os.PathLike | None = None, drafter: bool = True) -> PairingSpec:
     """A catalogue pairing that is completely downloaded."""
-    from core.catalog import resolve_pairing
+    from core.hub.catalog import resolve_pairing
 
     try:
         p = resolve_pairing(name, cache_dir=cache_dir)
@@ -48,8 +48,8 @@ def snapshot_spec(repo_id: str, snapshot: str | os.PathLike) -> PairingSpec:
 
 def resolve_checkpoint(value: str | os.PathLike) -> Path:
     """A local directory, or a repo id resolved to its snapshot in the local Hugging Face cache."""
-    from core.loader import CheckpointError
-    from core.loader import resolve_checkpoint as resolve
+    from core.model.loader import CheckpointError
+    from core.model.loader import resolve_checkpoint as resolve
 
     try:
         return resolve(str(value))

@@ -52,6 +52,12 @@ def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
     x = logits.astype(mx.float32)
     if temperature > 0 and temperature != 1.0:
         x = x / temperature
+    return _top_k_top_p(x, top_k, top_p, top_p < 1.0)
+
+
+def _top_k_top_p(x: mx.array, top_k: int, top_p: float | mx.array, nucleus: bool) -> mx.array:
+    """Scaled logits [..., V] -> log-probabilities with the top-k and the top-p nucleus kept (ties
+    kept), renormalised: the shared tail of `transform_logits` and its compiled form."""
     vocab = x.shape[-1]
     # candidates for the nucleus, most likely first: only the top k when top-k is on, which
     # spares a full-vocabulary sort in the common top_k=64, top_p=0.95 setting
@@ -59,7 +65,7 @@ def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
     if 0 < top_k < vocab:
         candidates = mx.sort(mx.topk(x, top_k, axis=-1), axis=-1)[..., ::-1]
         x = mx.where(x >= candidates[..., -1:], x, -mx.inf)
-    if top_p < 1.0:
+    if nucleus:
         if candidates is None:
             candidates = mx.sort(x, axis=-1)[..., ::-1]
         probs = mx.exp(candidates - mx.logsumexp(x, axis=-1, keepdims=True))
@@ -76,21 +82,7 @@ def transform_logits(logits: mx.array, temperature: float = 1.0, top_k: int = 0,
 def _transform_core(logits: mx.array, temperature: mx.array, top_p: mx.array, top_k: int, nucleus: bool) -> mx.array:
     # transform_logits with the temperature and top-p as inputs, not constants: a new setting
     # reuses the compiled kernels (on the CPU backend each new kernel is a C++ compile)
-    x = logits.astype(mx.float32) / temperature
-    vocab = x.shape[-1]
-    candidates = None
-    if 0 < top_k < vocab:
-        candidates = mx.sort(mx.topk(x, top_k, axis=-1), axis=-1)[..., ::-1]
-        x = mx.where(x >= candidates[..., -1:], x, -mx.inf)
-    if nucleus:
-        if candidates is None:
-            candidates = mx.sort(x, axis=-1)[..., ::-1]
-        probs = mx.exp(candidates - mx.logsumexp(x, axis=-1, keepdims=True))
-        mass_before = mx.cumsum(probs, axis=-1) - probs
-        n_keep = mx.maximum((mass_before < top_p).sum(axis=-1, keepdims=True), 1)
-        threshold = mx.take_along_axis(candidates, n_keep - 1, axis=-1)
-        x = mx.where(x >= threshold, x, -mx.inf)
-    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+    return _top_k_top_p(logits.astype(mx.float32) / temperature, top_k, top_p, nucleus)
 
 
 def transform_logits_compiled(logits: mx.array, temperature: float, top_k: int = 0, top_p: float = 1.0) -> mx.array:

@@ -1,6 +1,6 @@
 """Per-turn generation settings, shared by the CLI, the TUI and the engine.
 
-The checks of the sampling values live here, once: the config file (core.config), the command line
+The checks of the sampling values live here, once: the config file (core.user.config), the command line
 (`generate`), the TUI's parameter forms and the engine all call them, so a value one of them accepts
 can never fail in another (a NaN temperature, a negative seed).
 """

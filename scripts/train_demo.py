@@ -61,10 +61,10 @@ import demo_corpus  # noqa: E402
 import demo_numpy as dn  # noqa: E402
 
 from core import factory  # noqa: E402
-from core.drafter import load_drafter  # noqa: E402
 from core.factory.specs import F, S  # noqa: E402
 from core.factory.writer import DiskTensor, write_safetensors  # noqa: E402
-from core.loader import load_target_model  # noqa: E402
+from core.model.drafter import load_drafter  # noqa: E402
+from core.model.loader import load_target_model  # noqa: E402
 
 SEED = 0
 DRAFT_STEPS = 4  # drafter steps unrolled in training (block size 5)
@@ -113,9 +113,9 @@ DEMO_SHAPES = {
 
 def encode_examples(tokenizer, max_len: int) -> list[tuple[list[int], int]]:
     """(token ids, index of the first reply token) per example: the prompt exactly as the engine
-    renders it (core.prompt, the checkpoint's chat template, no thinking), then the reply's own
+    renders it (core.decode.prompt, the checkpoint's chat template, no thinking), then the reply's own
     tokens and the end-of-turn token, which is how the model sees them while it generates."""
-    from core import prompt as prompt_mod
+    from core.decode import prompt as prompt_mod
 
     end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
     out = []
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
             for d in (target_dir, drafter_dir):
                 (d / factory.MARKER_FILE).unlink()  # "random weights": no longer true
             previous = None
-        from core.loader import load_tokenizer
+        from core.model.loader import load_tokenizer
 
         tokenizer = load_tokenizer(target_dir)
         examples = encode_examples(tokenizer, args.max_len)

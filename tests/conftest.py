@@ -21,10 +21,14 @@ places sets them itself (monkeypatch.setenv), as before.
 
 `make_app` (tests/pilot.py): the one way to build the app over the scripted fake engine.
 
-Markers by kind (`pytest -m unit`, `-m "not e2e"` ...): each test module is listed in KINDS below;
-a new module gets "unit" unless it is listed (or its name starts with test_tui_, which makes it "tui").
-A module may also set `pytestmark` itself. Folders per kind are left for later: several people add
-tests in parallel and a move would conflict with every one of them.
+Kinds: the folder a test module sits in is its kind and its marker (`pytest -m unit`, `-m "not e2e"`,
+or just `pytest tests/unit`): unit/ (a module on its own, no model, no UI), engine/ (the engine on tiny
+checkpoints: parity with the reference pack and independent implementations, exactness of drafted
+against plain decoding), tui/ (the headless app on the fake engine, SVG snapshots in tui/__snapshots__),
+e2e/ (the product from outside: CLI processes, the installed wheel, `serve`, the app in tmux). A new
+test goes in the folder of its kind; nothing else to mark. Shared helpers (pilot.py, fakehub.py,
+vllm_standin.py) and data/ stay here, importable from every folder (`from pilot import make_app`:
+pytest puts this directory on sys.path for its conftest).
 """
 
 from __future__ import annotations
@@ -58,41 +62,18 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GEMMA_CHAT_DATA_DIR", str(home / "data"))
 
 
-# -- markers: what kind each test is -------------------------------------------------------------------
-KINDS = {
-    # the engine against independent implementations and its own plain path (MLX, tiny checkpoints)
-    "engine": {
-        "test_cache",
-        "test_drafter",
-        "test_engine",
-        "test_factory",
-        "test_image_engine",
-        "test_sampling",
-        "test_spec",
-        "test_target",
-        "test_vision",
-        "test_bench",
-        "test_demo",
-    },
-    # the product driven from outside: installed wheel, CLI processes, a real terminal
-    "e2e": {"test_packaging", "test_tui_tmux", "test_generate_cli", "test_models_cli"},
-}
+# -- markers: what kind each test is (its folder) ------------------------------------------------------
 KIND_MARKERS = ("unit", "engine", "tui", "e2e")
-
-
-def _kind(module: str) -> str:
-    for kind, modules in KINDS.items():
-        if module in modules:
-            return kind
-    return "tui" if module.startswith("test_tui_") else "unit"
+TESTS_DIR = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(k) for k in KIND_MARKERS):
-            continue  # the module or test says what it is
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        item.add_marker(getattr(pytest.mark, _kind(module)))
+        kind = item.path.relative_to(TESTS_DIR).parts[0] if item.path.is_relative_to(TESTS_DIR) else ""
+        if kind not in KIND_MARKERS:
+            folders = ", ".join(f"tests/{k}/" for k in KIND_MARKERS)
+            raise pytest.UsageError(f"{item.nodeid}: a test module belongs in one of {folders}")
+        item.add_marker(getattr(pytest.mark, kind))
 
 
 class FactoryCheckpoints:

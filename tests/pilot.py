@@ -59,3 +59,27 @@ def make_app(
     if not blink:
         app.chat.prompt.cursor_blink = False
     return app
+
+
+async def turn(pilot, text: str) -> None:
+    """Send `text` from the prompt once the chat is idle, and wait for its reply to finish."""
+    app = pilot.app
+    await until(pilot, lambda: app.chat.loaded and not app.chat.generating)
+    n = len(app.chat.history)
+    app.chat.prompt.focus()
+    app.chat.prompt.text = text
+    await pilot.press("enter")
+    await until(pilot, lambda: len(app.chat.history) == n + 2)
+
+
+def texts(app) -> list[str]:
+    """The conversation as shown: "U:<user message>" and "A:<reply>" in order."""
+    from app.tui.widgets.conversation import ReplyView, UserMessage
+
+    out = []
+    for w in app.chat.conversation.children:
+        if isinstance(w, UserMessage):
+            out.append("U:" + w.message_text)
+        elif isinstance(w, ReplyView):
+            out.append("A:" + w.plain)
+    return out

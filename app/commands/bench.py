@@ -56,7 +56,7 @@ def run(args) -> int:
     except BenchError as e:
         return fail(str(e))
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError: a bad --model/--drafter
-        from core.loader import CheckpointError
+        from core.model.loader import CheckpointError
 
         return fail(str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}")
     if args.json:

@@ -87,8 +87,9 @@ def demo_state() -> str:
 
 def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from app import __version__
-    from core import catalog, fit, paths
-    from core.download import default_cache_dir, free_disk_bytes
+    from core.hub import catalog, fit
+    from core.hub.download import default_cache_dir, free_disk_bytes
+    from core.user import paths
 
     sections = []
     sections.append(

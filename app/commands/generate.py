@@ -10,7 +10,7 @@ one; `--model` then names the server's model); over vLLM, tokens have no origin 
 
 `--image PATH` (repeatable) puts the images before the prompt text in the user message, at
 `--image-budget` soft tokens each (default: the checkpoint's). `--drafter-position` and
-`--drafter-window` pick the drafter's conventions (core.drafter; they change acceptance only).
+`--drafter-window` pick the drafter's conventions (core.model.drafter; they change acceptance only).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class _UsageError(Exception):
 
 def _pairing(args):
     """The PairingSpec from --demo / --model [--drafter] / --pairing (--no-draft: without its drafter)."""
-    from core.pairing import PairingError
+    from core.hub.pairing import PairingError
     from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
 
     with_drafter = not getattr(args, "no_draft", False)
@@ -64,11 +64,11 @@ MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds w
 
 def read_messages_file(path: str) -> list[dict]:
     """The --messages file, checked: a regular file (a FIFO or /dev/zero would block or never end),
-    at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.prompt.check_messages)."""
+    at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.decode.prompt.check_messages)."""
     import os
     import stat
 
-    from core.prompt import check_messages
+    from core.decode.prompt import check_messages
 
     what = f"--messages {path}"
     try:

@@ -1,6 +1,6 @@
 """`gemma-chat models list|download|rm`: the pairing catalogue, downloads with a progress bar, removal.
 
-Everything goes through core.catalog / core.download / core.hfcache; nothing here imports mlx or
+Everything goes through core.hub.catalog / core.hub.download / core.hub.hfcache; nothing here imports mlx or
 textual. Exit codes: 0 done, 1 failed or refused, 2 unknown pairing name, 130 interrupted.
 """
 
@@ -10,10 +10,15 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from app.cli import printable
+from core.hub.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.hub.catalog import Pairing
 
 
 def run(args) -> int:
@@ -41,9 +46,9 @@ def _endpoint() -> str | None:
 
 
 def list_pairings(as_json: bool = False) -> int:
-    from core import catalog, fit
-    from core.download import default_cache_dir
-    from core.fit import FIT_WORDS
+    from core.hub import catalog, fit
+    from core.hub.download import default_cache_dir
+    from core.hub.fit import FIT_WORDS
 
     machine = fit.machine_memory()
     entries = catalog.list_entries(machine=machine)
@@ -160,9 +165,20 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def _catalogue_pairing(name: str) -> Pairing | None:
+    """The catalogue pairing `name`, or None after saying on stderr that there is none."""
+    from core.hub import catalog
+
+    try:
+        return catalog.get_pairing(name)
+    except KeyError as e:
+        print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        return None
+
+
 def download_pairing(name: str, offline: bool = False) -> int:
-    from core import catalog, fit
-    from core.download import (
+    from core.hub import catalog, fit
+    from core.hub.download import (
         DownloadCancelled,
         DownloadFailed,
         DownloadFinished,
@@ -171,15 +187,13 @@ def download_pairing(name: str, offline: bool = False) -> int:
         start_download,
     )
 
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if looks_like_repo_id(name):
         # A repository id (a custom target or drafter): just that repository.
         label = name
         handle = start_download([name], offline=offline, endpoint=_endpoint())
     else:
-        try:
-            p = catalog.get_pairing(name)
-        except KeyError as e:
-            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        p = _catalogue_pairing(name)
+        if p is None:
             return 2
         label = p.name
         report = fit.check_fit(p.memory().total_bytes)
@@ -232,19 +246,17 @@ def download_pairing(name: str, offline: bool = False) -> int:
 
 
 def remove_pairing(name: str, yes: bool = False) -> int:
-    from core import catalog, hfcache
+    from core.hub import catalog, hfcache
 
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if looks_like_repo_id(name):
         # A repository id, as `download` takes it: just that repository.
         label = name
         status = hfcache.statuses([name])[name]
         doomed = [status.cached_id or name] if status.state != "missing" else []
         kept: list[str] = []
     else:
-        try:
-            p = catalog.get_pairing(name)
-        except KeyError as e:
-            print(f"gemma-chat: {printable(e.args[0])}", file=sys.stderr)
+        p = _catalogue_pairing(name)
+        if p is None:
             return 2
         label = p.name
         # The drafter is shared by every pairing of its family: kept while another one is on disk.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.cli import printable
-from core.pairing import PairingError
+from core.hub.pairing import PairingError
 from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
 
 __all__ = ["PairingError", "is_first_run", "pairing_spec", "run"]
@@ -100,7 +100,7 @@ def remember_pairing(args, config) -> None:
     name = DEMO_KEY if getattr(args, "demo", False) else getattr(args, "pairing", None)
     if not name or name == config.default_pairing:
         return
-    from core.config import ConfigError, save_config
+    from core.user.config import ConfigError, save_config
 
     try:
         save_config({"default_pairing": name}, config.path)
@@ -109,7 +109,7 @@ def remember_pairing(args, config) -> None:
 
 
 def run(args) -> int:
-    from core.config import ConfigError, load_config, write_default_config
+    from core.user.config import ConfigError, load_config, write_default_config
 
     try:
         write_default_config()  # a commented template with every key, so [keys] and the rest can be found
@@ -179,7 +179,7 @@ def run(args) -> int:
         config=config,
     )
     from app.tui.screens.models import ModelsOptions
-    from core.keymap import resolve_keys
+    from core.user.keymap import resolve_keys
 
     offline = bool(getattr(args, "offline", False) or config.offline)
     app.models_options = ModelsOptions(offline=offline, endpoint=os.environ.get("HF_ENDPOINT") or None, remember=True)

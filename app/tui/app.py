@@ -12,8 +12,10 @@ from app.tui.screens.models import ModelsCommands, ModelsOptions
 from core.settings import GenerationSettings
 
 if TYPE_CHECKING:
+    from app.tui.history import HistoryRecorder
     from core.engine import PairingSpec
     from core.protocol import ChatEngine
+    from core.user.config import Config
 
 
 class GemmaChatApp(App[None]):
@@ -36,21 +38,34 @@ class GemmaChatApp(App[None]):
         key_overrides: dict[str, str] | None = None,
         theme: str | None = None,
         notice: str | None = None,
-        history=None,
-        config=None,
+        history: HistoryRecorder | None = None,
+        config: Config | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.spec = spec
-        self.chat = ChatScreen(engine, spec, settings, key_overrides)
         # chat history (app.tui.history.HistoryRecorder; None: nothing is saved) and the config file
         self.history = history
         self.config = config
         self.config_path = config.path if config is not None else None
-        self.chat.history_attach(history)
+        self.chat = ChatScreen(
+            engine,
+            spec,
+            settings,
+            key_overrides,
+            recorder=history,
+            on_config=self.apply_config,
+            open_models=self.action_models,
+        )
         self._notice = notice
         if theme and theme in self.available_themes:
             self.theme = theme
+
+    def apply_config(self, config: Config) -> None:
+        """The settings screen saved `config`: keep it and apply its theme."""
+        self.config = config
+        if config.theme in self.available_themes:
+            self.theme = config.theme
 
     def on_mount(self) -> None:
         self._install_signal_handlers()

@@ -6,9 +6,9 @@ read after a send sees it; the UI never waits on SQLite (awaiting a result is `a
 A chat row is created with its first user message, so opening the app and leaving does not leave
 empty "New chat" rows behind.
 
-`HistoryActions` is mixed into the chat screen: the actions behind new chat, the chat list, the
-settings, the per-chat parameters, copy reply / code, export and the thinking switch, and the
-hooks the screen calls when a turn starts, finishes or is dropped.
+`ChatLog` is what the chat screen calls when a chat starts, a turn is sent, finishes or is dropped,
+and when its parameters change; the screen's own actions (new chat, the chat list, settings, copy,
+export) use it and the helpers here, passing in what they need.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.widgets import Collapsible, Static
@@ -32,11 +32,15 @@ from app.tui.widgets.conversation import (
     origin_runs,
     text_with_origins,
 )
-from core.prompt import ThinkingMarkers, split_thinking
+from core.decode.prompt import ThinkingMarkers, split_thinking
+from core.events import TurnDone, TurnStats
 from core.settings import GenerationSettings
-from core.store import decode_origins, encode_origins
+from core.user.store import Chat, decode_origins, encode_origins
 
-# Gemma 4's channel markers; the engine keeps them in reply text (core.detok) so they can be split here.
+if TYPE_CHECKING:
+    from core.engine import PairingSpec
+
+# Gemma 4's channel markers; the engine keeps them in reply text (core.decode.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
 # The GenerationSettings fields a chat keeps as its own parameters (the rest are live controls).
 CHAT_PARAMS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "thinking")
@@ -134,7 +138,7 @@ class HistoryRecorder:
         """The Store, opened on first use (call only on the writer thread). A failed open is retried
         at the next use: the user may have fixed the file meanwhile."""
         if self._store is None:
-            from core.store import Store
+            from core.user.store import Store
 
             self._store = Store(self._path)
         return self._store
@@ -151,7 +155,7 @@ class HistoryRecorder:
             raise
 
     def _forget_broken_store(self, error: Exception) -> None:
-        from core.store import StoreError
+        from core.user.store import StoreError
 
         if isinstance(error, StoreError) and self._store is not None and self._owns_store:
             try:
@@ -178,7 +182,7 @@ class HistoryRecorder:
         return self._pool.submit(self._drain) if self.failed else None
 
     def _drain(self) -> bool:
-        from core.store import StoreError
+        from core.user.store import StoreError
 
         saved = 0
         while self.backlog:
@@ -258,7 +262,7 @@ class HistoryRecorder:
         if self._path is not None and str(self._path) != ":memory:":
             places.append(Path(self._path).parent)
         else:
-            from core import paths
+            from core.user import paths
 
             places.append(paths.data_dir())
         places.append(Path(tempfile.gettempdir()))
@@ -289,7 +293,7 @@ class HistoryRecorder:
         return self.current
 
     def adopt(self, chat) -> ChatRef:
-        """Continue a stored chat (a core.store.Chat)."""
+        """Continue a stored chat (a core.user.store.Chat)."""
         self.current = ChatRef(
             chat.id,
             len(chat.messages),
@@ -307,7 +311,7 @@ class HistoryRecorder:
         ref = self.current
         ref.count += 1
         moved = identity is not None and identity != {k: getattr(ref, k) for k in identity}
-        if moved:
+        if identity is not None and moved:
             for k, v in identity.items():
                 setattr(ref, k, v)
 
@@ -379,27 +383,24 @@ def same_pairing(chat, spec) -> bool:
     return chat.pairing == spec.name
 
 
-def pairing_spec_for(chat, spec_type):
-    """A PairingSpec for the pairing a stored chat ran on: its recorded directories if they are still
-    there, else the catalogue pairing of that name if it is downloaded; None if neither.
-    Touches the disk: call it off the UI thread."""
+def pairing_spec_for(chat: Chat) -> PairingSpec | None:
+    """A PairingSpec (core.pairing_spec) for the pairing a stored chat ran on: its recorded directories
+    if they are still there, else the catalogue pairing of that name if it is downloaded; None if
+    neither. Touches the disk: call it off the UI thread."""
+    from core.hub.pairing import PairingError
+    from core.pairing_spec import catalogue_spec, checkpoint_spec
+
     target, drafter = chat.target_id, chat.drafter_id
     if target and Path(target).is_dir() and (drafter is None or Path(drafter).is_dir()):
         try:
-            from core.demo import is_demo_checkpoint
-
-            demo = bool(is_demo_checkpoint(target))
-        except Exception:
-            demo = False
-        return spec_type(name=chat.pairing or Path(target).name, target=target, drafter=drafter, demo=demo)
+            return checkpoint_spec(target, drafter, name=chat.pairing or Path(target).name)
+        except PairingError:
+            pass
     if chat.pairing:
         try:
-            from core.catalog import resolve_pairing
-
-            p = resolve_pairing(chat.pairing)
-        except Exception:  # unknown, or not downloaded any more
+            return catalogue_spec(chat.pairing)
+        except PairingError:  # unknown, or not downloaded any more
             return None
-        return spec_type(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path))
     return None
 
 
@@ -455,7 +456,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
 
 
 def reply_origins(reply: ReplyView, answer: str) -> str | None:
-    """The answer's per-token origins as stored (core.store.encode_origins), None when the token view
+    """The answer's per-token origins as stored (core.user.store.encode_origins), None when the token view
     does not hold exactly the answer's characters."""
     text = reply.tokens.text
     if len(text) != len(answer):
@@ -486,7 +487,7 @@ class RestoredReply(ReplyView):
         self.chunks = [text]
 
     def on_mount(self) -> None:
-        from core.export import stats_line
+        from core.user.export import stats_line
 
         # set_text, not an append: a finished reply keeps no blank rows reserved for streaming
         self.tokens.set_text(text_with_origins(displayable(self.restored_text), self.restored_origins))
@@ -506,42 +507,37 @@ class RestoredReply(ReplyView):
 
 
 # --- the chat screen's side -----------------------------------------------------------------------------
-class HistoryActions:
-    """Mixed into ChatScreen (which provides engine, spec, settings, history, conversation, prompt,
-    last_reply, reply, generating, view_mode). `recorder` is None when history is off (tests that do
-    not ask for it): the chat still works, nothing is saved."""
+def chat_identity(spec: PairingSpec) -> dict[str, str | None]:
+    """The pairing a chat's messages are sent to, as the store records it."""
+    return {"pairing": spec.name, "target_id": spec.target, "drafter_id": spec.drafter}
 
-    recorder: HistoryRecorder | None = None
-    base_settings: GenerationSettings | None = None  # the config's defaults, for new chats
 
-    # hooks called by the chat screen
-    def history_attach(self, recorder: HistoryRecorder | None) -> None:
+class ChatLog:
+    """What the chat screen saves of its conversation: a chat started, a user message sent, a reply
+    finished (its thinking split off), a message dropped (a failed turn, a regenerated reply), another
+    variant shown, new chat parameters. `recorder` is None when history is off (tests that do not ask
+    for it): the chat still works, nothing is saved. Every input is an argument; it holds no screen."""
+
+    def __init__(self, recorder: HistoryRecorder | None) -> None:
         self.recorder = recorder
-        self.base_settings = dataclasses.replace(self.settings)
-        self.prompt.recall_source = self.user_texts
-        if recorder is not None:
-            recorder.start_chat(
-                **self._chat_identity(), params=chat_params(self.settings), system_prompt=self.settings.system_prompt
+
+    def start_chat(self, spec: PairingSpec, settings: GenerationSettings) -> None:
+        if self.recorder is not None:
+            self.recorder.start_chat(
+                **chat_identity(spec), params=chat_params(settings), system_prompt=settings.system_prompt
             )
 
-    def _chat_identity(self) -> dict:
-        spec = self.spec
-        return {
-            "pairing": spec.name,
-            "target_id": getattr(spec, "target", None),
-            "drafter_id": getattr(spec, "drafter", None),
-        }
+    def user_sent(self, content: Any, spec: PairingSpec) -> None:
+        if self.recorder is not None:
+            text, images = message_parts(content)
+            self.recorder.record_user(text, images, chat_identity(spec))
 
-    def history_user_sent(self) -> None:
-        if self.recorder is not None and self.history:
-            text, images = message_parts(self.history[-1]["content"])
-            self.recorder.record_user(text, images, self._chat_identity())
-
-    def history_turn_failed(self) -> None:
+    def drop_last(self) -> None:
+        """The last message is gone: a user message whose turn failed, or a reply being regenerated."""
         if self.recorder is not None:
             self.recorder.drop_last()
 
-    def history_reply_done(self, reply: ReplyView, done) -> str:
+    def reply_done(self, reply: ReplyView, done: TurnDone) -> str:
         """The reply's answer (what goes back into the conversation); saves it with its thinking."""
         thinking, answer = split_thinking(reply.plain, THINKING_MARKERS)
         if thinking or answer != reply.plain:
@@ -556,266 +552,38 @@ class HistoryActions:
             )
         return answer
 
-    def history_variant_shown(self, reply: ReplyView, variant) -> None:
+    def variant_shown(
+        self, reply: ReplyView, text: str, *, thinking: str | None, stats: TurnStats | None, stopped: bool
+    ) -> None:
         """Another variant of the last reply is now the reply: it replaces the saved one."""
         if self.recorder is not None:
             self.recorder.drop_last()
             self.recorder.record_reply(
-                variant.text,
-                thinking=variant.thinking,
-                stats=variant.stats,
-                stopped=variant.stopped,
-                origins=reply_origins(reply, variant.text),
+                text, thinking=thinking, stats=stats, stopped=stopped, origins=reply_origins(reply, text)
             )
 
-    def history_reply_dropped(self) -> None:
+    def params_changed(self, settings: GenerationSettings) -> None:
         if self.recorder is not None:
-            self.recorder.drop_last()
+            self.recorder.update_params(chat_params(settings), settings.system_prompt)
 
-    def user_texts(self) -> list[str]:
-        """The user's messages in this chat, oldest first (the prompt's Up/Down recall)."""
-        return [message_parts(m["content"])[0] for m in self.history if m["role"] == "user"]
 
-    # -- chats ------------------------------------------------------------------------------------
-    def _busy(self, what: str) -> bool:
-        if self.generating:
-            self.notify(f"Stop the current reply first (Esc), then {what}", severity="warning", markup=False)
-            return True
-        return False
+def user_texts(history: list[dict]) -> list[str]:
+    """The user's messages in a conversation, oldest first (the prompt's Up/Down recall)."""
+    return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 
-    def clear_conversation(self) -> None:
-        self.conversation.remove_children()
-        self.history.clear()
-        self.last_reply = None
-        # the panel's figures were the previous chat's last turn
-        self.stats.clear()
-        self.panel.show(self.stats)
 
-    def action_new_chat(self) -> None:
-        if self._busy("start a new chat"):
-            return
-        self.clear_conversation()
-        self.settings = dataclasses.replace(
-            self.base_settings or self.settings,
-            block_size=self.settings.block_size,
-            drafter_enabled=self.settings.drafter_enabled,
-        )
-        if self.recorder is not None:
-            self.recorder.start_chat(
-                **self._chat_identity(), params=chat_params(self.settings), system_prompt=self.settings.system_prompt
+def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply]:
+    """A stored chat's messages as the conversation shows them (a user message's images by name)."""
+    widgets: list[UserMessage | RestoredReply] = []
+    for m in chat.messages:
+        if m.role == "user":
+            text = m.content
+            if m.attachments:
+                names = ", ".join(Path(a.path).name for a in m.attachments)
+                text = f"{text}\n[image: {names}]" if text else f"[image: {names}]"
+            widgets.append(UserMessage(text))
+        elif m.role == "assistant":
+            widgets.append(
+                RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
             )
-        self.notify("New chat")
-        self.prompt.focus()
-
-    def action_chats(self) -> None:
-        from app.tui.screens.chats import ChatListScreen
-
-        if self.recorder is None:
-            self.notify("Chat history is off", severity="warning", markup=False)
-            return
-        if isinstance(self.app.screen, ChatListScreen):
-            return
-        current = self.recorder.current.id
-        self.app.push_screen(ChatListScreen(self.recorder, current_id=current), self._on_chat_list)
-
-    def _on_chat_list(self, result) -> None:
-        if result:
-            self.run_worker(self._chat_list_result(result), group="chats")
-
-    async def _chat_list_result(self, result) -> None:
-        kind, chat_id = result
-        if kind == "new":
-            self.action_new_chat()
-        elif kind == "open":
-            await self.open_chat(chat_id)
-        elif kind == "deleted":  # the open chat was deleted: it stays on screen, as a new unsaved chat
-            if self.recorder is not None:
-                self.recorder.start_chat(
-                    **self._chat_identity(),
-                    params=chat_params(self.settings),
-                    system_prompt=self.settings.system_prompt,
-                )
-                self.clear_conversation()
-
-    async def open_chat(self, chat_id: int) -> None:
-        if self.recorder is None or self._busy("open another chat"):
-            return
-        spec_type = type(self.spec)
-        current = self.spec
-
-        def load(store):
-            chat = store.load_chat(chat_id)
-            other = None if same_pairing(chat, current) else pairing_spec_for(chat, spec_type)
-            return chat, other
-
-        try:
-            chat, other = await self.recorder.call(load)
-        except Exception as e:
-            self.notify(f"Could not open the chat: {e}", severity="error", markup=False)
-            return
-        await self.restore_chat(chat, other)
-
-    async def restore_chat(self, chat, spec=None) -> None:
-        """Show a stored chat and continue it: its messages, parameters, and pairing (`spec`: a
-        PairingSpec for the chat's pairing when it differs from the loaded one)."""
-        self.clear_conversation()
-        self.recorder.adopt(chat)
-        base = self.base_settings or self.settings
-        self.settings = dataclasses.replace(
-            settings_for_chat(base, chat.params, chat.system_prompt),
-            block_size=self.settings.block_size,
-            drafter_enabled=self.settings.drafter_enabled,
-        )
-        widgets = []
-        for m in chat.messages:
-            if m.role == "user":
-                text = m.content
-                if m.attachments:
-                    names = ", ".join(Path(a.path).name for a in m.attachments)
-                    text = f"{text}\n[image: {names}]" if text else f"[image: {names}]"
-                widgets.append(UserMessage(text))
-            elif m.role == "assistant":
-                widgets.append(
-                    RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
-                )
-        self.history.extend(m for m in chat.engine_messages() if m["role"] != "system")
-        if widgets:
-            await self.conversation.mount_all(widgets)
-        replies = [w for w in widgets if isinstance(w, ReplyView)]
-        self.last_reply = replies[-1] if replies and chat.messages[-1].role == "assistant" else None
-        if self.view_mode == "rendered":
-            for r in replies:
-                r.flush_markdown()
-        self.conversation.scroll_end(animate=False)
-        self.conversation.anchor()
-        self._restore_pairing(chat, spec)
-        self.notify(f"Opened “{chat.title}”", markup=False)
-        self.prompt.focus()
-
-    def _restore_pairing(self, chat, spec) -> None:
-        """Load the chat's pairing if it is not the one loaded (ChatScreen.switch_pairing); say so
-        when it cannot be found any more."""
-        if same_pairing(chat, self.spec):
-            return
-        switch = getattr(self, "switch_pairing", None)
-        if spec is not None and callable(switch):
-            if switch(spec):
-                self.notify(f"Loading {spec.name}, the pairing this chat was with", markup=False)
-                return
-        self.notify(
-            f"This chat was with {chat.pairing}, which is not available; it continues with {self.spec.name}",
-            severity="warning",
-            timeout=8,
-            markup=False,
-        )
-
-    # -- parameters and settings --------------------------------------------------------------------
-    def supports_thinking(self) -> bool:
-        info = self.engine.info
-        return bool(info is not None and getattr(info, "supports_thinking", False))
-
-    def action_chat_params(self) -> None:
-        from app.tui.screens.chat_params import ChatParamsScreen
-
-        if isinstance(self.app.screen, ChatParamsScreen):
-            return
-        self.app.push_screen(
-            ChatParamsScreen(self.settings, thinking_available=self.supports_thinking()), self._on_params
-        )
-
-    def _on_params(self, new: GenerationSettings | None) -> None:
-        if new is None:
-            return
-        self.apply_chat_settings(new)
-        self.notify("Chat parameters saved; they apply from the next reply")
-
-    def apply_chat_settings(self, new: GenerationSettings) -> None:
-        self.settings = dataclasses.replace(
-            new, block_size=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled
-        )
-        if self.recorder is not None:
-            self.recorder.update_params(chat_params(self.settings), self.settings.system_prompt)
-
-    def action_toggle_thinking(self) -> None:
-        if not self.supports_thinking():
-            self.notify("This pairing's chat template has no thinking mode", severity="warning")
-            return
-        on = not self.settings.thinking
-        self.apply_chat_settings(dataclasses.replace(self.settings, thinking=on))
-        self.notify(f"Thinking {'on' if on else 'off'} from the next reply", markup=False)
-
-    def action_settings(self) -> None:
-        from app.tui.screens.settings import SettingsScreen
-
-        if isinstance(self.app.screen, SettingsScreen):
-            return
-        self.app.push_screen(SettingsScreen(getattr(self.app, "config_path", None)), self._on_settings)
-
-    def _on_settings(self, config) -> None:
-        if config is None:
-            return
-        self.app.config = config
-        if config.theme in self.app.available_themes:
-            self.app.theme = config.theme
-        new_base = config.generation_settings()
-        self.base_settings = new_base
-        if config.block_size != self.stats.block_setting:
-            self._set_block(config.block_size)
-
-    # -- copy and export ------------------------------------------------------------------------------
-    def _copy(self, text: str, what: str) -> None:
-        from functools import partial
-
-        from core.clipboard import system_copy
-
-        # OSC 52 through the terminal (works over SSH), and the system clipboard tool where there is
-        # one (for terminals that ignore OSC 52) on a thread: it runs a subprocess.
-        self.app.copy_to_clipboard(text)
-        self.run_worker(partial(system_copy, text, timeout=2.0), thread=True, group="clipboard", exit_on_error=False)
-        lines = text.count("\n") + 1
-        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''})", markup=False)
-
-    def action_copy_reply(self) -> None:
-        if self.last_reply is None or not self.last_reply.plain:
-            self.notify("No reply to copy yet", severity="warning")
-            return
-        self._copy(self.last_reply.plain, "the last reply")
-
-    def action_copy_code(self) -> None:
-        from core.export import last_code_block
-
-        if self.last_reply is None:
-            self.notify("No reply to copy from yet", severity="warning")
-            return
-        code = last_code_block(self.last_reply.plain)
-        if code is None:
-            self.notify("The last reply has no code block", severity="warning")
-            return
-        self._copy(code, "the code block")
-
-    def action_export(self) -> None:
-        self.run_worker(self._export(), group="export")
-
-    async def _export(self) -> None:
-        from core.export import export_chat
-
-        if self.recorder is None:
-            self.notify("Chat history is off: nothing to export", severity="warning")
-            return
-        directory = self.recorder.export_dir
-
-        def export(store):
-            ref_id = self.recorder.current.id
-            if ref_id is None:
-                return None
-            return export_chat(store.load_chat(ref_id), directory)
-
-        try:
-            path = await self.recorder.call(export)
-        except Exception as e:
-            self.notify(f"Export failed: {e}", severity="error", markup=False)
-            return
-        if path is None:
-            self.notify("Nothing to export yet", severity="warning")
-            return
-        self.notify(f"Exported to {path}", timeout=8, markup=False)
+    return widgets

@@ -1,4 +1,4 @@
-"""The chat screen's key bindings, taken from `core.keymap` (defaults + config overrides).
+"""The chat screen's key bindings, taken from `core.user.keymap` (defaults + config overrides).
 
 Two kinds of key:
   scope "app"   (ctrl+r, ctrl+t, escape, f1...) always work, even while the prompt has focus and holds
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from core.keymap import DESCRIPTIONS, SCOPES, resolve_keys
+from core.user.keymap import DESCRIPTIONS, SCOPES, resolve_keys
 
 # The actions this screen implements, with short footer labels.
 CHAT_ACTIONS: dict[str, str] = {

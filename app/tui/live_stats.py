@@ -10,10 +10,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from core import units
-from core.autoblock import AutoBlockConfig
+from core.decode.autoblock import AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TurnStats
 
-_AUTO = AutoBlockConfig()  # the engine's auto block size rules (core.autoblock), to explain its choice
+_AUTO = AutoBlockConfig()  # the engine's auto block size rules (core.decode.autoblock), to explain its choice
 
 SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
 
@@ -43,7 +43,7 @@ class LiveStats:
     first_token_at: float | None = None
     last_token_at: float | None = None
     dirty: bool = True
-    # auto block size, as the engine's AutoBlock plays it (core.autoblock): plain rounds since it last
+    # auto block size, as the engine's AutoBlock plays it (core.decode.autoblock): plain rounds since it last
     # drafted, the wait before its next probe, and how the recent drafting rounds went
     plain_streak: int = 0
     probe_wait: int = _AUTO.probe_every
@@ -153,8 +153,8 @@ class LiveStats:
 
 def summary_line(stats: TurnStats) -> str:
     """The one-line summary under a finished reply: the same line a reopened reply shows
-    (core.export.stats_line; TurnStats.tokens, the prefill's first token included, as everywhere)."""
-    from core.export import stats_line
+    (core.user.export.stats_line; TurnStats.tokens, the prefill's first token included, as everywhere)."""
+    from core.user.export import stats_line
 
     return stats_line(stats.as_dict())
 

@@ -37,8 +37,8 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
     built = time.perf_counter() - t0
     figures: dict[str, Any] = {"drafter_build_s": round(built, 1), "drafter_disk_gb": round(_dir_bytes(out) / 1e9, 3)}
     try:
-        from core.drafter import load_drafter
-        from core.pairing import check_pair
+        from core.hub.pairing import check_pair
+        from core.model.drafter import load_drafter
     except ImportError as e:  # the engine is written separately
         figures["drafter_load"] = f"skipped: {e}"
         return figures

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -18,33 +19,36 @@ from textual.widgets import Static
 from app.resources import style_path
 from app.tui import keys
 from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
-from app.tui.history import HistoryActions
+from app.tui.history import (
+    ChatLog,
+    HistoryRecorder,
+    pairing_spec_for,
+    restored_widgets,
+    same_pairing,
+    settings_for_chat,
+    thinking_section,
+    user_texts,
+)
+from app.tui.images import ChatImages
 from app.tui.live_stats import LiveStats
-from app.tui.messages import PromptSubmitted, QuickKey
-from app.tui.widgets.attachments import AttachmentBar, ImageActions, user_content
-from app.tui.widgets.conversation import ReplyView, UserMessage, legend
+from app.tui.messages import ImagesPasted, PromptSubmitted, QuickKey
+from app.tui.widgets.attachments import AttachmentBar, user_content
+from app.tui.widgets.conversation import ReplyView, UserMessage, Variant, legend
 from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
-from core import keymap
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
+from core.user import keymap
+
+if TYPE_CHECKING:
+    from core.engine import PairingInfo, PairingSpec
+    from core.protocol import ChatEngine
+    from core.user.config import Config
+    from core.user.store import Chat, Store
 
 MAX_BLOCK = MAX_BLOCK_SIZE
-
-
-@dataclass
-class Variant:
-    """One generated version of the last reply (regenerate keeps them; Alt+Left/Right switch)."""
-
-    text: str
-    tokens: Text  # the token view, origin colours included
-    summary: str
-    header: str
-    stopped: bool
-    thinking: str | None
-    stats: TurnStats | None
 
 
 # Below this many columns the side panel gives way to a one-line summary under the conversation.
@@ -62,7 +66,7 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
 
 
 def prompt_placeholder(overrides=None) -> str:
-    from core.keymap import resolve_keys
+    from core.user.keymap import resolve_keys
 
     resolved = resolve_keys(overrides)
 
@@ -77,7 +81,7 @@ class ChatCommands(Provider):
     """Command palette entries for the chat screen's actions."""
 
     def _commands(self) -> tuple[tuple[str, str, str], ...]:
-        return keymap.PALETTE  # the action table (core.keymap) that the keys and the help screen read too
+        return keymap.PALETTE  # the action table (core.user.keymap) that the keys and the help screen read too
 
     def _run(self, action: str) -> None:
         screen = self.screen
@@ -96,19 +100,30 @@ class ChatCommands(Provider):
                 yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text)
 
 
-class ChatScreen(ImageActions, HistoryActions, Screen):
+class ChatScreen(Screen):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
     def __init__(
-        self, engine, spec, settings: GenerationSettings | None = None, key_overrides: dict[str, str] | None = None
+        self,
+        engine: ChatEngine,
+        spec: PairingSpec,
+        settings: GenerationSettings | None = None,
+        key_overrides: dict[str, str] | None = None,
+        *,
+        recorder: HistoryRecorder | None = None,
+        on_config: Callable[[Config], None] | None = None,
+        open_models: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        self.on_config = on_config  # called with the config the settings screen saved
+        self.open_models = open_models  # the app's models screen (F2, the palette's "models")
         self.screen_keys = keys.screen_keys(key_overrides)
         bind_keys(self._bindings, self.screen_keys)
         self.engine = engine
         self.spec = spec
         self.settings = settings or GenerationSettings()
+        self.base_settings = dataclasses.replace(self.settings)  # the config's defaults, for new chats
         self.bridge = EventBridge()
         self.stats = LiveStats(block_setting=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled)
         self.history: list[dict] = []
@@ -120,8 +135,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.load_error: str | None = None
         self.loaded = False
         self.load_stage = ""  # the latest LoadProgress (the models screen shows it)
-        self._load_future = None
-        self._turn_future = None
+        self._load_future: Future[PairingInfo] | None = None
+        self._turn_future: Future[Any] | None = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         # (tokens, start, tokens done so far) while a prompt prefills
         self._prefill: tuple[int, float, Callable[[], int] | None] | None = None
@@ -139,6 +154,10 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.panel_hidden = False  # the user's choice (F10)
         self.legend = Static(legend(), id="legend")
         self.key_hints = KeyHints(hints_for(self.screen_keys, key_overrides), id="key-hints")
+        self.images = ChatImages(self, self.attachments, self.conversation, self.prompt, lambda: self.engine.info)
+        self.chat_log = ChatLog(recorder)
+        self.prompt.recall_source = lambda: user_texts(self.history)
+        self.chat_log.start_chat(self.spec, self.settings)
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -187,7 +206,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
 
     def on_prompt_submitted(self, message: PromptSubmitted) -> None:
         message.stop()
-        if self.image_command(message.text):
+        if self.images.command(message.text, self.send):
             return
         if self.send(message.text):
             self.prompt.accept()
@@ -204,13 +223,14 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
 
     def send(self, text: str) -> bool:
         """Start a turn with `text`; False (and a notification) if it cannot start."""
-        reason = self._can_start() or self.images_not_ready()
+        reason = self._can_start() or self.images.not_ready()
         if reason:
             self.notify(f"Not sent: {reason}", severity="error")
             return False
-        images = self.take_images()  # their thumbnails go above the message
-        self.history.append({"role": "user", "content": user_content(text, images)})
-        self.history_user_sent()
+        images = self.images.take()  # their thumbnails go above the message
+        content = user_content(text, images)
+        self.history.append({"role": "user", "content": content})
+        self.chat_log.user_sent(content, self.spec)
         user = UserMessage(text)
         user.set_class(bool(images), "-with-images")
         self.conversation.mount(user)
@@ -378,13 +398,13 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.show_ready()
         user = self._turn_user
         self._turn_user = None
-        self.images_turn_done(failed=done.stats.stop_reason == "error")
+        self.images.turn_done(failed=done.stats.stop_reason == "error")
         if done.stats.stop_reason == "error":
             # The turn never happened: take the user's message back out of the history and, if
             # the prompt is still empty, give the text back to the prompt.
             if self.history and self.history[-1]["role"] == "user":
                 self.history.pop()
-                self.history_turn_failed()
+                self.chat_log.drop_last()
             if user is not None:
                 user[1].remove()
                 if not self.prompt.text:
@@ -392,7 +412,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
                     self.prompt.move_cursor(self.prompt.document.end)
             self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
             return
-        answer = self.history_reply_done(reply, done)
+        answer = self.chat_log.reply_done(reply, done)
         self.history.append({"role": "assistant", "content": answer})
         self.last_reply = reply
         self._keep_variant(reply, done)
@@ -402,7 +422,7 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
     # -- variants of the last reply (regenerate keeps the earlier ones) -----------------------------
     def _keep_variant(self, reply: ReplyView, done: TurnDone) -> None:
         earlier, self._carry_variants = self._carry_variants, []
-        thinking = getattr(reply, "thinking_text", None)  # show_thinking (app.tui.history) sets it
+        thinking = reply.thinking_text
         variant = Variant(
             text=reply.plain,
             tokens=reply.tokens.text.copy(),
@@ -445,16 +465,14 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         for old in reply.query(".thinking"):
             old.remove()
         if v.thinking:
-            from app.tui.history import thinking_section
-
             reply.mount(thinking_section(v.thinking), before=reply.tokens)
         if record:
             self.history[-1] = {"role": "assistant", "content": v.text}
-            self.history_variant_shown(reply, v)
+            self.chat_log.variant_shown(reply, v.text, thinking=v.thinking, stats=v.stats, stopped=v.stopped)
 
     def _step_variant(self, step: int) -> None:
         reply = self.last_reply
-        if self.generating or reply is None or len(getattr(reply, "variants", ())) < 2:
+        if self.generating or reply is None or len(reply.variants) < 2:
             self.notify("No other variant: Ctrl+R regenerates the last reply", severity="warning")
             return
         index = reply.variant_index + step
@@ -539,8 +557,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
             self.notify("Nothing to regenerate yet", severity="warning")
             return
         self.history.pop()
-        self.history_reply_dropped()
-        self._carry_variants = list(getattr(self.last_reply, "variants", ()))  # kept: Alt+←/→ switch back
+        self.chat_log.drop_last()
+        self._carry_variants = list(self.last_reply.variants)  # kept: Alt+←/→ switch back
         self.last_reply.remove()
         self.last_reply = None
         self._turn_user = None
@@ -559,7 +577,8 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         """A remote server that takes no live block-size or drafter changes says so (no effect)."""
         if getattr(self.engine, "live_controls", True):
             return False
-        self.notify(f"Not changed: {self.engine.controls_note()}", severity="warning")
+        note = getattr(self.engine, "controls_note", None)  # core.remote.RemoteEngine says why
+        self.notify(f"Not changed: {note() if callable(note) else 'the server fixes them'}", severity="warning")
         return True
 
     def _set_block(self, k: int | str) -> None:
@@ -592,13 +611,240 @@ class ChatScreen(ImageActions, HistoryActions, Screen):
         self.engine.set_drafter_enabled(on)  # the panel shows the state; no toast over the prompt
 
     def action_models(self) -> None:
-        self.app.action_models()
+        if self.open_models is not None:
+            self.open_models()
 
     def action_help(self) -> None:
         from app.tui.screens.help import HelpScreen
 
         if not isinstance(self.app.screen, HelpScreen):
             self.app.push_screen(HelpScreen(self.screen_keys))
+
+    # -- images (app.tui.images) ------------------------------------------------------------------
+    def action_attach_image(self) -> None:
+        self.images.open_picker()
+
+    def on_images_pasted(self, message: ImagesPasted) -> None:
+        message.stop()
+        self.images.attach(message.paths)
+
+    # -- chats (saved by app.tui.history) -----------------------------------------------------------
+    @property
+    def recorder(self) -> HistoryRecorder | None:
+        return self.chat_log.recorder
+
+    def _busy(self, what: str) -> bool:
+        if self.generating:
+            self.notify(f"Stop the current reply first (Esc), then {what}", severity="warning", markup=False)
+            return True
+        return False
+
+    def clear_conversation(self) -> None:
+        self.conversation.remove_children()
+        self.history.clear()
+        self.last_reply = None
+        # the panel's figures were the previous chat's last turn
+        self.stats.clear()
+        self.panel.show(self.stats)
+
+    def _with_live_controls(self, settings: GenerationSettings) -> GenerationSettings:
+        """`settings` with this screen's block size and drafter switch (live controls, not chat parameters)."""
+        return dataclasses.replace(
+            settings, block_size=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled
+        )
+
+    def action_new_chat(self) -> None:
+        if self._busy("start a new chat"):
+            return
+        self.clear_conversation()
+        self.settings = self._with_live_controls(self.base_settings)
+        self.chat_log.start_chat(self.spec, self.settings)
+        self.notify("New chat")
+        self.prompt.focus()
+
+    def action_chats(self) -> None:
+        from app.tui.screens.chats import ChatListScreen
+
+        recorder = self.recorder
+        if recorder is None:
+            self.notify("Chat history is off", severity="warning", markup=False)
+            return
+        if isinstance(self.app.screen, ChatListScreen):
+            return
+        self.app.push_screen(ChatListScreen(recorder, current_id=recorder.current.id), self._on_chat_list)
+
+    def _on_chat_list(self, result: tuple[str, int | None] | None) -> None:
+        if result:
+            self.run_worker(self._chat_list_result(result), group="chats")
+
+    async def _chat_list_result(self, result: tuple[str, int | None]) -> None:
+        kind, chat_id = result
+        if kind == "new":
+            self.action_new_chat()
+        elif kind == "open" and chat_id is not None:
+            await self.open_chat(chat_id)
+        elif kind == "deleted":  # the open chat was deleted: it stays on screen, as a new unsaved chat
+            if self.recorder is not None:
+                self.chat_log.start_chat(self.spec, self.settings)
+                self.clear_conversation()
+
+    async def open_chat(self, chat_id: int) -> None:
+        recorder = self.recorder
+        if recorder is None or self._busy("open another chat"):
+            return
+        current = self.spec
+
+        def load(store: Store) -> tuple[Chat, PairingSpec | None]:
+            chat = store.load_chat(chat_id)
+            other = None if same_pairing(chat, current) else pairing_spec_for(chat)
+            return chat, other
+
+        try:
+            chat, other = await recorder.call(load)
+        except Exception as e:
+            self.notify(f"Could not open the chat: {e}", severity="error", markup=False)
+            return
+        await self.restore_chat(recorder, chat, other)
+
+    async def restore_chat(self, recorder: HistoryRecorder, chat: Chat, spec: PairingSpec | None = None) -> None:
+        """Show a stored chat and continue it: its messages, parameters, and pairing (`spec`: a
+        PairingSpec for the chat's pairing when it differs from the loaded one)."""
+        self.clear_conversation()
+        recorder.adopt(chat)
+        self.settings = self._with_live_controls(settings_for_chat(self.base_settings, chat.params, chat.system_prompt))
+        widgets = restored_widgets(chat)
+        self.history.extend(m for m in chat.engine_messages() if m["role"] != "system")
+        if widgets:
+            await self.conversation.mount_all(widgets)
+        replies = [w for w in widgets if isinstance(w, ReplyView)]
+        self.last_reply = replies[-1] if replies and chat.messages[-1].role == "assistant" else None
+        if self.view_mode == "rendered":
+            for r in replies:
+                r.flush_markdown()
+        self.conversation.scroll_end(animate=False)
+        self.conversation.anchor()
+        self._restore_pairing(chat, spec)
+        self.notify(f"Opened “{chat.title}”", markup=False)
+        self.prompt.focus()
+
+    def _restore_pairing(self, chat: Chat, spec: PairingSpec | None) -> None:
+        """Load the chat's pairing if it is not the one loaded; say so when it cannot be found any more."""
+        if same_pairing(chat, self.spec):
+            return
+        if spec is not None and self.switch_pairing(spec):
+            self.notify(f"Loading {spec.name}, the pairing this chat was with", markup=False)
+            return
+        self.notify(
+            f"This chat was with {chat.pairing}, which is not available; it continues with {self.spec.name}",
+            severity="warning",
+            timeout=8,
+            markup=False,
+        )
+
+    # -- parameters and settings --------------------------------------------------------------------
+    def supports_thinking(self) -> bool:
+        info = self.engine.info
+        return bool(info is not None and getattr(info, "supports_thinking", False))
+
+    def action_chat_params(self) -> None:
+        from app.tui.screens.chat_params import ChatParamsScreen
+
+        if isinstance(self.app.screen, ChatParamsScreen):
+            return
+        self.app.push_screen(
+            ChatParamsScreen(self.settings, thinking_available=self.supports_thinking()), self._on_params
+        )
+
+    def _on_params(self, new: GenerationSettings | None) -> None:
+        if new is None:
+            return
+        self.apply_chat_settings(new)
+        self.notify("Chat parameters saved; they apply from the next reply")
+
+    def apply_chat_settings(self, new: GenerationSettings) -> None:
+        self.settings = self._with_live_controls(new)
+        self.chat_log.params_changed(self.settings)
+
+    def action_toggle_thinking(self) -> None:
+        if not self.supports_thinking():
+            self.notify("This pairing's chat template has no thinking mode", severity="warning")
+            return
+        on = not self.settings.thinking
+        self.apply_chat_settings(dataclasses.replace(self.settings, thinking=on))
+        self.notify(f"Thinking {'on' if on else 'off'} from the next reply", markup=False)
+
+    def action_settings(self) -> None:
+        from app.tui.screens.settings import SettingsScreen
+
+        if isinstance(self.app.screen, SettingsScreen):
+            return
+        self.app.push_screen(SettingsScreen(getattr(self.app, "config_path", None)), self._on_settings)
+
+    def _on_settings(self, config: Config | None) -> None:
+        if config is None:
+            return
+        if self.on_config is not None:  # the app keeps the config and applies its theme
+            self.on_config(config)
+        self.base_settings = config.generation_settings()
+        if config.block_size != self.stats.block_setting:
+            self._set_block(config.block_size)
+
+    # -- copy and export ------------------------------------------------------------------------------
+    def _copy(self, text: str, what: str) -> None:
+        from core.user.clipboard import system_copy
+
+        # OSC 52 through the terminal (works over SSH), and the system clipboard tool where there is
+        # one (for terminals that ignore OSC 52) on a thread: it runs a subprocess.
+        self.app.copy_to_clipboard(text)
+        self.run_worker(partial(system_copy, text, timeout=2.0), thread=True, group="clipboard", exit_on_error=False)
+        lines = text.count("\n") + 1
+        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''})", markup=False)
+
+    def action_copy_reply(self) -> None:
+        if self.last_reply is None or not self.last_reply.plain:
+            self.notify("No reply to copy yet", severity="warning")
+            return
+        self._copy(self.last_reply.plain, "the last reply")
+
+    def action_copy_code(self) -> None:
+        from core.user.export import last_code_block
+
+        if self.last_reply is None:
+            self.notify("No reply to copy from yet", severity="warning")
+            return
+        code = last_code_block(self.last_reply.plain)
+        if code is None:
+            self.notify("The last reply has no code block", severity="warning")
+            return
+        self._copy(code, "the code block")
+
+    def action_export(self) -> None:
+        self.run_worker(self._export(), group="export")
+
+    async def _export(self) -> None:
+        from core.user.export import export_chat
+
+        recorder = self.recorder
+        if recorder is None:
+            self.notify("Chat history is off: nothing to export", severity="warning")
+            return
+        directory = recorder.export_dir
+
+        def export(store: Store) -> Path | None:
+            ref_id = recorder.current.id
+            if ref_id is None:
+                return None
+            return export_chat(store.load_chat(ref_id), directory)
+
+        try:
+            path = await recorder.call(export)
+        except Exception as e:
+            self.notify(f"Export failed: {e}", severity="error", markup=False)
+            return
+        if path is None:
+            self.notify("Nothing to export yet", severity="warning")
+            return
+        self.notify(f"Exported to {path}", timeout=8, markup=False)
 
     # -- shutdown ---------------------------------------------------------------------------------
     def finish_for_exit(self, timeout_s: float = 1.0) -> None:

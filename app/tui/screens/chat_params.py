@@ -8,7 +8,7 @@ reads the same in both places: "Temperature: must be a finite number >= 0, got "
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -18,8 +18,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from app.resources import style_path
-from core.config import SAMPLING
 from core.settings import GenerationSettings
+from core.user.config import SAMPLING
 
 # field -> (label, kind): kind "int" / "float" / "seed" (an int, or empty for a random seed)
 SAMPLING_FIELDS: dict[str, tuple[str, str]] = {
@@ -55,7 +55,7 @@ def parse_field(name: str, text: str, label: str | None = None) -> Any:
         raise FieldError(label, f"must be {what}, got {text!r}" if text else f"must be {what}") from None
     try:
         return SAMPLING[name](value)
-    except Exception as e:  # core.config's check: `why` says what is allowed
+    except Exception as e:  # core.user.config's check: `why` says what is allowed
         raise FieldError(label, f"{getattr(e, 'why', e)}, got {text}") from None
 
 
@@ -69,13 +69,48 @@ def form_row(label: str, widget, note: str = "") -> Horizontal:
 # rows of the box around its form: border 2, padding 2, title 2, error 1, buttons 1, spare 2
 FORM_CHROME_ROWS = 10
 
+FormResult = TypeVar("FormResult")
 
-class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
-    CSS_PATH = str(style_path("chat_params.tcss"))
+
+class FormScreen(ModalScreen[FormResult]):
+    """A modal form (this chat's parameters, the settings): Ctrl+S, Enter in a field or its Save button
+    saves (`action_save`, the subclass's), Esc or Cancel dismisses with None; the form (`#{prefix}-form`)
+    scrolls so the buttons stay on screen however small the terminal."""
+
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", priority=True),
         Binding("ctrl+s", "save", "Save", priority=True),
     ]
+    FORM_PREFIX = ""  # the ids: #{prefix}-form, #{prefix}-save
+    CHROME_ROWS = FORM_CHROME_ROWS  # the rows of the box around its form
+
+    def action_save(self) -> None:
+        raise NotImplementedError
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        form = self.query_one(f"#{self.FORM_PREFIX}-form")
+        form.styles.max_height = max(self.size.height - self.CHROME_ROWS, 3)
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_save() if event.button.id == f"{self.FORM_PREFIX}-save" else self.action_cancel()
+
+
+class ChatParamsScreen(FormScreen[GenerationSettings | None]):
+    CSS_PATH = str(style_path("chat_params.tcss"))
+    FORM_PREFIX = "params"
 
     def __init__(self, settings: GenerationSettings, *, thinking_available: bool) -> None:
         super().__init__()
@@ -113,13 +148,6 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
         self._fit()
         self.query_one("#params-system_prompt", TextArea).focus()
 
-    def on_resize(self) -> None:
-        self._fit()
-
-    def _fit(self) -> None:
-        # the form scrolls, so Save and Cancel stay on screen however small the terminal
-        self.query_one("#params-form").styles.max_height = max(self.size.height - FORM_CHROME_ROWS, 3)
-
     def values(self) -> GenerationSettings:
         """The form as settings; raises FieldError naming the first bad field."""
         changes: dict[str, Any] = {}
@@ -140,16 +168,3 @@ class ChatParamsScreen(ModalScreen[GenerationSettings | None]):
             return
         error.update("")
         self.dismiss(new)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Input.Submitted)
-    def _submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_save()
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.action_save() if event.button.id == "params-save" else self.action_cancel()

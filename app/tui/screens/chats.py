@@ -22,7 +22,7 @@ from app.resources import style_path
 from app.tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
-    from core.store import ChatSummary
+    from core.user.store import ChatSummary
 
 
 def when(ts: float) -> str:
@@ -76,7 +76,7 @@ class RenameScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class ChatListScreen(ModalScreen[tuple | None]):
+class ChatListScreen(ModalScreen[tuple[str, int | None] | None]):
     CSS_PATH = str(style_path("chats.tcss"))
     BINDINGS = [
         Binding("escape", "close", "Close", priority=True),

@@ -84,7 +84,7 @@ class FilePicker(ModalScreen[str | None]):
 
     @work(thread=True, exclusive=True, group="preview", exit_on_error=False)
     def _load_preview(self, path: str) -> None:
-        from core.image import ImageError
+        from core.model.image import ImageError
 
         info: ImageInfo | None = None
         try:

@@ -16,9 +16,10 @@ Nothing here blocks the UI: the cache is read in a thread worker, a download is 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from rich.text import Text
 from textual import work
@@ -29,10 +30,15 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
-from core.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
-from core.fit import FIT_WORDS
+from core.hub.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
+from core.hub.fit import FIT_WORDS
 from core.modeltypes import is_drafter
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.hub.catalog import CatalogEntry, LocalCheckpoint
+    from core.hub.download import DownloadHandle, DownloadProgress
+    from core.hub.fit import MachineMemory
 
 DEMO_KEY = "demo"
 OTHER_PREFIX = "other:"
@@ -74,17 +80,36 @@ class ModelsOptions:
     endpoint: str | None = None
     token: str | bool | None = None
     offline: bool = False
-    machine: object | None = None  # core.fit.MachineMemory; None = this machine
+    machine: MachineMemory | None = None  # None = this machine
     remember: bool = False  # save the chosen catalogue pairing (or "demo") as the config's default_pairing
 
 
+# One row of the table, a tagged union: `kind` says which it is, and only a pairing has an `entry`,
+# only another checkpoint has `other` (mypy narrows on `row.kind == ...`).
 @dataclass
-class Row:
+class DemoRow:
     key: str
-    kind: str  # "demo" | "pairing" | "other"
-    entry: object | None = None  # core.catalog.CatalogEntry
-    other: object | None = None  # core.catalog.LocalCheckpoint
-    cells: tuple = field(default_factory=tuple)
+    cells: tuple
+    kind: Literal["demo"] = "demo"
+
+
+@dataclass
+class PairingRow:
+    key: str
+    entry: CatalogEntry
+    cells: tuple
+    kind: Literal["pairing"] = "pairing"
+
+
+@dataclass
+class OtherRow:
+    key: str
+    other: LocalCheckpoint
+    cells: tuple
+    kind: Literal["other"] = "other"
+
+
+Row = DemoRow | PairingRow | OtherRow
 
 
 # -- rows ------------------------------------------------------------------------------------------
@@ -128,10 +153,10 @@ def demo_row() -> Row:
         "auto",
         "shipped",
     )
-    return Row(DEMO_KEY, "demo", cells=cells)
+    return DemoRow(DEMO_KEY, cells)
 
 
-def pairing_row(entry, default: str | None = None) -> Row:
+def pairing_row(entry: CatalogEntry, default: str | None = None) -> PairingRow:
     p = entry.pairing
     label = f"{p.name}  {p.label}" + ("  *" if p.name == default else "")
     cells = (
@@ -144,10 +169,10 @@ def pairing_row(entry, default: str | None = None) -> Row:
         str(p.block_size),
         "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
     )
-    return Row(p.name, "pairing", entry=entry, cells=cells)
+    return PairingRow(p.name, entry, cells)
 
 
-def other_row(ckpt) -> Row:
+def other_row(ckpt: LocalCheckpoint) -> OtherRow:
     st = ckpt.status
     kind = "?" if ckpt.model_type is None else ("drafter" if is_drafter(ckpt.model_type) else "target")
     cells = (
@@ -160,7 +185,7 @@ def other_row(ckpt) -> Row:
         "—",
         "in cache",
     )
-    return Row(OTHER_PREFIX + st.repo_id, "other", other=ckpt, cells=cells)
+    return OtherRow(OTHER_PREFIX + st.repo_id, ckpt, cells)
 
 
 def intro_text(ready: str | None) -> str:
@@ -231,13 +256,13 @@ class ModelsScreen(Screen):
             self._bindings.bind(close_keys, "close", "Back", show=False)
         self.rows: list[Row] = []
         self.loaded_once = False  # the first listing arrived
-        self.download_handle = None
+        self.download_handle: DownloadHandle | None = None
         self.download_name: str | None = None
-        self.last_progress = None
+        self.last_progress: DownloadProgress | None = None
         self.download_result = None  # the last download's final event
         self.pending_load = None  # the PairingSpec the chat screen is loading for us
         self.message = ""
-        self.table = DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+        self.table: DataTable[str | Text] = DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
         self.details = Static("", id="models-details")
         self.bar = ProgressBar(id="models-bar", show_eta=False)
         self.progress = Static("", id="models-progress-text")
@@ -271,13 +296,13 @@ class ModelsScreen(Screen):
     # -- listing ---------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="models-list")
     def refresh_rows(self) -> None:
-        from core import catalog, fit
+        from core.hub import catalog, fit
 
         machine = self.options.machine or fit.machine_memory()
         entries = catalog.list_entries(cache_dir=self.options.cache_dir, machine=machine)
         others = catalog.other_local_checkpoints(cache_dir=self.options.cache_dir)
         default = catalog.load_catalog().default
-        rows = [demo_row()] + [pairing_row(e, default) for e in entries] + [other_row(c) for c in others]
+        rows: list[Row] = [demo_row(), *(pairing_row(e, default) for e in entries), *(other_row(c) for c in others)]
         budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
         context = entries[0].memory.context if entries else 0
         line = (
@@ -358,7 +383,7 @@ class ModelsScreen(Screen):
         if row.entry.status == "ready":
             self.say(f"{row.key} is already downloaded. Enter: use it.")
             return
-        from core.catalog import start_pairing_download
+        from core.hub.catalog import start_pairing_download
 
         o = self.options
         self.download_result = None
@@ -388,7 +413,7 @@ class ModelsScreen(Screen):
         self.table.update_cell(name, "c1", Text(label, style="cyan"))
 
     def action_cancel_download(self) -> None:
-        if not self.downloading:
+        if self.download_handle is None:
             self.say("No download is running.")
             return
         self.download_handle.cancel()
@@ -401,7 +426,7 @@ class ModelsScreen(Screen):
             self._watch_load()
 
     def _drain_download(self) -> None:
-        from core.download import (
+        from core.hub.download import (
             DownloadCancelled,
             DownloadFailed,
             DownloadFinished,
@@ -410,6 +435,8 @@ class ModelsScreen(Screen):
         )
 
         handle = self.download_handle
+        if handle is None:
+            return
         for ev in handle.poll():
             if isinstance(ev, DownloadPlanned):
                 self.bar.update(total=max(ev.to_download_bytes, 1), progress=ev.to_download_bytes - ev.needed_bytes)
@@ -426,7 +453,7 @@ class ModelsScreen(Screen):
                 return
 
     def _download_ended(self, ev) -> None:
-        from core.download import DownloadCancelled, DownloadFailed, DownloadFinished
+        from core.hub.download import DownloadCancelled, DownloadFailed, DownloadFinished
 
         name = self.download_name
         self.download_handle = None
@@ -460,7 +487,7 @@ class ModelsScreen(Screen):
         if self.pending_load is not None:
             self.say("A pairing is loading; wait for it.", "warning")
             return
-        from core.pairing import PairingError
+        from core.hub.pairing import PairingError
 
         try:
             spec = self._spec_for(row)
@@ -503,7 +530,7 @@ class ModelsScreen(Screen):
             if is_drafter(row.other.model_type):
                 self.say("That is a drafter: start with --model TARGET --drafter " + st.repo_id, "warning")
                 return None
-            if not st.complete:
+            if not st.complete or st.snapshot is None:
                 self.say(f"{st.repo_id} is only partly downloaded.", "warning")
                 return None
             return snapshot_spec(st.repo_id, st.snapshot)
@@ -538,7 +565,7 @@ class ModelsScreen(Screen):
     @work(thread=True, group="models-config")
     def _remember(self, name: str) -> None:
         """The next start opens this pairing (config default_pairing)."""
-        from core.config import ConfigError, save_config
+        from core.user.config import ConfigError, save_config
 
         try:
             save_config({"default_pairing": name})
@@ -574,7 +601,7 @@ class ModelsScreen(Screen):
         if self.downloading and row.key == self.download_name:
             self.say("Cancel the download first (x).", "warning")
             return
-        from core.catalog import removal_plan
+        from core.hub.catalog import removal_plan
 
         if row.kind == "pairing":
             doomed, kept = removal_plan(row.key, cache_dir=self.options.cache_dir)
@@ -592,7 +619,7 @@ class ModelsScreen(Screen):
         if in_use:
             self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
             return
-        from core import hfcache
+        from core.hub import hfcache
 
         local = hfcache.statuses(doomed, cache_dir=self.options.cache_dir)
         size = sum(s.size_on_disk for s in local.values())
@@ -613,7 +640,7 @@ class ModelsScreen(Screen):
 
     @work(thread=True, group="models-remove")
     def _remove(self, name: str, doomed: list[str]) -> None:
-        from core import hfcache
+        from core.hub import hfcache
 
         try:
             freed = hfcache.delete_repos(doomed, cache_dir=self.options.cache_dir)
@@ -673,5 +700,5 @@ class ModelsCommands(Provider):
             if score > 0:
                 yield Hit(score, matcher.highlight(name), self._open, help="pairings: download, switch, remove")
 
-    def _open(self) -> None:
-        self.app.action_models()
+    async def _open(self) -> None:
+        await self.app.run_action("models")  # GemmaChatApp.action_models

@@ -1,6 +1,6 @@
 """F3: the settings that live in the config file (defaults for new chats, pairing, theme...).
 
-Reads the file on open and writes back only the keys that changed with `core.config.save_config`,
+Reads the file on open and writes back only the keys that changed with `core.user.config.save_config`,
 which keeps the user's comments and layout. Both run on a worker thread. A bad value is reported
 with the field's name and nothing is written; dismisses with the new Config, or None.
 """
@@ -10,17 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from textual import on, work
+from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Select, Static, Switch
 
 from app.resources import style_path
-from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, form_row, parse_field, shown
-from core.config import Config, ConfigError, load_config, save_config
+from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, FormScreen, form_row, parse_field, shown
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, IMAGE_BUDGETS, is_block_size
+from core.user.config import Config, ConfigError, load_config, save_config
 
 
 def parse_block_size(text: str) -> int | str:
@@ -36,16 +34,11 @@ def parse_block_size(text: str) -> int | str:
     return k
 
 
-# rows of the settings box around its form: border 2, padding 2, title and file 3, error 1, buttons 1, spare 1
-FORM_CHROME_ROWS = 10
-
-
-class SettingsScreen(ModalScreen[Config | None]):
+class SettingsScreen(FormScreen[Config | None]):
     CSS_PATH = str(style_path("settings.tcss"))
-    BINDINGS = [
-        Binding("escape", "cancel", "Cancel", priority=True),
-        Binding("ctrl+s", "save", "Save", priority=True),
-    ]
+    FORM_PREFIX = "settings"
+    # rows of the settings box around its form: border 2, padding 2, title and file 3, error 1, buttons 1, spare 1
+    CHROME_ROWS = 10
 
     def __init__(self, path: str | Path | None = None) -> None:
         super().__init__()
@@ -93,13 +86,6 @@ class SettingsScreen(ModalScreen[Config | None]):
         self.query_one("#settings-save", Button).disabled = True
         self._fit()
         self._load()
-
-    def on_resize(self) -> None:
-        self._fit()
-
-    def _fit(self) -> None:
-        # the form scrolls, so the buttons stay on screen however small the terminal
-        self.query_one("#settings-form").styles.max_height = max(self.size.height - FORM_CHROME_ROWS, 3)
 
     # -- reading ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="settings-io")
@@ -199,16 +185,3 @@ class SettingsScreen(ModalScreen[Config | None]):
         self.saving = False
         self.notify(f"Settings saved to {config.path}", markup=False)
         self.dismiss(config)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    @on(Input.Submitted)
-    def _submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_save()
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.action_save() if event.button.id == "settings-save" else self.action_cancel()

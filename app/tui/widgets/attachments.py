@@ -94,7 +94,7 @@ class AttachmentBar(Horizontal):
         )
 
     def _check(self, paths: list[str], on_done: Done | None) -> None:
-        from core.image import ImageError
+        from core.model.image import ImageError
 
         good: list[ImageInfo] = []
         bad: list[str] = []
@@ -180,85 +180,3 @@ def parse_image_command(text: str) -> tuple[list[str], str] | None:
     first = file_path(words[0].value)
     found = find_image_paths(rest[words[0].end :].lstrip())
     return [first, *(p for p in found.paths if p != first)], found.text.strip()
-
-
-class ImageActions:
-    """Mixed into ChatScreen: attaching (Ctrl+O picker, pasted paths, `/image`), sending the images
-    with the message, and giving them back when the turn fails. Expects `engine`, `prompt`,
-    `conversation` and `attachments` (an AttachmentBar) on the screen."""
-
-    _turn_images: tuple[list[ImageInfo], object] | None = None
-
-    def action_attach_image(self) -> None:
-        from app.tui.screens.file_picker import FilePicker
-
-        if isinstance(self.app.screen, FilePicker):
-            return
-        info = self.engine.info
-        if info is not None and not info.has_vision:
-            self.notify(f"Not attached: {no_vision_message(info)}", severity="error", timeout=8)
-            return
-        self.app.push_screen(FilePicker(pairing=info), callback=self._picked)
-
-    def _picked(self, path: str | None) -> None:
-        if path:
-            self.attachments.attach([path])
-        self.prompt.focus()
-
-    def on_images_pasted(self, message) -> None:
-        message.stop()
-        self.attachments.attach(message.paths)
-
-    def image_command(self, text: str) -> bool:
-        """Handle a `/image PATH [PATH...] [message]` prompt; False if the prompt is an ordinary
-        message. The command stays in the prompt until every path attached, so a mistyped path can
-        be fixed; then any message after the paths is sent with them (or, if it cannot be sent yet,
-        left in the prompt)."""
-        parsed = parse_image_command(text)
-        if parsed is None:
-            return False
-        paths, message = parsed
-        if not paths:
-            self.prompt.accept()
-            self.action_attach_image()
-            return True
-
-        def done(ok: bool) -> None:
-            if ok and self.prompt.text == text:
-                self.prompt.accept()
-                # `/image cat.png what is this?` sends the question with the image in the same Enter;
-                # if it cannot be sent now (still loading, a reply streaming) it waits in the prompt
-                if message and not self.send(message):
-                    self.prompt.text = message
-                    self.prompt.move_cursor(self.prompt.document.end)
-
-        self.attachments.attach(paths, done)
-        return True
-
-    def images_not_ready(self) -> str | None:
-        if self.attachments.busy:
-            return "an attached image is still being checked"
-        return None
-
-    def take_images(self) -> list[ImageInfo]:
-        """Hand the attached images to a message being sent; thumbnails go into the conversation."""
-        from app.tui.widgets.thumbnail import ImageStrip
-
-        images = self.attachments.take()
-        strip = None
-        if images:
-            strip = ImageStrip(images)
-            self.conversation.mount(strip)
-        self._turn_images = (images, strip)
-        return images
-
-    def images_turn_done(self, failed: bool) -> None:
-        """A turn ended; a failed one gives its images back to the attachment bar."""
-        turn, self._turn_images = self._turn_images, None
-        if not failed or turn is None:
-            return
-        images, strip = turn
-        if strip is not None:
-            strip.remove()
-        if images:
-            self.attachments.restore(images)

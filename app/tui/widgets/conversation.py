@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from dataclasses import dataclass
 
 from rich.cells import cell_len, get_character_cell_size
 from rich.segment import Segment
@@ -24,7 +25,7 @@ from textual.widget import Widget
 from textual.widgets import Markdown, Static
 
 from app.tui.live_stats import summary_line
-from core.events import TokenEvent, TurnDone
+from core.events import TokenEvent, TurnDone, TurnStats
 
 DRAFT_COLOR = "#56B4E9"
 TARGET_COLOR = "#E69F00"
@@ -49,7 +50,7 @@ def displayable(text: str) -> str:
     return text.translate(_CONTROL_PICTURES)
 
 
-# Origins as stored with a reply (core.store.encode_origins): style of each run kind, and back.
+# Origins as stored with a reply (core.user.store.encode_origins): style of each run kind, and back.
 ORIGIN_STYLES = {"d": DRAFT_STYLE, "t": TARGET_STYLE}
 
 
@@ -320,6 +321,19 @@ def _wrap_paragraph(text: str, start: int, stop: int, width: int, lines: list[tu
     lines.append((line_start, stop))
 
 
+@dataclass
+class Variant:
+    """One generated version of the last reply (regenerate keeps them; Alt+Left/Right switch)."""
+
+    text: str
+    tokens: Text  # the token view, origin colours included
+    summary: str
+    header: str
+    stopped: bool
+    thinking: str | None
+    stats: TurnStats | None
+
+
 class ReplyView(Vertical):
     """One model reply: header, token view, rendered view, summary line."""
 
@@ -338,6 +352,9 @@ class ReplyView(Vertical):
         self.error: str | None = None
         self._markdown_dirty = False
         self._markdown_pending: AwaitComplete | None = None
+        self.thinking_text: str | None = None  # a finished reply's thinking, folded away (app.tui.history)
+        self.variants: list[Variant] = []  # the versions of this reply, when it is the last (regenerate)
+        self.variant_index = 0
 
     def compose(self) -> ComposeResult:
         yield self.header

@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from app.tui import keys
-from core.keymap import resolve_keys
+from core.user.keymap import resolve_keys
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ How a thumbnail is drawn (`thumbnail_mode`), from env GEMMA_CHAT_THUMBNAILS:
              terminal answered for Sixel/TGP, else halfcell on a terminal, else label.
 textual-image must query the terminal before Textual owns stdin, hence the priming step.
 
-`inspect_image` is the cheap attach-time check (decode once with core.image's guards, keep a small
+`inspect_image` is the cheap attach-time check (decode once with core.model.image's guards, keep a small
 copy for thumbnails); it does blocking I/O, so callers run it in a thread worker.
 """
 
@@ -51,10 +51,10 @@ class ImageInfo:
 
 
 def inspect_image(path: str) -> ImageInfo:
-    """Open, decode and measure an image file; raises core.image.ImageError (user-facing message)."""
+    """Open, decode and measure an image file; raises core.model.image.ImageError (user-facing message)."""
     from PIL import Image
 
-    from core.image import ImageError, load_image
+    from core.model.image import ImageError, load_image
 
     if not str(path).strip():
         raise ImageError("No image path given.")
@@ -72,7 +72,7 @@ def inspect_image(path: str) -> ImageInfo:
 
 def soft_tokens(info: ImageInfo, pairing) -> tuple[int, int] | None:
     """(soft tokens this image takes, the budget) for the pairing's processor, or None if unknown."""
-    from core.image import ImageError, ImageProcessorConfig, soft_token_count
+    from core.model.image import ImageError, ImageProcessorConfig, soft_token_count
 
     target = getattr(pairing, "target_path", None) if pairing is not None else None
     try:

@@ -1,8 +1,0 @@
-"""Entry point of the download child process: `python -m core._download_child WRITE_FD`."""
-
-import sys
-
-from core.download import child_entry
-
-if __name__ == "__main__":
-    child_entry(int(sys.argv[1]))

@@ -1,0 +1,166 @@
+"""`gemma-chat generate` end to end on the pack's tiny checkpoints (in-process, no network)."""
+
+import json
+
+import pytest
+
+from app.cli import main
+
+PACK = "tests/data/pack/models"
+REFS = "tests/data/pack/references"
+
+
+def _pair(family):
+    return ["--model", f"{PACK}/{family}-target", "--drafter", f"{PACK}/{family}-assistant"]
+
+
+def _json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_json_stream_matches_reference_greedy(capsys):
+    ref = json.load(open(f"{REFS}/text/moe-style.json"))["prompts"]["short"]
+    rc = main(
+        [
+            "generate",
+            *_pair("moe-style"),
+            "--prompt",
+            "How do I reverse a list in place?",
+            "--json",
+            "--block-size",
+            "4",
+        ]
+    )
+    lines = _json_lines(capsys.readouterr().out)
+    assert rc == 0
+    tokens, final = lines[:-1], lines[-1]
+    assert [t["id"] for t in tokens] == ref["greedy_eos_stop"]["ids"]
+    assert all(set(t) == {"id", "text", "from_draft", "round"} for t in tokens)
+    assert "".join(t["text"] for t in tokens) == ref["greedy_eos_stop"]["text_until_eos"]
+    s = final["stats"]
+    assert s["stop_reason"] == "eos" and s["prompt_tokens"] == len(ref["prompt_ids"])
+    assert s["accepted"] == sum(t["from_draft"] for t in tokens) and s["drafted"] > 0
+    assert s["block_size_counts"] and 0 <= s["acceptance"] <= 1
+    # one token count: the JSON's `tokens` is every token line (the prefill's first included); the
+    # rates' decode_tokens is the rounds' share, one fewer
+    assert s["tokens"] == len(tokens) and s["decode_tokens"] == len(tokens) - 1
+
+
+def test_plain_prints_answer_and_summary(capsys):
+    ref = json.load(open(f"{REFS}/text/dense-style.json"))["prompts"]["short"]
+    rc = main(["generate", *_pair("dense-style"), "--prompt", "How do I reverse a list in place?"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert out == ref["greedy_eos_stop"]["text_until_eos"] + "\n"
+    n = len(ref["greedy_eos_stop"]["ids"])
+    assert err.startswith(f"{n} tokens | ") and "tok/s" in err and "acceptance" in err and "tokens/round" in err
+
+
+def test_no_draft_no_template_and_max_tokens(capsys):
+    rc = main(
+        [
+            "generate",
+            *_pair("e-style"),
+            "--no-draft",
+            "--no-template",
+            "--prompt",
+            "def reverse(items):",
+            "--max-tokens",
+            "7",
+            "--ignore-eos",
+            "--json",
+        ]
+    )
+    lines = _json_lines(capsys.readouterr().out)
+    assert rc == 0 and len(lines) == 8
+    s = lines[-1]["stats"]
+    assert s["drafted"] == 0 and not any(t["from_draft"] for t in lines[:-1]) and s["stop_reason"] == "max_tokens"
+    from core.model.loader import load_tokenizer
+
+    tok = load_tokenizer(f"{PACK}/e-style-target")
+    assert s["prompt_tokens"] == 1 + len(tok.encode("def reverse(items):", add_special_tokens=False))
+
+
+def test_image_prompt_matches_hf(capsys):
+    meta = json.load(open(f"{REFS}/images/dense-style.json"))
+    rc = main(
+        [
+            "generate",
+            *_pair("dense-style"),
+            "--image",
+            f"{REFS}/images/test_image.png",
+            "--prompt",
+            "Describe this picture in one sentence.",
+            "--ignore-eos",
+            "--max-tokens",
+            "30",
+            "--json",
+        ]
+    )
+    lines = _json_lines(capsys.readouterr().out)
+    assert rc == 0
+    assert [t["id"] for t in lines[:-1]] == meta["hf"]["greedy_ids"]
+
+
+def test_messages_file_and_system(tmp_path, capsys):
+    ref = json.load(open(f"{REFS}/text/e-style.json"))["prompts"]["multiturn"]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(ref["messages"]))
+    rc = main(["generate", *_pair("e-style"), "--messages", str(path), "--json", "--max-tokens", "40"])
+    lines = _json_lines(capsys.readouterr().out)
+    assert rc == 0 and [t["id"] for t in lines[:-1]] == ref["greedy_eos_stop"]["ids"]
+    # --system becomes the system turn of the rendered prompt
+    from core.decode.prompt import encode_messages
+    from core.model.loader import load_tokenizer
+
+    rc = main(["generate", *_pair("e-style"), "--system", "Be brief.", "--prompt", "Hi", "--json", "--max-tokens", "1"])
+    stats = _json_lines(capsys.readouterr().out)[-1]["stats"]
+    tok = load_tokenizer(f"{PACK}/e-style-target")
+    want = encode_messages(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert rc == 0 and stats["prompt_tokens"] == len(want)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", f"{PACK}/e-style-target", "--drafter", f"{PACK}/moe-style-assistant"], "does not fit"),
+        (["--model", f"{PACK}/e-style-assistant"], "not a target"),
+        (["--model", "/no/such/dir"], "no such checkpoint"),
+        ([], "--model"),
+        (["--model", f"{PACK}/e-style-target", "--top-p", "0"], "top_p"),
+    ],
+)
+def test_errors_are_one_json_line_and_status_1(argv, message, capsys):
+    rc = main(["generate", *argv, "--prompt", "hi", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert message in json.loads(out.strip().splitlines()[-1])["error"]
+
+
+def test_demo_uses_the_demo_pairing(monkeypatch, capsys):
+    from pathlib import Path
+
+    import core.demo
+
+    monkeypatch.setattr(
+        core.demo,
+        "ensure_demo_pairing",
+        lambda cache_dir=None, on_notice=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
+    )
+    rc = main(
+        [
+            "generate",
+            "--demo",
+            "--prompt",
+            "How do I reverse a list in place?",
+            "--max-tokens",
+            "12",
+            "--block-size",
+            "3",
+            "--json",
+        ]
+    )
+    lines = _json_lines(capsys.readouterr().out)
+    ref = json.load(open(f"{REFS}/text/e-style.json"))["prompts"]["short"]
+    assert rc == 0 and [t["id"] for t in lines[:-1]] == ref["greedy_no_eos_stop"]["ids"][:12]
+    assert lines[-1]["stats"]["drafted"] > 0

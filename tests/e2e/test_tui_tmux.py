@@ -1,0 +1,69 @@
+"""The installed `gemma-chat` in a real terminal (tmux): type, a coloured reply streams, Esc stops,
+Ctrl+Q quits.
+
+Two runs: the scripted fake engine (GEMMA_CHAT_FAKE_ENGINE=1: both token colours, underlined
+drafts, deterministic) and `--demo` on the real engine (tiny random weights; random drafts are
+rejected, so only the target's colour shows). tmux must be installed (.ci/run installs it): skipped
+without it, failed without it when GEMMA_CHAT_REQUIRE_TMUX=1 (CI).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tmux_session import _colour, _session, _sgr_params
+from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
+
+
+def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):
+    t = _session(term_env, {"GEMMA_CHAT_FAKE_ENGINE": "1", "GEMMA_CHAT_FAKE_DELAY": "0.25"}, [])
+    try:
+        t.wait(lambda: "ready" in t.text(), "the fake engine to load", 20)
+        t.keys("what is speculative decoding?", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "Speculative" in t.text() and "streaming" in t.text(), "the reply to stream", 10)
+        draft, target = _colour(0x56, 0xB4, 0xE9), _colour(0xE6, 0x9F, 0x00)
+        # The first round may be on screen before any draft: wait until both origins have streamed.
+        t.wait(
+            lambda: draft(_sgr_params(t.escapes(), "Speculative")) and target(_sgr_params(t.escapes(), "Speculative")),
+            "draft- and target-coloured tokens on the reply's first line",
+            10,
+        )
+        params = _sgr_params(t.escapes(), "Speculative")
+        assert any("4" in p for p in params), "draft tokens are not underlined"
+        t.keys("Escape")
+        t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 5)
+        assert "Every accepted draft" not in t.text()  # the end of the scripted reply never came
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 5)
+    finally:
+        t.kill()
+
+
+def test_demo_pairing_in_tmux_real_engine(term_env):
+    pytest.importorskip("core.engine")
+    t = _session(term_env, {}, ["--demo"])
+    try:
+        t.wait(lambda: "ready" in t.text(), "the demo pairing to build and load", 60)
+        assert "DEMO — tiny model" in t.text()
+        # the trained demo's longest answer (~60 tokens): long enough to stop it mid-reply
+        t.keys("What are the keys?", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: "streaming" in t.text(), "the reply to stream", 15)
+        time.sleep(0.5)
+        capture = t.escapes()
+        reply_lines = [line for line in capture.splitlines() if "\x1b[38;2;230;159;0" in line]
+        assert reply_lines, "no target-coloured token on screen"
+        t.keys("Escape")
+        t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 10)
+        # quitting in the middle of a reply: cancel + close, promptly
+        t.keys("What are the keys?", literal=True)
+        t.keys("Enter")
+        t.wait(lambda: t.text().count("streaming") == 1, "the second reply to stream", 15)
+        start = time.monotonic()
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q to quit mid-reply", 5)
+        assert time.monotonic() - start < 3.0
+    finally:
+        t.kill()

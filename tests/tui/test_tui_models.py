@@ -1,0 +1,445 @@
+"""The models screen with the scripted fake engine and the local fake hub (tests/fakehub.py).
+
+Every test has its own HF cache, gemma-chat cache and config file under tmp_path; downloads go to
+the fake hub on 127.0.0.1 through `endpoint=`, never the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+
+import pytest
+from fakehub import FakeHub, FakeRepo, put_in_cache
+from pilot import make_app as shared_make_app
+from pilot import until as _until
+from textual.command import CommandPalette
+
+from app.commands.tui import is_first_run
+from app.tui.fake_engine import PairingSpec
+from app.tui.screens.chat import ChatScreen
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
+from core.hub import catalog, fit
+from core.hub import download as dl
+from core.user.config import load_config
+
+pytestmark = pytest.mark.anyio
+SIZE = (120, 36)
+BIG_MACHINE = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")
+TINY_MACHINE = fit.MachineMemory(10**9, 10**9, "tiny test machine")
+NAME = "e2b-4bit"
+PAIRING = catalog.get_pairing(NAME)
+BIG = 4 * 1024 * 1024
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # the download child reads it at import
+    monkeypatch.setenv("GEMMA_CHAT_CACHE_DIR", str(tmp_path / "gc-cache"))  # the demo is built here
+    monkeypatch.setenv("GEMMA_CHAT_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    path = tmp_path / "hub-cache"
+    path.mkdir()
+    return path
+
+
+def files(model_type: str, size: int = 1000) -> dict[str, bytes]:
+    return {
+        "config.json": f'{{"model_type": "{model_type}"}}'.encode(),
+        "model.safetensors": os.urandom(size),
+        "tokenizer.json": b'{"version": "1.0"}',
+    }
+
+
+def hub_repos(target_size: int = BIG, **target_kw) -> dict[str, FakeRepo]:
+    return {
+        PAIRING.target_repo: FakeRepo(files("gemma4", target_size), **target_kw),
+        PAIRING.drafter_repo: FakeRepo(files("gemma4_assistant", 2000)),
+    }
+
+
+def put_pairing(cache, name: str = NAME, complete: bool = True):
+    p = catalog.get_pairing(name)
+    target = put_in_cache(cache, p.target_repo, files("gemma4", 5000), complete=complete)
+    drafter = put_in_cache(cache, p.drafter_repo, files("gemma4_assistant", 3000))
+    return target, drafter
+
+
+def make_app(cache, *, machine=BIG_MACHINE, endpoint=None, offline=False, spec=None, first_run=False, remember=False):
+    options = ModelsOptions(
+        cache_dir=str(cache), endpoint=endpoint, offline=offline, machine=machine, remember=remember
+    )
+    app = shared_make_app(spec=spec, models_options=options, first_run=first_run)
+    return app, app.engine
+
+
+async def until(pilot, predicate, timeout: float = 10.0) -> None:
+    await _until(pilot, predicate, timeout)  # downloads and loads get a longer default
+
+
+async def open_models(pilot, app) -> ModelsScreen:
+    await until(pilot, lambda: app.chat.loaded)
+    await pilot.press("f2")
+    await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+    return app.screen
+
+
+def cell(screen: ModelsScreen, key: str, column: int) -> str:
+    value = screen.table.get_cell(key, f"c{column}")
+    return value if isinstance(value, str) else value.plain
+
+
+async def download(pilot, screen: ModelsScreen, timeout: float = 30.0):
+    await pilot.press("d")
+    assert screen.downloading
+    await until(pilot, lambda: screen.download_result is not None, timeout)
+    return screen.download_result
+
+
+# -- the list ---------------------------------------------------------------------------------------
+
+
+async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
+    put_pairing(cache, NAME)
+    put_pairing(cache, "e4b-4bit", complete=False)  # the target's weights half there
+    put_in_cache(cache, "someone/gemma-4-custom-it", files("gemma4"))
+    app, _ = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        keys = [r.key for r in screen.rows]
+        assert keys[0] == DEMO_KEY and "demo — tiny trained model, offline" in cell(screen, DEMO_KEY, 0)
+        assert keys[1 : 1 + len(catalog.load_catalog().pairings)] == catalog.load_catalog().names()
+        assert cell(screen, NAME, 1) == "ready"
+        assert cell(screen, "e4b-4bit", 1).startswith("partial")
+        assert cell(screen, "e2b", 1) == "drafter only"  # the drafter came with e2b-4bit
+        assert cell(screen, "26b-a4b", 1) == "not downloaded"
+        assert cell(screen, "31b", 4) == "won't fit" and cell(screen, NAME, 4) == "ok"
+        assert cell(screen, NAME, 5) == "yes" and cell(screen, NAME, 6) == str(PAIRING.block_size)
+        assert cell(screen, NAME, 2) == f"{PAIRING.download_bytes / 1e9:.1f} GB"
+        assert "unconfirmed" in cell(screen, "31b-8bit", 7) and cell(screen, NAME, 7) == "confirmed"
+        assert "other:someone/gemma-4-custom-it" in keys
+        screen.select(NAME)
+        await pilot.pause()
+        details = str(screen.details.content)
+        assert PAIRING.target_repo in details and PAIRING.drafter_repo in details and "16.0 GB" in details
+
+
+# -- download ---------------------------------------------------------------------------------------
+
+
+async def test_download_shows_progress_to_100_percent_and_the_row_becomes_ready(cache):
+    with FakeHub(repos=hub_repos(), throttle_s=0.002) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            assert cell(screen, NAME, 1) == "not downloaded"
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFinished), screen.message
+            last = screen.last_progress
+            assert last.done_bytes == last.total_bytes > BIG and last.files_done == last.files_total == 6
+            assert screen.bar.percentage == 1.0
+            assert "100%" in str(screen.progress.content)
+            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+            assert "downloaded" in screen.message
+    assert catalog.resolve_pairing(NAME, cache_dir=cache).target_path.is_dir()
+
+
+async def test_cancel_mid_download_then_resume_to_completion(cache):
+    hub = FakeHub(repos=hub_repos(), throttle_s=0.03)  # ~2 MB/s: slow enough to cancel mid-file
+    with hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            await pilot.press("d")
+            await until(
+                pilot,
+                lambda: (
+                    (p := screen.last_progress) is not None
+                    and p.repo_id == PAIRING.target_repo
+                    and p.filename == "model.safetensors"
+                    and p.file_done >= 2 * dl.CHUNK_BYTES
+                ),
+                timeout=30,
+            )
+            assert "MB/s" in str(screen.progress.content) and "model.safetensors" in str(screen.progress.content)
+            await pilot.press("x")
+            await until(pilot, lambda: screen.download_result is not None)
+            assert isinstance(screen.download_result, dl.DownloadCancelled)
+            assert "d resumes" in screen.message
+            await until(pilot, lambda: cell(screen, NAME, 1).startswith("partial"))
+
+            hub.throttle_s = 0.0
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFinished), screen.message
+            # The second run asked only for the missing tail of the big file.
+            assert hub.file_gets("model.safetensors")[-1].startswith("bytes=")
+            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+    snap = catalog.resolve_pairing(NAME, cache_dir=cache).target_path
+    assert (snap / "model.safetensors").read_bytes() == hub.repos[PAIRING.target_repo].files["model.safetensors"]
+
+
+async def test_download_errors_are_shown_gated_repo(cache):
+    with FakeHub(repos=hub_repos(1000, gated=True)) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFailed) and result.kind == "gated"
+            assert "is gated" in screen.message and "HF_TOKEN" in screen.message
+            assert screen.notice.has_class("-error")
+            assert not screen.bar.display
+            await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+
+
+async def test_download_errors_are_shown_no_network(cache):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app, _ = make_app(cache, endpoint=f"http://127.0.0.1:{port}")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(NAME)
+        result = await download(pilot, screen)
+        assert isinstance(result, dl.DownloadFailed) and result.kind == "network"
+        assert "cannot reach" in screen.message and "demo" in screen.message
+
+
+async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_again(cache):
+    with FakeHub(repos=hub_repos(), throttle_s=0.03) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            screen.select(NAME)
+            await pilot.press("d")
+            await until(
+                pilot, lambda: (p := screen.last_progress) is not None and p.repo_id == PAIRING.target_repo, timeout=30
+            )
+            handle = screen.download_handle
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen))
+            await until(pilot, lambda: handle.result is not None)
+            assert isinstance(handle.result, dl.DownloadCancelled) and not handle.running
+            await pilot.press("ctrl+p")
+            await until(pilot, lambda: isinstance(app.screen, CommandPalette))
+            await pilot.press(*"models", "enter")
+            await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+            assert cell(app.screen, NAME, 1).startswith("partial")
+
+
+async def test_offline_refuses_to_download(cache):
+    app, _ = make_app(cache, endpoint="http://127.0.0.1:9", offline=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        assert screen.message == OFFLINE_MESSAGE  # said up front
+        screen.select(NAME)
+        await pilot.press("d")
+        assert not screen.downloading and screen.download_result is None
+        assert "downloads are disabled" in screen.message and screen.notice.has_class("-error")
+
+
+# -- use / load ---------------------------------------------------------------------------------------
+
+
+async def test_use_loads_the_pairing_in_the_running_engine(cache):
+    target, drafter = put_pairing(cache)
+    app, engine = make_app(cache, remember=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select("e2b")
+        await pilot.press("enter")  # not downloaded: says so, loads nothing
+        assert "not downloaded" in screen.message and app.chat.spec.name == "fake"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert app.chat.spec.name == NAME
+        assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
+        # the pairing in use cannot be removed; and back to the demo, built on the spot
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        app.screen.select(NAME)
+        await pilot.press("r")
+        assert "in use" in app.screen.message and target.is_dir()
+        app.screen.select(DEMO_KEY)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
+        assert engine.info.demo and app.chat.spec.demo
+    # remembered, the demo included: the next start opens the pairing used last
+    assert load_config().default_pairing == DEMO_KEY
+
+
+async def test_a_failed_load_is_shown_on_the_models_screen(cache):
+    put_pairing(cache)
+    app, engine = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        engine.load_error = "out of memory while loading the target"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: "Could not load" in screen.message)
+        assert app.screen is screen and "out of memory" in screen.message and screen.notice.has_class("-error")
+
+
+async def test_a_pairing_that_will_not_fit_asks_before_loading(cache):
+    target, _ = put_pairing(cache)
+    app, engine = make_app(cache, machine=TINY_MACHINE)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        assert cell(screen, NAME, 4) == "won't fit"
+        screen.select(NAME)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "will probably not fit" in app.screen.question and "1.0 GB" in app.screen.detail
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is screen)
+        assert app.chat.spec.name == "fake" and "Not loaded" in screen.message
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert engine.info.target_path == str(target)
+
+
+# -- remove -------------------------------------------------------------------------------------------
+
+
+async def test_remove_asks_then_deletes_from_the_cache(cache):
+    put_pairing(cache)
+    app, _ = make_app(cache)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(NAME)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert PAIRING.target_repo in app.screen.detail
+        await pilot.press("y")
+        await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+        assert "Removed" in screen.message
+    assert not (cache / ("models--" + PAIRING.target_repo.replace("/", "--"))).exists()
+
+
+# -- first run ------------------------------------------------------------------------------------------
+
+
+def test_first_run_means_nothing_asked_and_no_default_pairing():
+    def args(**kw):
+        return argparse.Namespace(**{"demo": False, "model": None, "drafter": None, "pairing": None, **kw})
+
+    assert is_first_run(args(), None)
+    assert not is_first_run(args(demo=True), None)  # --demo goes straight to the chat
+    assert not is_first_run(args(pairing="e2b"), None)
+    assert not is_first_run(args(), "e4b-8bit")
+
+
+async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
+    spec = PairingSpec("demo (random weights)", "demo-target", "demo-drafter", demo=True)
+    app, engine = make_app(cache, spec=spec, first_run=True, offline=True, remember=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        screen = app.screen
+        assert screen.selected_key == DEMO_KEY
+        assert "Press Enter to start the offline demo" in str(screen.query_one("#models-intro").content)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert engine.info.demo and app.chat.spec is spec
+        await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
+    # so the next plain start is no first run: it opens the demo, no welcome screen
+    plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
+    assert not is_first_run(plain, load_config().default_pairing)
+
+
+def test_default_pairing_demo_opens_the_demo_and_a_named_pairing_is_remembered(monkeypatch, tmp_path):
+    from app.commands import tui
+
+    monkeypatch.setattr(tui, "demo_spec", lambda **_: "the demo spec")
+    plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
+    assert tui.pairing_spec(plain, "demo") == ("the demo spec", None)  # no "could not open" notice
+    path = tmp_path / "c.toml"
+    config = load_config(path)
+    tui.remember_pairing(argparse.Namespace(demo=True, pairing=None), config)
+    assert load_config(path).default_pairing == "demo"
+    tui.remember_pairing(argparse.Namespace(demo=False, pairing="e2b"), load_config(path))
+    assert load_config(path).default_pairing == "e2b"
+
+
+# -- the real engine ------------------------------------------------------------------------------------
+
+
+async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, factory_checkpoints):
+    """A catalogue pairing laid out in the HF cache from factory checkpoints (tiny random weights):
+    the real engine loads it through the screen, drafter included, and a turn runs on it."""
+    pytest.importorskip("mlx.core")
+    from core.engine import Engine
+    from core.engine import PairingSpec as RealSpec
+
+    target_dir, drafter_dir = factory_checkpoints.pairing("e-style")
+    as_files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}  # noqa: E731
+    target = put_in_cache(cache, PAIRING.target_repo, as_files(target_dir))
+    drafter = put_in_cache(cache, PAIRING.drafter_repo, as_files(drafter_dir))
+    engine = Engine()
+    options = ModelsOptions(cache_dir=str(cache), machine=BIG_MACHINE)
+    app = shared_make_app(
+        engine, spec=RealSpec(name="first", target=str(target_dir), drafter=None), models_options=options
+    )
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot, app)
+            assert app.chat.spec.drafter is None
+            screen.select(NAME)
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=60)
+            info = engine.info
+            assert info.name == NAME and info.drafter_path is not None
+            assert os.path.samefile(info.target_path, target) and os.path.samefile(info.drafter_path, drafter)
+            app.chat.settings = dataclasses.replace(app.chat.settings, max_tokens=4)
+            app.chat.prompt.text = "hi"
+            await pilot.press("enter")
+            await until(pilot, lambda: app.chat.last_reply is not None, timeout=60)
+            assert app.chat.history[-1]["role"] == "assistant"
+    finally:
+        app.chat.shutdown()
+
+
+async def test_12b_4bit_shows_its_size_and_fit_and_loads_with_its_own_drafter(cache):
+    """The 12B (`gemma4_unified`) pairing a 16 GB Mac runs: listed with size, memory and fit, marked
+    unconfirmed, and Enter loads its target with the unified assistant."""
+    name = "12b-4bit"
+    p = catalog.get_pairing(name)
+    mac16 = fit.MachineMemory(16 * 10**9, 12 * 10**9, "16 GB Mac")
+    app, engine = make_app(cache, machine=mac16)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(name)
+        assert cell(screen, name, 0).startswith("12b-4bit  Gemma 4 12B (unified) 4bit")
+        assert cell(screen, name, 1) == "not downloaded" and cell(screen, name, 2) == "7.8 GB"
+        assert cell(screen, name, 3) == "9.2 GB" and cell(screen, name, 4) == "ok"
+        assert cell(screen, name, 5) == "yes" and cell(screen, name, 7) == "unconfirmed"
+        assert cell(screen, "12b", 4) == "won't fit"
+        await pilot.pause()
+        details = str(screen.details.content)
+        assert (
+            p.target_repo in details and "gemma-4-12B-it-assistant-bf16" in details and "not independently" in details
+        )
+        await pilot.press("enter")  # not downloaded: says so
+        assert "not downloaded" in screen.message
+    target = put_in_cache(cache, p.target_repo, files("gemma4_unified", 5000))
+    drafter = put_in_cache(cache, p.drafter_repo, files("gemma4_unified_assistant", 3000))
+    app, engine = make_app(cache, machine=mac16)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(name)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        assert app.chat.spec.name == name
+        assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
