@@ -37,10 +37,10 @@ def main() -> int:
         print(f"mlx-vlm is not importable here ({e}); see this script's docstring", file=sys.stderr)
         return 1
     from core import bench
-    from core import prompt as prompt_mod
-    from core.drafter import load_drafter
-    from core.loader import load_tokenizer
-    from core.target import load_target
+    from core.decode import prompt as prompt_mod
+    from core.model.drafter import load_drafter
+    from core.model.loader import load_tokenizer
+    from core.model.target import load_target
 
     n, k = args.max_tokens, args.block_size
     vlm_model, processor = vlm_load(args.model)

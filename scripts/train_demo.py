@@ -283,7 +283,7 @@ def token_ordering(examples, vocab: int) -> np.ndarray:
 
 
 def _drafter_module_name(disk_name: str) -> str:
-    """On-disk drafter name -> the loaded module's (core.drafter._sanitize's renames)."""
+    """On-disk drafter name -> the loaded module's (core.model.drafter._sanitize's renames)."""
     name = disk_name.removeprefix("model.")
     if name == "masked_embedding.token_ordering":
         return "token_ordering"

@@ -121,7 +121,7 @@ def test_the_drafter_routes_its_drafts_among_the_right_candidates(monkeypatch, c
     most drafts among the wrong candidates: acceptance collapses while the weights look trained."""
     import mlx.core as mx
 
-    from core.drafter import Drafter
+    from core.model.drafter import Drafter
 
     routed_greedy = Drafter.greedy_token
     same: list[bool] = []
