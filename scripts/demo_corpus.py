@@ -306,6 +306,49 @@ def chat_examples(seed: int = 0, project_repeats: int = 2) -> list[tuple[str, st
     return out
 
 
+# Prompts a new user types that are not among the corpus phrasings. `train_demo.py --on-policy` distils the
+# drafter on the target's own greedy replies to them (and to the corpus prompts): where the target's reply
+# drifts from anything in the corpus, the drafter learns the drift. Not used to train the target.
+ON_POLICY_PROMPTS = [
+    "hello there",
+    "Hey, what can you do?",
+    "Who made you?",
+    "What model are you?",
+    "Can you explain speculative decoding simply?",
+    "Why is the drafter fast?",
+    "How does the target check the drafts?",
+    "What does gemma-chat do?",
+    "Tell me about this app.",
+    "How can I make the block size bigger?",
+    "How do I set the block size?",
+    "What is a good block size?",
+    "How do I turn off the drafter?",
+    "What do the blue tokens mean?",
+    "What is the acceptance rate for?",
+    "Which Gemma 4 models are there?",
+    "What sizes does Gemma 4 come in?",
+    "Which model is the best?",
+    "What is MLX used for?",
+    "Which keys does the app have?",
+    "How do I attach a picture?",
+    "How do I save a chat?",
+    "How do I get help?",
+    "Write a Python function that adds two numbers.",
+    "Write a Python function to reverse a list.",
+    "Show me a Python loop.",
+    "How do I read a file in Python?",
+    "Write hello world in Python.",
+    "What does os.path.join do?",
+    "What does sorted do in Python?",
+    "Explain json.loads.",
+    "What is a Python list?",
+    "Thanks, bye!",
+    "Are you a big model?",
+    "Is this running on my machine?",
+    "Does it work offline?",
+]
+
+
 def corpus_summary() -> dict:
     project = sum(len(q) for q, _ in PROJECT_TURNS)
     return {

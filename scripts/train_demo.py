@@ -238,14 +238,19 @@ def train_drafter(pt_, spec, pd, dspec, examples, steps, batch_tokens, lr, oneho
 
 
 def on_policy_examples(target_dir: Path, tokenizer, examples, max_len: int, log) -> list[tuple[list[int], int]]:
-    """The target's own greedy replies to every corpus prompt (MLX, the engine's loader), as
-    (ids, reply start) examples. The drafter is measured on what the target says, not on the corpus:
+    """The target's own greedy replies to every corpus prompt and to `demo_corpus.ON_POLICY_PROMPTS`
+    (MLX, the engine's loader), as (ids, reply start) examples. The drafter is measured on what the target says, not on the corpus:
     where the target's reply drifts from the corpus text, these positions teach the drafter the drift."""
     from mlx_lm.generate import generate_step
 
     model = load_target_model(target_dir).model
     stops = {tokenizer.convert_tokens_to_ids("<turn|>"), tokenizer.eos_token_id}
-    prompts = sorted({tuple(ids[:start]) for ids, start in examples})
+    from core.decode import prompt as prompt_mod
+
+    extra = [
+        prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": q}]) for q in demo_corpus.ON_POLICY_PROMPTS
+    ]
+    prompts = sorted({tuple(ids[:start]) for ids, start in examples} | {tuple(p) for p in extra})
     out, t0 = [], time.perf_counter()
     for prompt in prompts:
         reply: list[int] = []
@@ -422,7 +427,7 @@ def main(argv=None) -> int:
                 if tuple(e[0]) not in seen
             ]
             log(f"on-policy: {len(extra)} replies differ from the corpus text")
-            drafter_examples = examples + extra
+            drafter_examples = examples + extra * 3  # a few new replies among 238 corpus turns: weight them
 
         dr = load_drafter(drafter_dir)
         dspec = dn.DrafterSpec(dr, spec)
