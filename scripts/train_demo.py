@@ -239,8 +239,9 @@ def train_drafter(pt_, spec, pd, dspec, examples, steps, batch_tokens, lr, oneho
 
 def on_policy_examples(target_dir: Path, tokenizer, examples, max_len: int, log) -> list[tuple[list[int], int]]:
     """The target's own greedy replies to every corpus prompt and to `demo_corpus.ON_POLICY_PROMPTS`
-    (MLX, the engine's loader), as (ids, reply start) examples. The drafter is measured on what the target says, not on the corpus:
-    where the target's reply drifts from the corpus text, these positions teach the drafter the drift."""
+    (MLX, the engine's loader), as (ids, reply start) examples. The drafter is measured on what the
+    target says, not on the corpus: where the target's reply drifts from the corpus text, these
+    positions teach the drafter the drift."""
     from mlx_lm.generate import generate_step
 
     model = load_target_model(target_dir).model
