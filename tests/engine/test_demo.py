@@ -109,9 +109,10 @@ def test_drafts_are_accepted_and_greedy_output_is_unchanged(capsys):
     assert [t["id"] for t in tokens] == [t["id"] for t in plain]  # float32: token-identical
     from_drafts = sum(t["from_draft"] for t in tokens)
     assert from_drafts == stats["accepted"]
-    # the random-weight demo's drafter got 0 % here; the trained one 12 of 55 tokens (22 %)
-    assert from_drafts / len(tokens) >= 0.15, stats
-    assert stats["tokens_per_round"] > 1.15
+    # the random-weight demo's drafter got 0 % here, the first trained one 22 % (its cluster table was
+    # the factory's random one); the shipped one drafts every round's two tokens: 42 of 64 (66 %)
+    assert from_drafts / len(tokens) >= 0.5, stats
+    assert stats["tokens_per_round"] > 2.5
 
 
 def test_the_drafter_routes_its_drafts_among_the_right_candidates(monkeypatch, capsys):
