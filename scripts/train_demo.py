@@ -374,7 +374,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--on-policy",
         action="store_true",
-        help="distil the drafter on the target's own greedy replies to the corpus prompts as well",
+        help="distil the drafter also on the target's own greedy replies to the corpus prompts and "
+        "to demo_corpus.ON_POLICY_PROMPTS",
     )
     ap.add_argument(
         "--continue-drafter",
