@@ -622,5 +622,8 @@ async def test_tui_keeps_the_conversation_when_the_server_dies():
             await pilot.press("enter")
             await until(pilot, lambda: chat.reply is None and chat.prompt.text == "second", timeout=15)
             assert [m["role"] for m in chat.history] == ["user", "assistant"]
-            assert any("cannot reach the server" in str(n.message) for n in app._notifications)
+            # the failure's notification is posted as a message: wait for it rather than race it
+            await until(pilot, lambda: any("Generation failed" in str(n.message) for n in app._notifications))
+            notes = [str(n.message) for n in app._notifications]
+            assert any("cannot reach the server" in n for n in notes), notes
             await app.action_quit()
