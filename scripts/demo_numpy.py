@@ -117,6 +117,20 @@ class TextSpec:
         }
 
 
+def attend_and_mlp(p: dict, lp: str, x, q, k, v, mask, width: int):
+    """The rest of a Gemma 4 layer once q, k, v are known (target and drafter alike): x plus the
+    post-normed attention output, then plus the post-normed gated MLP."""
+    B, T, _ = x.shape
+    o = anp.reshape(anp.transpose(attention(q, k, v, mask), (0, 2, 1, 3)), (B, T, width))
+    x = x + rms(linear(o, p[lp + "self_attn.o_proj.weight"]), p[lp + "post_attention_layernorm.weight"])
+    m = rms(x, p[lp + "pre_feedforward_layernorm.weight"])
+    m = linear(
+        gelu(linear(m, p[lp + "mlp.gate_proj.weight"])) * linear(m, p[lp + "mlp.up_proj.weight"]),
+        p[lp + "mlp.down_proj.weight"],
+    )
+    return x + rms(m, p[lp + "post_feedforward_layernorm.weight"])
+
+
 def target_forward(p: dict, spec: TextSpec, x: np.ndarray, want_kv: bool = False, n_run: int | None = None):
     """Logits [B, T, V] (soft-capped), post-norm hidden [B, T, H] and, with want_kv, the producer
     layers' K/V per type."""
@@ -137,7 +151,6 @@ def target_forward(p: dict, spec: TextSpec, x: np.ndarray, want_kv: bool = False
         lp = f"{pre}layers.{i}."
         t = spec.layer_types[i]
         hd = spec.head_dims[t]
-        res = h
         a = rms(h, p[lp + "input_layernorm.weight"])
         q = anp.reshape(linear(a, p[lp + "self_attn.q_proj.weight"]), (B, T, spec.heads, hd))
         q = rope(anp.transpose(rms(q, p[lp + "self_attn.q_norm.weight"]), (0, 2, 1, 3)), spec.rope[t])
@@ -150,15 +163,7 @@ def target_forward(p: dict, spec: TextSpec, x: np.ndarray, want_kv: bool = False
         else:
             kvs[i] = kvs[spec.previous_kvs[i]]
         k, v = kvs[i]
-        o = anp.reshape(anp.transpose(attention(q, k, v, mask), (0, 2, 1, 3)), (B, T, spec.heads * hd))
-        h = res + rms(linear(o, p[lp + "self_attn.o_proj.weight"]), p[lp + "post_attention_layernorm.weight"])
-        res = h
-        m = rms(h, p[lp + "pre_feedforward_layernorm.weight"])
-        m = linear(
-            gelu(linear(m, p[lp + "mlp.gate_proj.weight"])) * linear(m, p[lp + "mlp.up_proj.weight"]),
-            p[lp + "mlp.down_proj.weight"],
-        )
-        h = res + rms(m, p[lp + "post_feedforward_layernorm.weight"])
+        h = attend_and_mlp(p, lp, h, q, k, v, mask, spec.heads * hd)
         if pli is not None:
             g = gelu(linear(h, p[lp + "per_layer_input_gate.weight"])) * pli[:, :, i, :]
             g = rms(linear(g, p[lp + "per_layer_projection.weight"]), p[lp + "post_per_layer_input_norm.weight"])
@@ -191,20 +196,11 @@ def drafter_step(p: dict, spec: DrafterSpec, emb, h, kv: dict, mask):
     for i, t in enumerate(spec.layer_types):
         lp = f"layers.{i}."
         hd = spec.head_dims[t]
-        res = z
         a = rms(z, p[lp + "input_layernorm.weight"])
         q = anp.reshape(linear(a, p[lp + "self_attn.q_proj.weight"]), (B, T, spec.heads, hd))
         q = rope(anp.transpose(rms(q, p[lp + "self_attn.q_norm.weight"]), (0, 2, 1, 3)), spec.rope[t])
         k, v = kv[t]
-        o = anp.reshape(anp.transpose(attention(q, k, v, mask), (0, 2, 1, 3)), (B, T, spec.heads * hd))
-        z = res + rms(linear(o, p[lp + "self_attn.o_proj.weight"]), p[lp + "post_attention_layernorm.weight"])
-        res = z
-        m = rms(z, p[lp + "pre_feedforward_layernorm.weight"])
-        m = linear(
-            gelu(linear(m, p[lp + "mlp.gate_proj.weight"])) * linear(m, p[lp + "mlp.up_proj.weight"]),
-            p[lp + "mlp.down_proj.weight"],
-        )
-        z = res + rms(m, p[lp + "post_feedforward_layernorm.weight"])
+        z = attend_and_mlp(p, lp, z, q, k, v, mask, spec.heads * hd)
         z = z * p[lp + "layer_scalar"]
     y = rms(z, p["norm.weight"])
     return y, linear(y, p["post_projection.weight"])

@@ -249,10 +249,10 @@ def on_policy_examples(target_dir: Path, tokenizer, examples, max_len: int, log)
     positions teach the drafter the drift."""
     from mlx_lm.generate import generate_step
 
-    model = load_target_model(target_dir).model
-    stops = {tokenizer.convert_tokens_to_ids("<turn|>"), tokenizer.eos_token_id}
     from core.decode import prompt as prompt_mod
 
+    model = load_target_model(target_dir).model
+    stops = {tokenizer.convert_tokens_to_ids("<turn|>"), tokenizer.eos_token_id}
     extra = [
         prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": q}]) for q in demo_corpus.ON_POLICY_PROMPTS
     ]
