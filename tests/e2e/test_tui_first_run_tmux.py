@@ -5,9 +5,8 @@ a reply streams, its tokens coloured by origin (drafted + accepted ones underlin
 scrolls to its end -> Ctrl+Q -> the next start lands in the chat, no welcome screen -> Ctrl+L
 reopens the chat and the reply shows its colours again.
 
-Underlined (drafted + accepted) tokens need a demo whose drafter agrees with its target. With the
-random-weight demo every draft is rejected, so that one check is an expected failure (xfail) until
-the trained demo pair (issue 12, section 1) is in core/data; everything else must pass now.
+Underlined (drafted + accepted) tokens need a demo whose drafter agrees with its target: the
+trained demo pair in core/data does (issue 12), so the test requires at least one.
 """
 
 from __future__ import annotations
@@ -20,6 +19,9 @@ from tmux_session import _colour, _session, _sgr_params
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
 SIZE = (80, 24)
+# the finished reply's summary ("60 tokens · 97.7 tok/s · ..."), not the prefill's transient
+# "reading the prompt: prefill 12 tokens · 0:00…" that sits in the same place under load
+FINISHED = re.compile(r"(\d+) tokens · [\d.]+ tok/s")
 TARGET = _colour(0xE6, 0x9F, 0x00)
 DRAFT = _colour(0x56, 0xB4, 0xE9)
 
@@ -70,13 +72,16 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
         t.keys("Enter")
         t.wait(lambda: "streaming" in t.text(), "the reply to stream", 20)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "tokens ·" not in t.text():
+        while time.monotonic() < deadline and not FINISHED.search(t.text()):
             saw_underlined = saw_underlined or _underlined_draft(t.escapes())
             time.sleep(0.3)
-        t.wait(lambda: "tokens ·" in t.text(), "the reply to finish", 120)
+        t.wait(lambda: FINISHED.search(t.text()), "the reply to finish", 120)
         capture = t.escapes()
         saw_underlined = saw_underlined or _underlined_draft(capture)
-        live_count = re.search(r"(\d+) tokens ·", t.text()).group(1)
+        screen = t.text()
+        found = FINISHED.search(screen)
+        assert found, f"no token count under the finished reply:\n{screen}"
+        live_count = found.group(1)
         assert any(TARGET(p) for p in _sgr_params(capture, "█")), "no target-coloured token on screen"
         # the footer fits and names the keys a new user needs
         footer = t.text().splitlines()[-1]
@@ -107,8 +112,8 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
         t.keys("C-l")
         t.wait(lambda: "hello" in t.text() and "messages" in t.text(), "the chat list", 15)
         t.keys("Enter")
-        t.wait(lambda: "tokens ·" in t.text(), "the reopened reply", 15)
-        assert re.search(r"(\d+) tokens ·", t.text()).group(1) == live_count  # one token count
+        t.wait(lambda: FINISHED.search(t.text()), "the reopened reply", 15)
+        assert FINISHED.search(t.text()).group(1) == live_count  # one token count
         capture = t.escapes()
         assert any(TARGET(p) for p in _sgr_params(capture, "█")), "the reopened reply lost its colours"
         if saw_underlined:
@@ -121,7 +126,7 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
 
 
 def test_underline_detection_reads_tmux_escapes():
-    """The check the xfail above depends on: a drafted + accepted token as tmux's capture shows it."""
+    """The check the test above depends on: a drafted + accepted token as tmux's capture shows it."""
     draft = "\x1b[4;38;2;86;180;233;48;2;18;18;18m decoding\x1b[0m"
     target_only = "\x1b[38;2;230;159;0;48;2;18;18;18mSpeculative\x1b[0m"
     assert _underlined_draft(target_only + draft)
