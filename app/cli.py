@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ALPHA",
         help="replace each draft by the target's greedy token with probability ALPHA (synthetic checkpoints)",
     )
+    b.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=512,
+        metavar="N",
+        help="prompt length for the prefill timing, mlx-lm vs ours (0: skip; capped at half the context)",
+    )
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     b.add_argument("--json", action="store_true")
     b.add_argument(

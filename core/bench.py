@@ -10,6 +10,10 @@ emits exactly `max_tokens` tokens, and tok/s is measured the same way for all of
 tokens after the first over the time from the first token to the last (the first token carries
 the prefill).
 
+Prefill is timed the same way for mlx-lm and for our loop: a prompt of about `prefill_tokens`
+tokens (the prompt text repeated), one new token, the whole call timed from outside; prefill tok/s
+= prompt tokens / that time (so the first token's forward and sampling are in, for both).
+
 Alongside: the measured costs of one verify of K tokens, one plain decode step and one draft
 step on a warm cache, and each run's efficiency against the bound
     E[tokens per round] / (verify(K) + (K - 1) * draft step)
@@ -52,6 +56,7 @@ class BenchOptions:
     baseline: bool = True  # run mlx-lm's stream_generate
     cost_repeats: int = 5  # per repeat of the runs
     seed: int = 0
+    prefill_tokens: int = 512  # prompt length for the prefill timing; 0 skips it
 
 
 @dataclass
@@ -102,6 +107,14 @@ class BenchReport:
     draft_s: dict[int, float]  # n -> one synced draft chain of n steps (empty without a drafter)
     configs: list[ConfigSummary]
     machine: dict = field(default_factory=dict)  # machine_info(): where the figures come from
+    prefill_tokens: int = 0  # the prefill timing's prompt length (0: not measured)
+    prefill_tps: dict[str, float] = field(default_factory=dict)  # "mlx-lm" / "off" -> median prefill tok/s
+    prefill_runs: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def prefill_vs_baseline(self) -> float | None:
+        base, ours = self.prefill_tps.get("mlx-lm"), self.prefill_tps.get("off")
+        return ours / base if base and ours else None
 
     def config(self, name: str) -> ConfigSummary | None:
         return next((c for c in self.configs if c.config == name), None)
@@ -118,6 +131,7 @@ class BenchReport:
         d["draft_s"] = {str(k): v for k, v in self.draft_s.items()}
         d["draft_step_ratio"] = self.draft_s[1] / self.decode_step_s if self.draft_s else None
         d["configs"] = [dict(c.__dict__) for c in self.configs]
+        d["prefill_vs_baseline"] = self.prefill_vs_baseline
         best = self.best
         d["best"] = best.config if best else None
         return d
@@ -230,6 +244,26 @@ def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int,
         dict(s.block_size_counts),
         list(result.token_ids),
     )
+
+
+def prefill_prompt(tokenizer, text: str, n: int) -> list[int]:
+    """A chat-formatted prompt of at least n tokens: the text repeated (whole messages, so the chat
+    template's tail stays intact)."""
+    from core.decode import prompt as prompt_mod
+
+    content = text
+    while True:
+        ids = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": content}])
+        if len(ids) >= n:
+            return ids
+        content = f"{content}\n{text}"
+
+
+def time_prefill(run: Callable[[], object], n_tokens: int) -> float:
+    """Prefill tok/s of one call that prefills n_tokens and emits one token, timed from outside."""
+    t0 = time.perf_counter()
+    run()
+    return n_tokens / (time.perf_counter() - t0)
 
 
 def run_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> RunResult:
@@ -352,6 +386,9 @@ def run_bench(
     ids = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": o.prompt}])
     if len(ids) + o.max_tokens + 16 >= target.context_length:
         raise BenchError("prompt + max tokens do not fit the model's context")
+    # a small model's context caps the prefill prompt (at half of it, so the repeats' overshoot fits)
+    n_prefill = min(o.prefill_tokens, target.context_length // 2)
+    long_ids = prefill_prompt(tokenizer, o.prompt, n_prefill) if n_prefill > 0 else []
 
     # the teacher: plain greedy decoding by the target alone
     say("teacher run")
@@ -375,6 +412,14 @@ def run_bench(
             run_mlx_lm(base_model, base_tok, ids, min(8, o.max_tokens))
         else:
             run_ours(target, simulated(0), tokenizer, stops, ids, min(8, o.max_tokens), c)
+    prefillers: dict[str, Callable[[], object]] = {}
+    if long_ids:
+        if o.baseline:
+            prefillers["mlx-lm"] = lambda: run_mlx_lm(base_model, base_tok, long_ids, 1)
+        prefillers["off"] = lambda: run_ours(target, None, tokenizer, stops, long_ids, 1, None)
+        for fn in prefillers.values():  # warm: the long prompt's chunk shapes are new
+            fn()
+    prefill_runs: dict[str, list[float]] = {}
     # every size up to the largest asked for: a turn's last rounds shrink to fit max_tokens;
     # auto's rounds get a bound only when it kept to the measured sizes
     fixed = [k for k in o.block_sizes if k != "auto"]
@@ -402,6 +447,10 @@ def run_bench(
                     f"{r.config} with simulated acceptance changed the greedy output "
                     f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})"
                 )
+        for name, fn in prefillers.items():
+            tps = time_prefill(fn, len(long_ids))
+            prefill_runs.setdefault(name, []).append(tps)
+            say(f"repeat {rep + 1}/{o.repeats} prefill {name}: {tps:.1f} tok/s")
 
     decode_s = statistics.median(c[0] for c in costs)
     verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
@@ -446,6 +495,9 @@ def run_bench(
         verify_s=verify_s,
         draft_s=chains,
         configs=summaries,
+        prefill_tokens=len(long_ids),
+        prefill_tps={k: statistics.median_low(v) for k, v in prefill_runs.items()},
+        prefill_runs=prefill_runs,
     )
 
 
@@ -536,6 +588,7 @@ def format_markdown(report: BenchReport) -> str:
             f"| {num(c.acceptance, '.0%')} | {num(c.tokens_per_round, '.2f')} | {num(c.efficiency, '.3f')} "
             f"| {'yes' if c.matches_teacher else 'no'} |"
         )
+    lines += _prefill_lines(report, markdown=True)
     lines += [
         "",
         "efficiency = tok/s over the bound tokens-per-round / (verify(K) + draft chain(K-1)) from measured costs;"
@@ -579,6 +632,7 @@ def format_table(report: BenchReport) -> str:
             f"draft step {report.draft_s[1] * 1e3:.2f} ms = {report.draft_s[1] / d:.3f} decode steps"
             f" | draft chain of n steps / decode step: {chain}"
         )
+    lines += _prefill_lines(report, markdown=False)
     lines.append("bound = tokens per round / (verify(K) + draft chain(K-1)), measured costs; effic = tok/s / bound")
     lines.append(
         "each row is its median repeat by tok/s (lower middle for an even count); bound and effic are that"
@@ -591,3 +645,15 @@ def format_table(report: BenchReport) -> str:
         lines.append(f"best block size: {best.config} at {best.tps:.1f} tok/s{speedup}")
     lines.append("same: output identical to plain greedy decoding by the target")
     return "\n".join(lines)
+
+
+def _prefill_lines(report: BenchReport, markdown: bool) -> list[str]:
+    """'prefill, 517-token prompt: mlx-lm 812.3 tok/s, ours 845.0 tok/s (1.040x mlx-lm)'."""
+    if not report.prefill_tps:
+        return []
+    parts = [f"{'ours' if k == 'off' else k} {v:.1f} tok/s" for k, v in report.prefill_tps.items()]
+    ratio = report.prefill_vs_baseline
+    text = f"prefill, {report.prefill_tokens}-token prompt (median of {report.repeats}): " + ", ".join(parts)
+    if ratio is not None:
+        text += f" ({ratio:.3f}x mlx-lm)"
+    return ["", f"- {text}"] if markdown else [text]

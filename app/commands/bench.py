@@ -31,8 +31,8 @@ def run(args) -> int:
             block_sizes = parse_block_sizes(args.block_sizes)
         except ValueError as e:
             return fail(f"--block-sizes: {e}")
-        if args.repeats < 1 or args.max_tokens < 2:
-            return fail("--repeats must be >= 1 and --max-tokens >= 2")
+        if args.repeats < 1 or args.max_tokens < 2 or args.prefill_tokens < 0:
+            return fail("--repeats must be >= 1, --max-tokens >= 2 and --prefill-tokens >= 0")
         if args.report and not Path(args.report).expanduser().parent.is_dir():
             return fail(f"--report {args.report}: no such directory")
         spec = _pairing(args)
@@ -43,6 +43,7 @@ def run(args) -> int:
             repeats=args.repeats,
             simulate_acceptance=args.simulate_acceptance,
             dtype=args.dtype,
+            prefill_tokens=args.prefill_tokens,
         )
         if args.prompt is not None:
             options.prompt = args.prompt

@@ -51,6 +51,42 @@ def test_bench_end_to_end_table_and_json(factory_checkpoints):
     d = json.loads(json.dumps(report.as_dict()))
     assert [c["config"] for c in d["configs"]] == names and d["best"] in names[1:]
     assert set(d["verify_ratio"]) >= {"1", "2", "3"} and d["verify_ratio"]["1"] == 1.0
+    # prefill: mlx-lm and ours on the same long prompt, each timed as a one-token run
+    assert report.prefill_tokens >= BenchOptions().prefill_tokens
+    assert set(report.prefill_tps) == {"mlx-lm", "off"} and all(v > 0 for v in report.prefill_tps.values())
+    assert report.prefill_vs_baseline == pytest.approx(report.prefill_tps["off"] / report.prefill_tps["mlx-lm"])
+    assert f"prefill, {report.prefill_tokens}-token prompt (median of 1): mlx-lm " in table
+    assert d["prefill_vs_baseline"] > 0 and len(d["prefill_runs"]["off"]) == 1
+
+
+def test_prefill_timing_runs_the_same_prompt_through_both(factory_checkpoints):
+    """The long prompt is a whole chat turn of at least n tokens, and mlx-lm and our loop read it
+    alike: the same first token (float32), so the two timings are of the same work."""
+    from core.bench import prefill_prompt, run_mlx_lm
+
+    target, _ = factory_checkpoints.pairing("e-style")
+    tg, tok = load_target(target), load_tokenizer(target)
+    short = prefill_prompt(tok, "Hello there.", 1)
+    ids = prefill_prompt(tok, "Hello there.", 300)
+    assert len(ids) >= 300 and ids[:4] == short[:4] and ids[-4:] == short[-4:]  # the same chat framing
+    assert tok.decode(ids).count("Hello there.") > 10
+    tok.eos_token_ids = set()
+    ours = run_ours(tg, None, tok, set(), ids, 1, None)
+    theirs = run_mlx_lm(tg.model, tok, ids, 1)
+    assert ours.token_ids == theirs.token_ids and len(ours.token_ids) == 1
+
+
+def test_prefill_timing_can_be_skipped_and_is_capped_by_the_context(factory_checkpoints, tmp_path):
+    from core.factory import build_pairing
+
+    target, _ = factory_checkpoints.pairing("e-style")
+    o = BenchOptions(max_tokens=4, repeats=1, block_sizes=[2], cost_repeats=1, prefill_tokens=0)
+    report = run_bench(target, None, o)
+    assert report.prefill_tokens == 0 and report.prefill_tps == {} and "prefill," not in format_table(report)
+    small, _ = build_pairing(tmp_path, "e-style", config_overrides={"max_position_embeddings": 256})
+    huge = BenchOptions(max_tokens=4, repeats=1, block_sizes=[2], cost_repeats=1, prefill_tokens=10**6)
+    report = run_bench(small, None, huge)
+    assert 128 <= report.prefill_tokens < 256 - 16 and set(report.prefill_tps) == {"mlx-lm", "off"}
 
 
 def test_rows_reconcile_tps_equals_efficiency_times_bound(factory_checkpoints):
@@ -102,6 +138,8 @@ def test_bench_cli_json_with_simulated_acceptance(factory_checkpoints, capsys):
 def test_bench_cli_refuses_bad_block_sizes(capsys):
     assert main(["bench", "--demo", "--block-sizes", "1,3"]) == 1
     assert "--block-sizes" in capsys.readouterr().err
+    assert main(["bench", "--demo", "--prefill-tokens", "-1"]) == 1
+    assert "--prefill-tokens >= 0" in capsys.readouterr().err
 
 
 def test_parse_block_sizes_and_bound():
