@@ -266,15 +266,26 @@ class Decoder:
 
     def _prefill(self, cache, prompt: Prompt, settings, keys, controls, committed) -> tuple[int, mx.array] | None:
         """Run the prompt through the target in chunks; (first token, hidden at its last position),
-        or None when cancelled between chunks."""
+        or None when cancelled between chunks.
+
+        Every chunk but the last evaluates only the K/V it appends, and the last position runs as
+        its own one-token step (as mlx-lm's generate_step does). MLX is lazy, so for the
+        earlier positions nothing is computed that no cache keeps. On the E-series (KV-shared
+        layers) that skips the shared layers and the final norm, more than half of E2B's layers.
+        The one exception: a last position inside an image span stays in its span's chunk."""
         tg = self.target
+        n = len(prompt.ids)
         rel_spans = [(a - prompt.start, b - prompt.start) for a, b in prompt.bidirectional]
         logits = hidden = None
         size = tg.prefill_chunk_size() if hasattr(tg, "prefill_chunk_size") else None
-        for a, b in prefill_chunks(len(prompt.ids), rel_spans, size):
+        split_last = n > 1 and not any(s <= n - 1 < e for s, e in rel_spans)
+        chunks = (
+            prefill_chunks(n - 1, rel_spans, size) + [(n - 1, n)] if split_last else prefill_chunks(n, rel_spans, size)
+        )
+        for a, b in chunks:
             if controls.cancelled:
                 return None
-            last = b == len(prompt.ids)
+            last = b == n
             emb = mask = None
             if prompt.embeddings is not None:
                 emb, mask = prompt.embeddings[a:b], prompt.embedding_mask[a:b]
@@ -289,7 +300,7 @@ class Decoder:
                 softcap=settings.temperature > 0,
             )
             if not last:
-                mx.eval(hidden)  # bound the graph (and memory) per chunk
+                mx.eval(cache.state())  # bound the graph (and memory) per chunk; see the docstring
                 mx.clear_cache()
                 controls.prefilled = b
             committed.extend(prompt.ids[a:b])

@@ -55,6 +55,10 @@ class TargetCache:
         for i, c in enumerate(self.layers):
             self.layers[i] = SlidingKVCache(c.window, c.slack) if isinstance(c, SlidingKVCache) else FullKVCache()
 
+    def state(self) -> list[mx.array]:
+        """Every key and value buffer: what a prefill chunk must evaluate, and nothing more."""
+        return [a for c in self.layers for a in (c.keys, c.values) if a is not None]
+
     def first_of(self, layer_type: str):
         for t, c in zip(self.layer_types, self.layers):
             if t == layer_type:

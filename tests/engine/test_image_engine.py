@@ -195,7 +195,8 @@ def test_small_prefill_chunks_keep_each_image_whole(monkeypatch):
         assert isinstance(events[0], PrefillDone) and events[0].prefill_tokens == 158
         with_image = [call for call in calls if call[2]]
         assert with_image == [(6, 130, [(6, 136)])]  # one chunk, the whole image, its span as the overlay
-        assert n == 158 and [p for p, _, _ in prefill] == [0, 6, 136, 152]  # 16-token chunks around the image
+        # 16-token chunks around the image, then the last position as its own step
+        assert n == 158 and [p for p, _, _ in prefill] == [0, 6, 136, 152, 157]
     finally:
         eng.close()
 

@@ -451,3 +451,40 @@ def test_prefill_reports_tokens_done_chunk_by_chunk(monkeypatch):
     _run(tg, None, prompt, controls=controls, max_tokens=2)
     assert seen == [0, 8, 16, 24]  # before each chunk: the tokens already through the target
     assert controls.prefilled == len(prompt)
+
+
+@pytest.mark.parametrize("span_at_end", [False, True])
+def test_prefill_runs_the_last_position_alone_and_matches_one_forward(monkeypatch, span_at_end):
+    """Prefill chunks evaluate only the K/V they append and the last position runs as its own step
+    (so the KV-shared layers never run for the earlier positions); the first token, the drafter's
+    hidden and every cached key equal one forward over the whole prompt. A last position inside an
+    image span stays in its span's chunk."""
+    tg = load_target(f"{PACK}/e-style-target")
+    monkeypatch.setattr(tg, "prefill_chunk_size", lambda: 8)
+    prompt = list(range(40, 70))  # 30 tokens
+    spans = [(20, 30)] if span_at_end else []
+    calls: list[tuple[int, object]] = []
+    forward = tg.forward
+
+    def spy(ids, cache, **kw):
+        calls.append((len(ids), kw.get("logits")))
+        return forward(ids, cache, **kw)
+
+    monkeypatch.setattr(tg, "forward", spy)
+    cache = tg.make_cache(slack=3)
+    decoder = Decoder(tg, None, None, STOP)
+    first, h = decoder._prefill(cache, Prompt(prompt, bidirectional=spans), GenerationSettings(), None, Controls(), [])
+    monkeypatch.setattr(tg, "forward", forward)
+    if span_at_end:  # 8, 8, then up to the span, then the span whole with the last position in it
+        assert calls == [(8, None), (8, None), (4, None), (10, "last")]
+    else:
+        assert calls == [(8, None), (8, None), (8, None), (5, None), (1, "last")]
+    whole = tg.make_cache(slack=3)
+    logits, hidden = tg.forward(prompt, whole, logits="last", bidirectional=spans or None)
+    assert first == int(mx.argmax(logits[0]).item())
+    np.testing.assert_allclose(np.array(h), np.array(hidden[-1]), atol=1e-4, rtol=1e-4)
+    assert cache.offset == whole.offset == len(prompt)
+    for ours, one in zip(cache.layers, whole.layers):
+        first = max(getattr(ours, "start", 0), getattr(one, "start", 0))  # sliding buffers may have compacted
+        for a, b in zip(ours.fetch(first), one.fetch(first)):
+            np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4, rtol=1e-4)
