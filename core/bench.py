@@ -251,6 +251,7 @@ def prefill_prompt(tokenizer, text: str, n: int) -> list[int]:
     template's tail stays intact)."""
     from core.decode import prompt as prompt_mod
 
+    text = text if text.strip() else DEFAULT_PROMPT  # an empty --prompt would grow by newlines only
     content = text
     while True:
         ids = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": content}])
@@ -648,7 +649,8 @@ def format_table(report: BenchReport) -> str:
 
 
 def _prefill_lines(report: BenchReport, markdown: bool) -> list[str]:
-    """'prefill, 517-token prompt: mlx-lm 812.3 tok/s, ours 845.0 tok/s (1.040x mlx-lm)'."""
+    """'prefill, 517-token prompt (median of 3): mlx-lm 812.3 tok/s, ours 845.0 tok/s (1.040x mlx-lm)',
+    the ratio being that of the two medians."""
     if not report.prefill_tps:
         return []
     parts = [f"{'ours' if k == 'off' else k} {v:.1f} tok/s" for k, v in report.prefill_tps.items()]

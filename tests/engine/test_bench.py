@@ -70,6 +70,8 @@ def test_prefill_timing_runs_the_same_prompt_through_both(factory_checkpoints):
     ids = prefill_prompt(tok, "Hello there.", 300)
     assert len(ids) >= 300 and ids[:4] == short[:4] and ids[-4:] == short[-4:]  # the same chat framing
     assert tok.decode(ids).count("Hello there.") > 10
+    blank = prefill_prompt(tok, " ", 300)  # an empty prompt text falls back to the default one
+    assert len(blank) >= 300 and "lighthouse" in tok.decode(blank)
     tok.eos_token_ids = set()
     ours = run_ours(tg, None, tok, set(), ids, 1, None)
     theirs = run_mlx_lm(tg.model, tok, ids, 1)
