@@ -2,9 +2,8 @@
 Ctrl+Q quits.
 
 Two runs: the scripted fake engine (GEMMA_CHAT_FAKE_ENGINE=1: both token colours, underlined
-drafts, deterministic) and `--demo` on the real engine (tiny random weights; random drafts are
-rejected, so only the target's colour shows). tmux must be installed (.ci/run installs it): skipped
-without it, failed without it when GEMMA_CHAT_REQUIRE_TMUX=1 (CI).
+drafts, deterministic) and `--demo` on the real engine (the tiny trained demo pair). tmux must be
+installed (.ci/run installs it): skipped without it, failed without it when GEMMA_CHAT_REQUIRE_TMUX=1 (CI).
 """
 
 from __future__ import annotations
@@ -14,6 +13,14 @@ import time
 import pytest
 from tmux_session import _colour, _session, _sgr_params
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
+
+FINISHED = " tok/s · TTFT"  # in the summary line under a reply once it has ended (stopped or not)
+TARGET_SGR = "\x1b[38;2;230;159;0"
+
+
+def _target_token_in_reply(capture: str) -> bool:
+    """A target-coloured token in the conversation (the legend line uses the same colour)."""
+    return any(TARGET_SGR in line and "target's own" not in line for line in capture.splitlines())
 
 
 def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):
@@ -47,20 +54,29 @@ def test_demo_pairing_in_tmux_real_engine(term_env):
     try:
         t.wait(lambda: "ready" in t.text(), "the demo pairing to build and load", 60)
         assert "DEMO — tiny model" in t.text()
-        # the trained demo's longest answer (~60 tokens): long enough to stop it mid-reply
-        t.keys("What are the keys?", literal=True)
-        t.keys("Enter")
-        t.wait(lambda: "streaming" in t.text(), "the reply to stream", 15)
-        time.sleep(0.5)
-        capture = t.escapes()
-        reply_lines = [line for line in capture.splitlines() if "\x1b[38;2;230;159;0" in line]
-        assert reply_lines, "no target-coloured token on screen"
-        t.keys("Escape")
-        t.wait(lambda: "stopped" in t.text(), "Esc to stop the reply", 10)
+        # The trained demo's longest answer (~60 tokens) streams for well under a second with the
+        # drafter (~100 tok/s): press Esc at its first target-coloured token, and ask again in a new
+        # chat on the rare run where the reply still finished first.
+        stopped = False
+        for _ in range(5):
+            t.keys("What are the keys?", literal=True)
+            t.keys("Enter")
+            t.wait(lambda: "streaming" in t.text() or FINISHED in t.text(), "the reply to stream", 15)
+            t.wait(lambda: _target_token_in_reply(t.escapes()), "a target-coloured token in the reply", 15)
+            t.keys("Escape")
+            t.wait(lambda: "stopped" in t.text() or FINISHED in t.text(), "Esc to stop the reply", 10)
+            time.sleep(0.3)  # the header's "stopped" and the summary may land in separate frames
+            if "stopped" in t.text():
+                stopped = True
+                break
+            t.keys("C-n")
+            t.wait(lambda: FINISHED not in t.text(), "a new chat", 10)
+        assert stopped, "Esc never stopped a streaming reply in 5 tries"
         # quitting in the middle of a reply: cancel + close, promptly
         t.keys("What are the keys?", literal=True)
         t.keys("Enter")
-        t.wait(lambda: t.text().count("streaming") == 1, "the second reply to stream", 15)
+        # (or already done: the demo is quick, and Ctrl+Q must then just quit)
+        t.wait(lambda: "streaming" in t.text() or t.text().count(FINISHED) >= 2, "the second reply to stream", 15)
         start = time.monotonic()
         t.keys("C-q")
         t.wait(lambda: not t.alive(), "Ctrl+Q to quit mid-reply", 5)
