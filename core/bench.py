@@ -108,8 +108,12 @@ class BenchReport:
     configs: list[ConfigSummary]
     machine: dict = field(default_factory=dict)  # machine_info(): where the figures come from
     prefill_tokens: int = 0  # the prefill timing's prompt length (0: not measured)
-    prefill_tps: dict[str, float] = field(default_factory=dict)  # "mlx-lm" / "off" -> median prefill tok/s
-    prefill_runs: dict[str, list[float]] = field(default_factory=dict)
+    prefill_runs: dict[str, list[float]] = field(default_factory=dict)  # "mlx-lm" / "off" -> tok/s per repeat
+
+    @property
+    def prefill_tps(self) -> dict[str, float]:
+        """Median prefill tok/s per configuration (the lower middle one for an even count)."""
+        return {k: statistics.median_low(v) for k, v in self.prefill_runs.items()}
 
     @property
     def prefill_vs_baseline(self) -> float | None:
@@ -131,6 +135,7 @@ class BenchReport:
         d["draft_s"] = {str(k): v for k, v in self.draft_s.items()}
         d["draft_step_ratio"] = self.draft_s[1] / self.decode_step_s if self.draft_s else None
         d["configs"] = [dict(c.__dict__) for c in self.configs]
+        d["prefill_tps"] = self.prefill_tps
         d["prefill_vs_baseline"] = self.prefill_vs_baseline
         best = self.best
         d["best"] = best.config if best else None
@@ -497,7 +502,6 @@ def run_bench(
         draft_s=chains,
         configs=summaries,
         prefill_tokens=len(long_ids),
-        prefill_tps={k: statistics.median_low(v) for k, v in prefill_runs.items()},
         prefill_runs=prefill_runs,
     )
 
