@@ -485,6 +485,6 @@ def test_prefill_runs_the_last_position_alone_and_matches_one_forward(monkeypatc
     np.testing.assert_allclose(np.array(h), np.array(hidden[-1]), atol=1e-4, rtol=1e-4)
     assert cache.offset == whole.offset == len(prompt)
     for ours, one in zip(cache.layers, whole.layers):
-        first = max(getattr(ours, "start", 0), getattr(one, "start", 0))  # sliding buffers may have compacted
-        for a, b in zip(ours.fetch(first), one.fetch(first)):
+        kept = max(getattr(ours, "start", 0), getattr(one, "start", 0))  # sliding buffers may have compacted
+        for a, b in zip(ours.fetch(kept), one.fetch(kept)):
             np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4, rtol=1e-4)
