@@ -13,15 +13,6 @@ from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLO
 
 _BUDGETS_OR = ", ".join(map(str, IMAGE_BUDGETS[:-1])) + f" or {IMAGE_BUDGETS[-1]}"  # "70, ... or 1120"
 
-# C0 controls but tab and newline, DEL and the C1 controls: what could move the cursor, retitle the
-# window or switch terminal modes when model text or a hostile path is printed
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))}
-
-
-def printable(text: str) -> str:
-    """`text` safe to print on a terminal: control characters (ESC first of all) shown as \\xNN."""
-    return str(text).translate(_CONTROL)
-
 
 def _block_size(value: str) -> int | str:
     if value == "auto":

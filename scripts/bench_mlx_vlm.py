@@ -36,8 +36,8 @@ def main() -> int:
     except ImportError as e:
         print(f"mlx-vlm is not importable here ({e}); see this script's docstring", file=sys.stderr)
         return 1
-    from core import bench
     from core.decode import prompt as prompt_mod
+    from core.frontends import bench
     from core.model.drafter import load_drafter
     from core.model.loader import load_tokenizer
     from core.model.target import load_target

@@ -4,7 +4,7 @@
         [--model DIR --drafter DIR | --demo]
 
 Interleaved, ONE engine, greedy, EOS ignored, a fixed number of tokens. This process holds the
-engine and serves it (core.server on uvicorn, 127.0.0.1, as `gemma-chat serve` does); the server
+engine and serves it (core.frontends.server on uvicorn, 127.0.0.1, as `gemma-chat serve` does); the server
 runs during both kinds of turn, so they differ only in who listens:
 - direct: `Engine.chat` called in this process, a token counted when the engine emits it;
 - served: a child process (the client, as an editor or the TUI with --connect would be) streams
@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint factory and the fake engine (tests/support)
 
 PROMPT = "Tell me a long story about the sea."
 
@@ -140,18 +141,19 @@ def main() -> int:
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
-    from core.engine import Engine, PairingSpec
-    from core.server import BackgroundServer, ServerConfig, create_app
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
+    from core.frontends.server import BackgroundServer, ServerConfig, create_app
     from core.settings import GenerationSettings
 
     if args.demo:
-        from core.demo import ensure_demo_pairing
+        from core.hub.demo import ensure_demo_pairing
 
         target, drafter = (str(x) for x in ensure_demo_pairing())
     else:
         target, drafter = args.model, args.drafter
     if args.fake:
-        from app.tui.fake_engine import FakeEngine
+        from support.fake_engine import FakeEngine
 
         engine = FakeEngine(replies=[" word" * (args.tokens + 10)])
         engine.load(PairingSpec("bench", "fake", "fake"), lambda e: None).result()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support: factory, fake engine
 
 PROMPT = "Tell me a long story about the sea."
 
@@ -158,8 +159,9 @@ async def ui_cost_run(tokens: int, round_s: float, size: tuple[int, int]) -> tup
     """The UI's own cost, without an engine to share the CPU with: the scripted fake engine streams a
     long reply (paragraphs of words, ~2.6 tokens a round, sleeping `round_s` per round) into the
     real chat screen. (idle UI CPU share, UI CPU share while streaming, tokens/s)."""
+    from support.fake_engine import FakeEngine, PairingSpec
+
     from app.tui.app import GemmaChatApp
-    from app.tui.fake_engine import FakeEngine, PairingSpec
     from core.settings import GenerationSettings
 
     words = ("the", "sea", "was", "calm", "and", "a", "ship", "sailed", "into", "night,", "while", "stars")
@@ -225,13 +227,14 @@ def main() -> int:
         )
         return 0
 
-    from core.engine import Engine, PairingSpec
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     if a.model:
         spec = PairingSpec(Path(a.model).name, a.model, None if a.no_draft else a.drafter)
     else:
-        from core.demo import ensure_demo_pairing
+        from core.hub.demo import ensure_demo_pairing
 
         target, drafter = ensure_demo_pairing()
         spec = PairingSpec("demo (random weights)", str(target), None if a.no_draft else str(drafter), demo=True)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support: factory, fake engine
 
 S, F = "sliding_attention", "full_attention"
 
@@ -48,7 +49,7 @@ SIZES = {
 
 
 def build(out_dir, size: str = "medium", dtype: str = "float32"):
-    from core.factory import build_pairing
+    from support.factory import build_pairing
 
     overrides = dict(SIZES[size])
     return build_pairing(out_dir, "e-style", "hf", dtype, 0, config_overrides=overrides)

@@ -25,7 +25,7 @@ text, so it added nothing and equals the command above.)
    The centroid head's `token_ordering` groups the tokens by corpus frequency.
 4. Writes the trained tensors back under their on-disk names (vision tower untouched: random),
    checks that the engine's MLX forward picks the same greedy tokens as the trained model, and
-   writes the manifest `gemma_chat_demo.json` with every file's sha256 (checked by `core.demo`).
+   writes the manifest `gemma_chat_demo.json` with every file's sha256 (checked by `core.hub.demo`).
 
 The arithmetic runs in numpy with autograd (scripts/demo_numpy.py): MLX's CPU matmul measured
 ~1 GFLOP/s here against OpenBLAS's ~20. Float32, fixed seeds (factory seed 0, data order seed 0),
@@ -60,14 +60,15 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint factory and the fake engine (tests/support)
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import demo_corpus  # noqa: E402
 import demo_numpy as dn  # noqa: E402
+from support import factory  # noqa: E402
+from support.factory.specs import F, S  # noqa: E402
+from support.factory.writer import DiskTensor, write_safetensors  # noqa: E402
 
-from core import factory  # noqa: E402
-from core.factory.specs import F, S  # noqa: E402
-from core.factory.writer import DiskTensor, write_safetensors  # noqa: E402
 from core.model.drafter import load_drafter  # noqa: E402
 from core.model.loader import load_target_model  # noqa: E402
 
@@ -466,7 +467,7 @@ def main(argv=None) -> int:
         shutil.copytree(target_dir, out / "target")
         shutil.copytree(drafter_dir, out / "assistant")
         label = "demo: tiny model trained on gemma-chat's notes and Python docstrings"
-        for part in ("target", "assistant"):  # marks each directory as the demo's (core.demo.is_demo_checkpoint)
+        for part in ("target", "assistant"):  # marks each directory as the demo's (core.hub.demo.is_demo_checkpoint)
             marker = {"label": label, "trained": True, "part": part, "manifest": "../gemma_chat_demo.json"}
             (out / part / "gemma_chat_demo.json").write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}

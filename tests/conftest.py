@@ -1,7 +1,7 @@
 """Shared test fixtures.
 
 `factory_checkpoints` (session scope): tiny random-weight Gemma 4 checkpoints from
-`core.factory`, built lazily on first request and reused for the whole session (a build takes
+`support.factory`, built lazily on first request and reused for the whole session (a build takes
 ~0.1 s; nothing is built that no test asks for):
 
     def test_x(factory_checkpoints):
@@ -87,7 +87,7 @@ class FactoryCheckpoints:
     def target(self, variant: str = "e-style", layout: str = "hf", dtype: str = "float32", seed: int = 0) -> Path:
         key = ("target", variant, layout, dtype, seed)
         if key not in self._built:
-            from core.factory import build_checkpoint
+            from support.factory import build_checkpoint
 
             self._built[key] = build_checkpoint(self._key_dir(*key), variant, layout, dtype, seed)
         return self._built[key]
@@ -95,7 +95,7 @@ class FactoryCheckpoints:
     def drafter(self, variant: str = "e-style", dtype: str = "float32", seed: int = 0) -> Path:
         key = ("drafter", variant, "hf", dtype, seed)
         if key not in self._built:
-            from core.factory import build_drafter
+            from support.factory import build_drafter
 
             self._built[key] = build_drafter(self._key_dir(*key), variant, dtype, seed)
         return self._built[key]

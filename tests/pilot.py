@@ -35,7 +35,7 @@ def make_app(
 ):
     """THE way a test builds the app: a GemmaChatApp over a scripted FakeEngine (`app.engine`).
 
-    engine: a FakeEngine (or the real core.engine.Engine), else a FakeEngine made from `engine_kwargs`
+    engine: a FakeEngine (or the real core.engine.local.Engine), else a FakeEngine made from `engine_kwargs`
     (replies=[...], step=True, ...).
     spec: the pairing to open, else a fake one named `name` ("demo (random weights)" with demo=True)
     with directories that need not exist (the fake engine never reads them).
@@ -43,8 +43,9 @@ def make_app(
     screen's Hub and cache (app.tui.screens.models.ModelsOptions) and whether it opens at start.
     blink=False stops the prompt's cursor blinking, so SVG snapshots do not depend on timing.
     """
+    from support.fake_engine import FakeEngine, PairingSpec
+
     from app.tui.app import GemmaChatApp
-    from app.tui.fake_engine import FakeEngine, PairingSpec
 
     if engine is None:
         engine = FakeEngine(**engine_kwargs)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 GEMMA_CHAT = Path(sys.executable).parent / "gemma-chat"
+# the same app on the scripted fake engine (no MLX): `python scripts/fake_ui.py --delay S [flags]`
+FAKE_UI = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'scripts' / 'fake_ui.py'}"
 WIDTH, HEIGHT = 120, 36
 
 
@@ -109,6 +111,10 @@ def term_env(tmp_path):
     return env
 
 
-def _session(term_env, extra_env: dict[str, str], args: list[str], size: tuple[int, int] = (WIDTH, HEIGHT)) -> Tmux:
+def _session(
+    term_env, extra_env: dict[str, str], args: list[str], size: tuple[int, int] = (WIDTH, HEIGHT), *, fake: bool = False
+) -> Tmux:
+    """The installed `gemma-chat ARGS` in tmux, or with `fake` the app on the scripted fake engine."""
     assert GEMMA_CHAT.exists(), f"the gemma-chat script is not installed next to {sys.executable}"
-    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [str(GEMMA_CHAT), *args], size)
+    program = FAKE_UI if fake else str(GEMMA_CHAT)
+    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [program, *args], size)

@@ -7,16 +7,15 @@ from the measured verify and draft costs. Progress goes to stderr.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from app.cli import printable
+from app.commands.common import UsageError, pairing_from_args, printable
 
 
-def run(args) -> int:
-    from app.commands.generate import _pairing, _UsageError
-
+def run(args: argparse.Namespace) -> int:
     def fail(message: str) -> int:
         if args.json:
             print(json.dumps({"error": message}))
@@ -25,7 +24,14 @@ def run(args) -> int:
         return 1
 
     try:
-        from core.bench import BenchError, BenchOptions, format_markdown, format_table, parse_block_sizes, run_bench
+        from core.frontends.bench import (
+            BenchError,
+            BenchOptions,
+            format_markdown,
+            format_table,
+            parse_block_sizes,
+            run_bench,
+        )
 
         try:
             block_sizes = parse_block_sizes(args.block_sizes)
@@ -35,7 +41,7 @@ def run(args) -> int:
             return fail("--repeats must be >= 1, --max-tokens >= 2 and --prefill-tokens >= 0")
         if args.report and not Path(args.report).expanduser().parent.is_dir():
             return fail(f"--report {args.report}: no such directory")
-        spec = _pairing(args)
+        spec = pairing_from_args(args)
         target, drafter = spec.target, spec.drafter
         options = BenchOptions(
             max_tokens=args.max_tokens,
@@ -47,12 +53,12 @@ def run(args) -> int:
         )
         if args.prompt is not None:
             options.prompt = args.prompt
-        elif getattr(args, "demo", False):
-            from core.bench import DEMO_PROMPT
+        elif args.demo:
+            from core.frontends.bench import DEMO_PROMPT
 
             options.prompt = DEMO_PROMPT  # a topic the demo was trained on (it knows no stories)
         report = run_bench(target, drafter, options, progress=lambda s: print(s, file=sys.stderr, flush=True))
-    except _UsageError as e:
+    except UsageError as e:
         return fail(str(e))
     except BenchError as e:
         return fail(str(e))

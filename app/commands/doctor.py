@@ -74,15 +74,14 @@ def terminal_images(env: Mapping[str, str] | None = None) -> str:
 
 
 def demo_state() -> str:
-    """The offline demo pairing: always available; whether it is built yet, and where."""
+    """The offline demo pairing: shipped in the package, checked against its manifest when it opens."""
     try:
-        from core.demo import cache_root, demo_version
+        from core.hub.demo import DEMO_DIR, demo_version, verify
 
-        where = cache_root() / "demo" / demo_version()
-        built = "built" if where.is_dir() else "built on first use"
-        return f"always available offline (gemma-chat --demo); {built}: {where}"
+        verify()
+        return f"always available offline (gemma-chat --demo); shipped in the package: {DEMO_DIR} ({demo_version()})"
     except Exception as e:  # noqa: BLE001
-        return f"always available offline (gemma-chat --demo); state unknown: {type(e).__name__}: {e}"
+        return f"always available offline (gemma-chat --demo); damaged: {type(e).__name__}: {e}"
 
 
 def gather() -> list[tuple[str, list[tuple[str, str]]]]:

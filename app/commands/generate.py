@@ -15,48 +15,18 @@ one; `--model` then names the server's model); over vLLM, tokens have no origin 
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
+import concurrent.futures
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from app.cli import printable
+from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
 
-
-class _UsageError(Exception):
-    pass
-
-
-def _pairing(args):
-    """The PairingSpec from --demo / --model [--drafter] / --pairing (--no-draft: without its drafter)."""
-    from core.hub.pairing import PairingError
-    from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
-
-    with_drafter = not getattr(args, "no_draft", False)
-    try:
-        if getattr(args, "demo", False):
-            return demo_spec(drafter=with_drafter, on_notice=lambda m: print(f"note: {printable(m)}", file=sys.stderr))
-        if getattr(args, "model", None):
-            return checkpoint_spec(args.model, args.drafter if args.drafter and with_drafter else None)
-        if getattr(args, "pairing", None):
-            return catalogue_spec(args.pairing, drafter=with_drafter)
-    except PairingError as e:
-        raise _UsageError(str(e)) from e
-    raise _UsageError("say which model to run: --model PATH [--drafter PATH], --pairing NAME or --demo")
-
-
-def _remote(args):
-    """(RemoteEngine, spec) for --connect URL; --model names the server's model (default: its first)."""
-    import os
-
-    from core.remote import RemoteEngine, RemoteError
-
-    try:
-        engine = RemoteEngine(
-            args.connect, args.api_key or os.environ.get("GEMMA_CHAT_API_KEY") or None, model=args.model
-        )
-    except RemoteError as e:
-        raise _UsageError(str(e)) from e
-    return engine, None
+if TYPE_CHECKING:
+    from core.engine.contract import ChatEngine
+    from core.events import TurnDone
+    from core.settings import GenerationSettings
 
 
 MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds what a stray file costs
@@ -75,31 +45,31 @@ def read_messages_file(path: str) -> list[dict]:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
-        raise _UsageError(f"cannot read {what}: {e.strerror or e}") from None
+        raise UsageError(f"cannot read {what}: {e.strerror or e}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _UsageError(f"{what} is not a regular file")
+            raise UsageError(f"{what} is not a regular file")
         if st.st_size > MESSAGES_MAX_BYTES:
-            raise _UsageError(f"{what} is {st.st_size} bytes; the limit is {MESSAGES_MAX_BYTES >> 20} MiB")
+            raise UsageError(f"{what} is {st.st_size} bytes; the limit is {MESSAGES_MAX_BYTES >> 20} MiB")
         try:
             data = f.read(MESSAGES_MAX_BYTES + 1)
         except OSError as e:
-            raise _UsageError(f"cannot read {what}: {e.strerror or e}") from None
+            raise UsageError(f"cannot read {what}: {e.strerror or e}") from None
     if len(data) > MESSAGES_MAX_BYTES:
-        raise _UsageError(f"{what} is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+        raise UsageError(f"{what} is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
     try:
         messages = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise _UsageError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UsageError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise _UsageError(f"{what} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        raise UsageError(f"{what} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
     except RecursionError:
-        raise _UsageError(f"{what} nests brackets too deeply to be a list of messages") from None
+        raise UsageError(f"{what} nests brackets too deeply to be a list of messages") from None
     try:
         check_messages(messages)
     except ValueError as e:
-        raise _UsageError(f"{what}: {e}") from None
+        raise UsageError(f"{what}: {e}") from None
     return messages
 
 
@@ -133,21 +103,49 @@ def _summary(stats: dict) -> str:
     return " | ".join(parts)
 
 
-def run(args) -> int:
-    from core.engine import Engine, EngineError
-    from core.events import TokenEvent
-    from core.settings import GenerationSettings
+class _Output:
+    """What `generate` prints: the reply as text (plain) or one JSON line per token (--json), the summary
+    or the final stats line, and failures (exit status 1)."""
 
-    as_json = args.json
-    out = sys.stdout
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.out = sys.stdout
 
-    def fail(message: str) -> int:
-        if as_json:
-            out.write(json.dumps({"error": message}) + "\n")
-            out.flush()
+    def on_event(self, e: object) -> None:
+        from core.events import TokenEvent
+
+        if not isinstance(e, TokenEvent):
+            return
+        if self.as_json:
+            line = {"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}
+            self.out.write(json.dumps(line) + "\n")
         else:
+            self.out.write(printable(e.text))  # model text must not drive the terminal
+        self.out.flush()
+
+    def fail(self, message: str, *, mid_line: bool = False) -> int:
+        if self.as_json:
+            self.out.write(json.dumps({"error": message}) + "\n")
+            self.out.flush()
+        else:
+            if mid_line:
+                self.out.write("\n")
             print(f"error: {printable(message)}", file=sys.stderr)
         return 1
+
+    def finished(self, stats: dict) -> int:
+        if self.as_json:
+            self.out.write(json.dumps({"stats": stats}) + "\n")
+            self.out.flush()
+        else:
+            self.out.write("\n")
+            self.out.flush()
+            print(_summary(stats), file=sys.stderr)
+        return 0
+
+
+def _settings(args: argparse.Namespace) -> GenerationSettings:
+    from core.settings import GenerationSettings
 
     settings = GenerationSettings(
         max_tokens=args.max_tokens,
@@ -162,65 +160,55 @@ def run(args) -> int:
         system_prompt=args.system,
         image_budget=getattr(args, "image_budget", None),
     )
-    connect = getattr(args, "connect", None)
+    settings.validate()
+    return settings
+
+
+def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone]) -> TurnDone:
+    """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round)."""
     try:
-        settings.validate()
-        if connect:
-            if args.no_template:
-                raise _UsageError("--no-template is local only (a server applies its own chat template)")
-            engine, spec = _remote(args)
-        else:
-            spec = dataclasses.replace(
-                _pairing(args),
-                dtype=args.dtype,
-                drafter_position=getattr(args, "drafter_position", "P-1"),
-                drafter_window=getattr(args, "drafter_window", "W"),
-            )
+        return future.result()
+    except KeyboardInterrupt:
+        engine.cancel()
+        future.result(timeout=30)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from core.engine.contract import EngineError, PairingSpec
+
+    output = _Output(args.json)
+    try:
+        settings = _settings(args)
+        if args.no_template and (args.messages or args.image):
+            raise UsageError("--no-template takes --prompt text only (no --messages or --image)")
+        if args.connect and args.no_template:
+            raise UsageError("--no-template is local only (a server applies its own chat template)")
         messages = None if args.no_template else _messages(args)
-    except (_UsageError, ValueError) as e:
-        return fail(str(e))
-    if args.no_template and (args.messages or args.image):
-        return fail("--no-template takes --prompt text only (no --messages or --image)")
-
-    def on_event(e) -> None:
-        if not isinstance(e, TokenEvent):
-            return
-        if as_json:
-            out.write(json.dumps({"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}) + "\n")
+        if args.connect:
+            engine: ChatEngine = remote_engine(args)
+            spec = PairingSpec(name="server", target=args.connect, drafter=None)
         else:
-            out.write(printable(e.text))  # model text must not drive the terminal
-        out.flush()
+            spec = pairing_from_args(args)
+    except (UsageError, ValueError) as e:
+        return output.fail(str(e))
+    if not args.connect:
+        from core.engine.local import Engine
 
-    if not connect:
-        engine = Engine()
+        local = Engine()
+        engine = local
     try:
         try:
             engine.load(spec, None).result()
         except EngineError as e:
-            return fail(str(e))
-        if args.no_template:
-            future = engine.complete(args.prompt or "", settings, on_event)
+            return output.fail(str(e))
+        if messages is None:  # --no-template: BOS + the prompt's tokens (local only, checked above)
+            future = local.complete(args.prompt or "", settings, output.on_event)
         else:
-            assert messages is not None  # read above unless --no-template
-            future = engine.chat(messages, settings, on_event)
-        try:
-            done = future.result()
-        except KeyboardInterrupt:
-            engine.cancel()
-            future.result(timeout=30)
-            raise
+            future = engine.chat(messages, settings, output.on_event)
+        done = _wait(engine, future)
         if done.error:
-            if not as_json:
-                out.write("\n")
-            return fail(done.error)
-        stats = done.stats.as_dict()
-        if as_json:
-            out.write(json.dumps({"stats": stats}) + "\n")
-            out.flush()
-        else:
-            out.write("\n")
-            out.flush()
-            print(_summary(stats), file=sys.stderr)
-        return 0
+            return output.fail(done.error, mid_line=True)
+        return output.finished(done.stats.as_dict())
     finally:
         engine.close()

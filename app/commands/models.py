@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from app.cli import printable
+from app.commands.common import printable
 from core.hub.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes

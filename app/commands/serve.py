@@ -1,4 +1,4 @@
-"""`gemma-chat serve`: load a pairing and serve it over the OpenAI-compatible API (core.server).
+"""`gemma-chat serve`: load a pairing and serve it over the OpenAI-compatible API (core.frontends.server).
 
 Binding to anything but loopback needs an API key (--api-key or $GEMMA_CHAT_API_KEY): the server
 runs a model on the user's machine, and with file: image URLs it would read the user's files.
@@ -7,15 +7,16 @@ Those file: URLs are refused on a non-loopback bind in any case.
 
 from __future__ import annotations
 
-import os
+import argparse
+import re
 import sys
 
-API_KEY_ENV = "GEMMA_CHAT_API_KEY"
+from app.commands.common import API_KEY_ENV, UsageError, api_key, pairing_from_args
 
 
 def check_bind(host: str, api_key: str | None) -> str | None:
     """Why the server must not start on `host`, or None."""
-    from core.server import is_loopback
+    from core.frontends.server import is_loopback
 
     if not is_loopback(host) and not api_key:
         return (
@@ -25,11 +26,9 @@ def check_bind(host: str, api_key: str | None) -> str | None:
     return None
 
 
-def run(args) -> int:
-    from app.commands.generate import _pairing, _UsageError
-
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    reason = check_bind(args.host, api_key)
+def run(args: argparse.Namespace) -> int:
+    key = api_key(args)
+    reason = check_bind(args.host, key)
     if reason:
         print(f"gemma-chat serve: {reason}", file=sys.stderr)
         return 2
@@ -40,37 +39,29 @@ def run(args) -> int:
         print("gemma-chat serve: --max-waiting must be >= 0 and --max-tokens >= 1", file=sys.stderr)
         return 2
     try:
-        name, target, drafter, demo = _pairing(args)
-    except _UsageError as e:
+        spec = pairing_from_args(args)
+    except UsageError as e:
         print(f"gemma-chat serve: {e}", file=sys.stderr)
         return 2
 
     import uvicorn
 
-    from core.engine import Engine, EngineError, PairingSpec
-    from core.server import ServerConfig, create_app, is_loopback
+    from core.engine.contract import EngineError
+    from core.engine.local import Engine
+    from core.frontends.server import ServerConfig, create_app, is_loopback
 
     engine = Engine()
     try:
-        spec = PairingSpec(
-            name,
-            target,
-            drafter,
-            demo,
-            args.dtype,
-            drafter_position=args.drafter_position,
-            drafter_window=args.drafter_window,
-        )
-        print(f"loading {name} ...", file=sys.stderr, flush=True)
+        print(f"loading {spec.name} ...", file=sys.stderr, flush=True)
         try:
             engine.load(spec, None).result()
         except EngineError as e:
             print(f"gemma-chat serve: {e}", file=sys.stderr)
             return 1
-        model_id = args.model_id or _model_id(name)
+        model_id = args.model_id or _model_id(spec.name)
         config = ServerConfig(
             model_id=model_id,
-            api_key=api_key,
+            api_key=key,
             max_waiting=args.max_waiting,
             allow_file_urls=is_loopback(args.host),
             max_tokens=args.max_tokens,
@@ -79,7 +70,7 @@ def run(args) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(
             f"serving {model_id} at http://{host}:{args.port}/v1 "
-            f"({'drafter on' if drafter else 'no drafter'}; {'API key required' if api_key else 'no API key'}); "
+            f"({'drafter on' if spec.drafter else 'no drafter'}; {'API key required' if key else 'no API key'}); "
             "Ctrl+C stops",
             file=sys.stderr,
             flush=True,
@@ -98,7 +89,5 @@ def run(args) -> int:
 
 
 def _model_id(name: str) -> str:
-    """A model name clients can type: 'demo (random weights)' -> 'demo-random-weights'."""
-    import re
-
+    """A model name clients can type: 'demo (tiny trained model)' -> 'demo-tiny-trained-model'."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-").lower() or "gemma-chat"

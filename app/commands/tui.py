@@ -10,10 +10,9 @@ The pairing last chosen by name (--demo, --pairing, the models screen) is saved 
 so the next plain start opens it.
 First run (nothing asked for, no default_pairing configured): the demo loads underneath and the models
 screen opens over it, the demo (or a pairing already downloaded) highlighted: Enter starts it.
---connect URL chats with a running server instead (core.remote: gemma-chat serve, vLLM, any
+--connect URL chats with a running server instead (core.engine.remote: gemma-chat serve, vLLM, any
 OpenAI-compatible one); --model then names the server's model.
-GEMMA_CHAT_FAKE_ENGINE=1 swaps in the scripted fake engine (development and the terminal test;
-GEMMA_CHAT_FAKE_DELAY sets its real seconds per round).
+`scripts/fake_ui.py` runs the same app on the tests' scripted fake engine (`run_app`).
 """
 
 from __future__ import annotations
@@ -23,28 +22,25 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.cli import printable
+from app.commands.common import UsageError, printable, remote_engine
+from core.engine.contract import PairingSpec
+from core.engine.pairings import catalogue_spec, checkpoint_spec, demo_spec
 from core.hub.pairing import PairingError
-from core.pairing_spec import catalogue_spec, checkpoint_spec, demo_spec
 
 __all__ = ["PairingError", "is_first_run", "pairing_spec", "run"]
 
 if TYPE_CHECKING:
-    from core.protocol import ChatEngine
+    from core.engine.contract import ChatEngine
+    from core.settings import GenerationSettings
+    from core.user.config import Config
 
 DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models screen's row key too)
-
-FAKE_ENV = "GEMMA_CHAT_FAKE_ENGINE"
-FAKE_DELAY_ENV = "GEMMA_CHAT_FAKE_DELAY"
-
-
-DEMO_NOTES: list[str] = []  # where the demo went when the cache directory could not take it
 
 
 def pairing_spec(args, default_pairing: str | None = None):
     """(spec, notice): the pairing to open and, when it is a fallback, why."""
     if getattr(args, "demo", False):
-        return demo_spec(on_notice=DEMO_NOTES.append), None
+        return demo_spec(), None
     if getattr(args, "model", None):
         name = Path(args.model.rstrip("/")).name or args.model
         return checkpoint_spec(args.model, args.drafter or None, name=name), None
@@ -53,13 +49,13 @@ def pairing_spec(args, default_pairing: str | None = None):
     if getattr(args, "pairing", None):
         return catalogue_spec(args.pairing), None
     if default_pairing == DEMO_KEY:
-        return demo_spec(on_notice=DEMO_NOTES.append), None
+        return demo_spec(), None
     if default_pairing:
         try:
             return catalogue_spec(default_pairing), None
         except PairingError as e:
-            return demo_spec(on_notice=DEMO_NOTES.append), f"Opened the demo pairing: {e}"
-    return demo_spec(on_notice=DEMO_NOTES.append), (
+            return demo_spec(), f"Opened the demo pairing: {e}"
+    return demo_spec(), (
         "No pairing configured yet: this is the demo (a tiny trained model). See `gemma-chat models list`."
     )
 
@@ -128,39 +124,42 @@ def run(args) -> int:
     notice = None
     first = False
     engine: ChatEngine
-    if getattr(args, "connect", None):
-        from core.engine import PairingSpec
-        from core.remote import RemoteEngine, RemoteError
-
+    if args.connect:
         try:
-            engine = RemoteEngine(
-                args.connect, args.api_key or os.environ.get("GEMMA_CHAT_API_KEY") or None, model=args.model
-            )
-        except RemoteError as e:
+            remote = remote_engine(args)
+        except UsageError as e:
             print(f"gemma-chat: {e}", file=sys.stderr)
             return 2
-        spec = PairingSpec(name=f"server at {engine.base}", target=engine.url, drafter=None)
-    elif os.environ.get(FAKE_ENV):
-        from app.tui.fake_engine import FakeEngine
-        from app.tui.fake_engine import PairingSpec as FakeSpec
-
-        engine = FakeEngine(delay_s=float(os.environ.get(FAKE_DELAY_ENV, "0.05")))
-        spec = FakeSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter")
+        engine = remote
+        spec = PairingSpec(name=f"server at {remote.base}", target=remote.url, drafter=None)
     else:
         try:
             spec, notice = pairing_spec(args, config.default_pairing)
             first = is_first_run(args, config.default_pairing)
             if first:
                 notice = None  # the models screen says it
-            if DEMO_NOTES:
-                notice = " ".join(filter(None, [notice, f"Note: {DEMO_NOTES[-1]}."]))
         except PairingError as e:
             print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
             return 2
         remember_pairing(args, config)
-        from core.engine import Engine
+        from core.engine.local import Engine
 
         engine = Engine()
+    offline = bool(getattr(args, "offline", False) or config.offline)
+    return run_app(engine, spec, settings, config, notice=notice, first_run=first, offline=offline)
+
+
+def run_app(
+    engine: ChatEngine,
+    spec: PairingSpec,
+    settings: GenerationSettings,
+    config: Config,
+    *,
+    notice: str | None = None,
+    first_run: bool = False,
+    offline: bool = False,
+) -> int:
+    """Run the chat app on `engine` until it quits; the exit status (128 + signal when one ended it)."""
     from app.tui.app import GemmaChatApp
     from app.tui.widgets.thumbnail import prime_terminal_graphics
 
@@ -181,10 +180,9 @@ def run(args) -> int:
     from app.tui.screens.models import ModelsOptions
     from core.user.keymap import resolve_keys
 
-    offline = bool(getattr(args, "offline", False) or config.offline)
     app.models_options = ModelsOptions(offline=offline, endpoint=os.environ.get("HF_ENDPOINT") or None, remember=True)
     app.models_key = resolve_keys(config.key_overrides)["models"]
-    app.first_run = first
+    app.first_run = first_run
     try:
         app.run()
     finally:

@@ -13,8 +13,7 @@ from core.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from app.tui.history import HistoryRecorder
-    from core.engine import PairingSpec
-    from core.protocol import ChatEngine
+    from core.engine.contract import ChatEngine, PairingSpec
     from core.user.config import Config
 
 

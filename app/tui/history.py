@@ -38,7 +38,7 @@ from core.settings import GenerationSettings
 from core.user.store import Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
-    from core.engine import PairingSpec
+    from core.engine.contract import PairingSpec
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.decode.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -384,11 +384,11 @@ def same_pairing(chat, spec) -> bool:
 
 
 def pairing_spec_for(chat: Chat) -> PairingSpec | None:
-    """A PairingSpec (core.pairing_spec) for the pairing a stored chat ran on: its recorded directories
+    """A PairingSpec (core.engine.pairings) for the pairing a stored chat ran on: its recorded directories
     if they are still there, else the catalogue pairing of that name if it is downloaded; None if
     neither. Touches the disk: call it off the UI thread."""
+    from core.engine.pairings import catalogue_spec, checkpoint_spec
     from core.hub.pairing import PairingError
-    from core.pairing_spec import catalogue_spec, checkpoint_spec
 
     target, drafter = chat.target_id, chat.drafter_id
     if target and Path(target).is_dir() and (drafter is None or Path(drafter).is_dir()):

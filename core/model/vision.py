@@ -438,9 +438,9 @@ def vision_weight_files(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*.safetensors"))
 
 
-def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None):
-    """Load the vision tower + embedder of a checkpoint directory (core.model.unified's encoder for the
-    12B), or None if it has none.
+def load_vision_tower(model_dir: str | Path, dtype: mx.Dtype | None = None) -> VisionEncoder | None:
+    """Load the vision tower + embedder of a checkpoint directory, or None if it has none (the 12B's
+    encoder-free embedder is core.model.unified's; core.model.encoders.load_vision picks).
 
     `dtype` casts the float weights (e.g. mx.float32 for parity checks); None keeps the
     checkpoint's dtype. mx.load is lazy, so only the vision tensors of a shard are read.
@@ -449,10 +449,6 @@ def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None):
     config = json.loads((model_dir / "config.json").read_text())
     if not config.get("vision_config"):
         return None
-    if config.get("model_type") == "gemma4_unified":  # the 12B: no tower, an encoder-free embedder
-        from core.model.unified import load_unified_vision
-
-        return load_unified_vision(model_dir, dtype)
     weights: dict[str, mx.array] = {}
     for path in vision_weight_files(model_dir):
         weights.update(select_vision_weights(load_safetensors(path)))

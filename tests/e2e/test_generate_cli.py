@@ -140,12 +140,12 @@ def test_errors_are_one_json_line_and_status_1(argv, message, capsys):
 def test_demo_uses_the_demo_pairing(monkeypatch, capsys):
     from pathlib import Path
 
-    import core.demo
+    import core.hub.demo
 
     monkeypatch.setattr(
-        core.demo,
+        core.hub.demo,
         "ensure_demo_pairing",
-        lambda cache_dir=None, on_notice=None: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
+        lambda: (Path(f"{PACK}/e-style-target"), Path(f"{PACK}/e-style-assistant")),
     )
     rc = main(
         [

@@ -400,7 +400,7 @@ def test_a_damaged_demo_is_one_error_line(dirs, monkeypatch, capsys, tmp_path):
     # a truncated or altered shipped demo file (on a copy: never touch the package's own) is named, not loaded
     import shutil
 
-    from core import demo
+    from core.hub import demo
 
     copy = tmp_path / "demo"
     shutil.copytree(demo.DEMO_DIR, copy)

@@ -1,4 +1,4 @@
-"""`gemma-chat serve` (core.server) and `--connect` (core.remote), on 127.0.0.1 servers the tests start.
+"""`gemma-chat serve` (core.frontends.server) and `--connect` (core.engine.remote), on loopback servers the tests start.
 
 Real engines on tiny checkpoints for the numbers that must match `generate` (greedy text, token ids,
 draft flags); the scripted FakeEngine where timing must be controlled (queueing, disconnects).
@@ -14,14 +14,15 @@ import time
 
 import httpx2 as httpx
 import pytest
+from support.fake_engine import FakeEngine
+from support.fake_engine import PairingSpec as FakeSpec
 
 from app.cli import main
-from app.tui.fake_engine import FakeEngine
-from app.tui.fake_engine import PairingSpec as FakeSpec
-from core.engine import Engine, PairingSpec
+from core.engine.contract import PairingSpec
+from core.engine.local import Engine
+from core.engine.remote import RemoteEngine, parse_spec_metrics
 from core.events import TokenEvent, TurnDone
-from core.remote import RemoteEngine, parse_spec_metrics
-from core.server import BackgroundServer, ServerConfig, StopScanner, create_app
+from core.frontends.server import BackgroundServer, ServerConfig, StopScanner, create_app
 from core.settings import GenerationSettings
 
 PACK = "tests/data/pack/models"
@@ -90,7 +91,7 @@ def stream_tokens(chunks: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def factory_pair(tmp_path_factory):
-    from core.factory import build_pairing
+    from support.factory import build_pairing
 
     return build_pairing(tmp_path_factory.mktemp("serve-factory"), "e-style")
 
@@ -324,7 +325,7 @@ def test_block_size_keys_reach_a_running_turn_through_the_server():
         remote = RemoteEngine(url)
         try:
             remote.load(None, None).result(timeout=10)
-            assert remote.live_controls and remote.token_origin_known
+            assert remote.features.live_controls and remote.features.token_origins
             events: list = []
             future = remote.chat([{"role": "user", "content": "x"}], GenerationSettings(block_size=4), events.append)
             deadline = time.monotonic() + 10
@@ -442,7 +443,7 @@ def test_remote_engine_over_vllm_reads_text_and_spec_metrics():
         engine = RemoteEngine(url + "/v1", metrics_poll_s=0.05)
         try:
             info = engine.load(None, None).result(timeout=10)
-            assert engine.kind == "vllm" and info.drafter_path is not None and not engine.live_controls
+            assert engine.kind == "vllm" and info.drafter_path is not None and not engine.features.live_controls
             events: list = []
             done = engine.chat([{"role": "user", "content": "hi"}], GenerationSettings(), events.append).result(10)
         finally:

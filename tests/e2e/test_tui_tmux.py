@@ -1,7 +1,7 @@
 """The installed `gemma-chat` in a real terminal (tmux): type, a coloured reply streams, Esc stops,
 Ctrl+Q quits.
 
-Two runs: the scripted fake engine (GEMMA_CHAT_FAKE_ENGINE=1: both token colours, underlined
+Two runs: the scripted fake engine (scripts/fake_ui.py: both token colours, underlined
 drafts, deterministic) and `--demo` on the real engine (the tiny trained demo pair). tmux must be
 installed (.ci/run installs it): skipped without it, failed without it when GEMMA_CHAT_REQUIRE_TMUX=1 (CI).
 """
@@ -24,7 +24,7 @@ def _target_token_in_reply(capture: str) -> bool:
 
 
 def test_fake_engine_in_tmux_streams_colours_stops_quits(term_env):
-    t = _session(term_env, {"GEMMA_CHAT_FAKE_ENGINE": "1", "GEMMA_CHAT_FAKE_DELAY": "0.25"}, [])
+    t = _session(term_env, {}, ["--delay", "0.25"], fake=True)
     try:
         t.wait(lambda: "ready" in t.text(), "the fake engine to load", 20)
         t.keys("what is speculative decoding?", literal=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from core.bench import (
+from core.frontends.bench import (
     BenchOptions,
     RunResult,
     SimulatedDrafter,
@@ -62,7 +62,7 @@ def test_bench_end_to_end_table_and_json(factory_checkpoints):
 def test_prefill_timing_runs_the_same_prompt_through_both(factory_checkpoints):
     """The long prompt is a whole chat turn of at least n tokens, and mlx-lm and our loop read it
     alike: the same first token (float32), so the two timings are of the same work."""
-    from core.bench import prefill_prompt, run_mlx_lm
+    from core.frontends.bench import prefill_prompt, run_mlx_lm
 
     target, _ = factory_checkpoints.pairing("e-style")
     tg, tok = load_target(target), load_tokenizer(target)
@@ -79,7 +79,7 @@ def test_prefill_timing_runs_the_same_prompt_through_both(factory_checkpoints):
 
 
 def test_prefill_timing_can_be_skipped_and_is_capped_by_the_context(factory_checkpoints, tmp_path):
-    from core.factory import build_pairing
+    from support.factory import build_pairing
 
     target, _ = factory_checkpoints.pairing("e-style")
     o = BenchOptions(max_tokens=4, repeats=1, block_sizes=[2], cost_repeats=1, prefill_tokens=0)

@@ -1,4 +1,4 @@
-"""core.demo: the trained demo pairing ships in the package, is checked against its sha256
+"""core.hub.demo: the trained demo pairing ships in the package, is checked against its sha256
 manifest, loads with no build step, and behaves like a trained model: English replies that end
 their turn, and a drafter the target agrees with."""
 
@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import factory
 
 from app.cli import main
-from core import demo, factory
+from core.hub import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 

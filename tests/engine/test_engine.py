@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from core.engine import Engine, EngineError, PairingSpec
+from core.engine.contract import EngineError, PairingSpec
+from core.engine.local import Engine
 from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone
 from core.settings import GenerationSettings
 

@@ -1,4 +1,4 @@
-"""core.factory: tiny random-weight Gemma 4 checkpoints in the real on-disk formats.
+"""support.factory: tiny random-weight Gemma 4 checkpoints in the real on-disk formats.
 
 Checked against mlx-lm's own loader (every variant x layout x dtype loads and runs), against the
 reference pack (same config keys, same tensor names, same dimension roles), and for determinism.
@@ -14,8 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-
-from core import factory
+from support import factory
 
 VARIANTS = ("e-style", "moe-style", "dense-style", "unified-style")
 BUILDS = [
@@ -404,7 +403,7 @@ def test_overrides_and_refusals(tmp_path):
 
 def test_real_shape_configs_match_reference_facts():
     """The E2B/E4B specs behind the slow smoke test (reference/real-configs.md)."""
-    from core.factory.specs import text_config
+    from support.factory.specs import text_config
 
     e2b = text_config(factory.resolve_spec(full_config="E2B"))
     assert [i for i, t in enumerate(e2b["layer_types"]) if t == "full_attention"] == list(range(4, 35, 5))
@@ -428,7 +427,7 @@ def test_real_shape_configs_match_reference_facts():
 def test_real_shape_e2b_smoke(tmp_path, dtype):
     """A real-shape E2B (262144 vocab, 35 layers, PLE) with its drafter: built, loaded strictly by
     mlx-lm, generating. Needs ~3 GB (q4) / ~10 GB (bf16) of disk and RAM and minutes on a CPU."""
-    from core.factory.smoke import smoke_one
+    from support.factory.smoke import smoke_one
 
     report = smoke_one(tmp_path, "E2B", dtype, max_tokens=2, prompt_tokens=2)
     print(json.dumps(report))
@@ -470,7 +469,7 @@ def test_real_shape_12b_matches_reference_counts():
 def test_real_shape_12b_smoke(tmp_path):
     """A real-shape 12B in 4 bits (~7 GB of disk and RAM; the bf16 one would need ~24 GB) with its
     `gemma4_unified_assistant` drafter: built, loaded by mlx-lm and by the engine, generating."""
-    from core.factory.smoke import smoke_one
+    from support.factory.smoke import smoke_one
 
     report = smoke_one(tmp_path, "12B", "q4", max_tokens=2, prompt_tokens=2)
     print(json.dumps(report))

@@ -18,12 +18,14 @@ from safetensors.numpy import load_file
 import core.decode.spec as spec_mod
 from core.decode import prompt as prompt_mod
 from core.decode.spec import prefill_chunks
-from core.engine import Engine, EngineError, PairingSpec
+from core.engine.contract import EngineError, PairingSpec
+from core.engine.local import Engine
 from core.events import PrefillDone, TurnDone
+from core.model.encoders import load_vision
 from core.model.image import ImageProcessorConfig, preprocess_image
 from core.model.loader import load_tokenizer
 from core.model.target import load_target
-from core.model.vision import VisionConfig, VisionEncoder, load_vision
+from core.model.vision import VisionConfig, VisionEncoder
 from core.settings import GenerationSettings
 
 PACK = "tests/data/pack/models"

@@ -207,9 +207,9 @@ def test_vision_embedder_and_soft_tokens_match_hf():
     import numpy as np
     from safetensors.numpy import load_file
 
+    from core.model.encoders import load_vision
     from core.model.image import ImageProcessorConfig, preprocess_image
     from core.model.unified import UnifiedVisionEncoder, model_inputs
-    from core.model.vision import load_vision
 
     enc = load_vision(UT)
     assert isinstance(enc, UnifiedVisionEncoder) and enc.config.mm_embed_dim == 32 and enc.config.raw_dims == 6912
@@ -253,7 +253,7 @@ def test_image_attention_rule_is_the_unified_one():
 def test_mm_posemb_bound_and_raw_width_are_checked():
     import numpy as np
 
-    from core.model.vision import load_vision
+    from core.model.encoders import load_vision
 
     enc = load_vision(UT)
     with pytest.raises(ValueError, match="6912 values, got 768"):
@@ -268,7 +268,8 @@ def test_engine_image_prompt_greedy_equals_hf_with_small_chunks_drafter_on_and_o
     (ten sliding windows long) sits in one chunk with its span as the overlay, and 30 greedy tokens
     equal HF's, drafter on (block 3) and off."""
     import core.decode.spec as spec_mod
-    from core.engine import Engine, PairingSpec
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     meta = json.loads((IMAGES / "unified-style.json").read_text())
@@ -381,7 +382,8 @@ def test_real_shape_12b_embedder_runs_float_and_quantized():
 def test_factory_unified_pairing_chats_with_an_image(factory_checkpoints, layout, dtype):
     """bf16 and 4-bit unified checkpoints (embedders stay bf16, as converters leave them): an image
     turn and a follow-up that reuses the cache, drafter on and off give the same tokens."""
-    from core.engine import Engine, PairingSpec
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     target, drafter = factory_checkpoints.pairing("unified-style", layout=layout, dtype=dtype)
@@ -412,10 +414,11 @@ def test_factory_unified_pairing_chats_with_an_image(factory_checkpoints, layout
 
 
 def test_real_12b_configs_pair_and_refuse_the_others():
-    """The real-shape 12B configs (core.factory REAL_SHAPES) pass the pair check: the assistant
+    """The real-shape 12B configs (support.factory REAL_SHAPES) pass the pair check: the assistant
     reads 8 sliding K/V heads of 256 and 1 full head of 512 from layers 46 and 47; an E2B
     assistant is refused for the architecture and every shape it gets wrong."""
-    from core import factory
+    from support import factory
+
     from core.hub.fit import producer_layers
 
     spec = factory.resolve_spec(full_config="12B")
@@ -484,7 +487,8 @@ def test_doctor_and_models_list_show_a_downloaded_12b_pairing(tmp_path):
 def test_image_turns_drafter_on_equals_off_at_every_block_size():
     """Two turns (an image of 63 soft tokens, five sliding windows; then a follow-up that reuses the
     cache) at block sizes 2..8 and auto: the same tokens as the drafter off."""
-    from core.engine import Engine, PairingSpec
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     first = {

@@ -13,8 +13,9 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors.numpy import load_file
 
+from core.model.encoders import load_vision
 from core.model.image import ImageProcessorConfig, preprocess_image
-from core.model.vision import VisionEncoder, load_vision, pooling_order
+from core.model.vision import VisionEncoder, pooling_order
 
 PACK = Path(__file__).parents[1] / "data" / "pack"
 MODELS = PACK / "models"

@@ -13,9 +13,9 @@ import sqlite3
 import pytest
 from pilot import make_app as shared_make_app
 from pilot import texts, turn, until
+from support.fake_engine import FakeEngine, PairingSpec
 
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.chats import ChatListScreen
@@ -162,20 +162,18 @@ def test_quit_signal_gives_the_terminal_back(tmp_path, signame):
     import subprocess
     import time
 
-    from tmux_session import GEMMA_CHAT, Tmux, _ensure_tmux
+    from tmux_session import FAKE_UI, Tmux, _ensure_tmux
 
     env = {
         "TERM": "xterm-256color",
         "GEMMA_CHAT_CONFIG": str(tmp_path / "config.toml"),
         "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
         "GEMMA_CHAT_CACHE_DIR": str(tmp_path / "cache"),
-        "GEMMA_CHAT_FAKE_ENGINE": "1",
-        "GEMMA_CHAT_FAKE_DELAY": "0.5",
         "HF_HUB_OFFLINE": "1",
         "PATH": os.environ.get("PATH", ""),
     }
     # a shell around the app keeps the pane (and its terminal state) after the app is gone
-    t = Tmux(_ensure_tmux(), env, ["sh", "-c", f"'{GEMMA_CHAT}; echo EXIT=$?; sleep 60'"])
+    t = Tmux(_ensure_tmux(), env, ["sh", "-c", f"'{FAKE_UI} --delay 0.5; echo EXIT=$?; sleep 60'"])
     try:
         t.wait(lambda: "ready" in t.text(), "the fake engine to load", 30)
         t.keys("tell me something", literal=True)

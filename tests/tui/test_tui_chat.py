@@ -8,12 +8,12 @@ import time
 import pytest
 from pilot import make_app as shared_make_app
 from pilot import ready, until
+from support.fake_engine import FakeEngine, PairingSpec, split_tokens
 from textual.command import CommandPalette
 from textual.widgets import Input
 
 from app.tui.app import GemmaChatApp
 from app.tui.bridge import EventBridge
-from app.tui.fake_engine import FakeEngine, PairingSpec, split_tokens
 from app.tui.screens.help import HelpScreen
 from app.tui.widgets.conversation import DRAFT_STYLE, TARGET_STYLE, ReplyView, UserMessage, displayable
 from core.events import LoadProgress, RoundEvent, TokenEvent
@@ -465,8 +465,8 @@ class RecordingEngine:
 
 
 async def test_real_engine_send_stream_stop(factory_checkpoints):
-    from core.engine import Engine
-    from core.engine import PairingSpec as RealSpec
+    from core.engine.contract import PairingSpec as RealSpec
+    from core.engine.local import Engine
     from core.events import TurnDone
     from core.settings import GenerationSettings
 

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 from pilot import ready, until
+from support.fake_engine import FakeEngine, PairingSpec
 from textual import events
 
 from app.resources import assets_dir
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine, PairingSpec
 
 pytestmark = pytest.mark.anyio
 SMALL = (80, 24)

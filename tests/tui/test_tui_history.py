@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 from pilot import make_app as shared_make_app
 from pilot import texts, turn, until
+from support.fake_engine import FakeEngine
 
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine
 from app.tui.history import HistoryRecorder, RestoredReply
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
@@ -317,8 +317,9 @@ async def test_thinking_is_collapsed_saved_apart_and_not_sent_back(tmp_path):
 
 
 async def test_copy_reply_and_code_and_export(tmp_path, monkeypatch):
+    from support.fake_engine import DEFAULT_REPLY
+
     import core.user.clipboard
-    from app.tui.fake_engine import DEFAULT_REPLY
 
     monkeypatch.setattr(core.user.clipboard, "system_copy", lambda text, **kw: False)
     app = make_app(tmp_path / "h.sqlite3", export_dir=tmp_path / "out")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from pilot import make_app as shared_make_app
 from pilot import ready, until
+from support.fake_engine import FakeEngine
 from textual import events
 
 from app.resources import assets_dir
 from app.tui.app import GemmaChatApp
-from app.tui.fake_engine import FakeEngine
 from app.tui.screens.file_picker import FilePicker
 from app.tui.widgets.attachments import AttachmentChip, parse_image_command, user_content
 from app.tui.widgets.thumbnail import MODE_ENV, ImageStrip, Thumbnail, halfcell_text, inspect_image
@@ -381,8 +381,8 @@ def test_halfcell_keeps_the_aspect_and_the_colours():
 
 
 async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
-    from core.engine import Engine
-    from core.engine import PairingSpec as RealSpec
+    from core.engine.contract import PairingSpec as RealSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     target, drafter = factory_checkpoints.pairing("e-style")

@@ -15,10 +15,10 @@ import pytest
 from fakehub import FakeHub, FakeRepo, put_in_cache
 from pilot import make_app as shared_make_app
 from pilot import until as _until
+from support.fake_engine import PairingSpec
 from textual.command import CommandPalette
 
 from app.commands.tui import is_first_run
-from app.tui.fake_engine import PairingSpec
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.models import DEMO_KEY, OFFLINE_MESSAGE, ModelsOptions, ModelsScreen
@@ -380,8 +380,8 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
     """A catalogue pairing laid out in the HF cache from factory checkpoints (tiny random weights):
     the real engine loads it through the screen, drafter included, and a turn runs on it."""
     pytest.importorskip("mlx.core")
-    from core.engine import Engine
-    from core.engine import PairingSpec as RealSpec
+    from core.engine.contract import PairingSpec as RealSpec
+    from core.engine.local import Engine
 
     target_dir, drafter_dir = factory_checkpoints.pairing("e-style")
     as_files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}  # noqa: E731

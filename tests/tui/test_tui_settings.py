@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pilot import make_app as shared_make_app
 from pilot import until
+from support.fake_engine import PairingSpec
 
-from app.tui.fake_engine import PairingSpec
 from app.tui.history import HistoryRecorder
 from app.tui.screens.settings import SettingsScreen
 from core.user.config import load_config

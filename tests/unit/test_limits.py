@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from support.fake_engine import FakeEngine
 
 from app.cli import _block_size as cli_block_size
-from app.tui.fake_engine import FakeEngine
 from app.tui.screens.settings import FieldError, parse_block_size
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.model.image import SUPPORTED_SOFT_TOKENS

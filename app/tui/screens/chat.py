@@ -29,9 +29,9 @@ from app.tui.history import (
     thinking_section,
     user_texts,
 )
-from app.tui.images import ChatImages
 from app.tui.live_stats import LiveStats
 from app.tui.messages import ImagesPasted, PromptSubmitted, QuickKey
+from app.tui.screens.chat_images import ChatImages
 from app.tui.widgets.attachments import AttachmentBar, user_content
 from app.tui.widgets.conversation import ReplyView, UserMessage, Variant, legend
 from app.tui.widgets.key_hints import KeyHints, hints_for
@@ -43,8 +43,7 @@ from core.settings import GenerationSettings
 from core.user import keymap
 
 if TYPE_CHECKING:
-    from core.engine import PairingInfo, PairingSpec
-    from core.protocol import ChatEngine
+    from core.engine.contract import ChatEngine, PairingInfo, PairingSpec
     from core.user.config import Config
     from core.user.store import Chat, Store
 
@@ -174,7 +173,7 @@ class ChatScreen(Screen):
     def on_mount(self) -> None:
         self._place_panel()
         self.conversation.anchor()
-        self.panel.show_pairing(self.spec.name, bool(getattr(self.spec, "demo", False)))
+        self.panel.show_pairing(self.spec.name, self.spec.demo)
         self.panel.show_status("loading…")
         self.panel.show(self.stats)
         self._load_future = self.engine.load(self.spec, self.bridge.listener(0))
@@ -319,11 +318,12 @@ class ChatScreen(Screen):
             self.notify(f"Could not load the model: {self.load_error}", severity="error", timeout=10)
             return
         self.loaded = True
-        if getattr(self.engine, "token_origin_known", True) is False:  # core.remote over vLLM
+        features = self.engine.features
+        if not features.token_origins:  # a server that does not say (vLLM)
             self.legend.update(legend(origin_known=False))
         self.stats.has_drafter = info.drafter_path is not None
-        self.stats.block_by_server = not getattr(self.engine, "live_controls", True)
-        self.stats.context_length = getattr(info, "context_length", None)
+        self.stats.block_by_server = not features.live_controls
+        self.stats.context_length = info.context_length or None
         self.stats.dirty = True
         self.panel.show_pairing(info.name, bool(info.demo))
         if not self.generating:
@@ -338,14 +338,14 @@ class ChatScreen(Screen):
         stays; the next turn is prefilled on the new model. False, doing nothing, while a reply streams."""
         if self.generating:
             return False
-        if getattr(self.engine, "remote", False):  # core.remote: the server chose the model
+        if not self.engine.features.choose_pairing:  # --connect: the server chose the model
             self.notify("Connected to a server (--connect): the model is chosen there", severity="warning")
             return False
         self.spec = spec
         self.loaded = False
         self.load_error = None
         self.load_stage = ""
-        self.panel.show_pairing(spec.name, bool(getattr(spec, "demo", False)))
+        self.panel.show_pairing(spec.name, spec.demo)
         self.panel.show_status("loading…")
         self._load_future = self.engine.load(spec, self.bridge.listener(0))
         return True
@@ -354,7 +354,7 @@ class ChatScreen(Screen):
         """While a prompt prefills: how many tokens, for how long so far, and about how long in all at
         the last measured prefill rate (a 100 KB paste takes minutes on a small machine)."""
         if self._prefill is None:
-            started = getattr(self.engine, "prefilling", None)
+            started = self.engine.prefilling
             if started is None or self.reply is None or self.reply.plain or not self._awaiting_prefill:
                 return
             self._status_before_prefill = self.panel.status_text
@@ -575,10 +575,10 @@ class ChatScreen(Screen):
 
     def _fixed_by_server(self) -> bool:
         """A remote server that takes no live block-size or drafter changes says so (no effect)."""
-        if getattr(self.engine, "live_controls", True):
+        features = self.engine.features
+        if features.live_controls:
             return False
-        note = getattr(self.engine, "controls_note", None)  # core.remote.RemoteEngine says why
-        self.notify(f"Not changed: {note() if callable(note) else 'the server fixes them'}", severity="warning")
+        self.notify(f"Not changed: {features.controls_note or 'the server fixes them'}", severity="warning")
         return True
 
     def _set_block(self, k: int | str) -> None:
@@ -620,7 +620,7 @@ class ChatScreen(Screen):
         if not isinstance(self.app.screen, HelpScreen):
             self.app.push_screen(HelpScreen(self.screen_keys))
 
-    # -- images (app.tui.images) ------------------------------------------------------------------
+    # -- images (chat_images) ----------------------------------------------------------------------
     def action_attach_image(self) -> None:
         self.images.open_picker()
 
@@ -744,7 +744,7 @@ class ChatScreen(Screen):
     # -- parameters and settings --------------------------------------------------------------------
     def supports_thinking(self) -> bool:
         info = self.engine.info
-        return bool(info is not None and getattr(info, "supports_thinking", False))
+        return info is not None and info.supports_thinking
 
     def action_chat_params(self) -> None:
         from app.tui.screens.chat_params import ChatParamsScreen

@@ -518,7 +518,7 @@ class ModelsScreen(Screen):
             self.say(f"Not loaded: {name} would not fit.")
 
     def _spec_for(self, row: Row):
-        from core.pairing_spec import catalogue_spec, demo_spec, snapshot_spec
+        from core.engine.pairings import catalogue_spec, demo_spec, snapshot_spec
 
         if row.kind == "demo":
             current = getattr(self.chat, "spec", None)
@@ -551,7 +551,7 @@ class ModelsScreen(Screen):
         if same and chat.load_error is None:
             spec = chat.spec  # already loaded (or loading): wait for it and go back
         elif not chat.switch_pairing(spec):
-            if getattr(chat.engine, "remote", False):
+            if not chat.engine.features.choose_pairing:
                 self.say("Connected to a server (--connect): the model is chosen on the server.", "warning")
                 return
             self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")

@@ -9,7 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.tui.live_stats import LiveStats, format_bytes
-from core.demo import demo_label, demo_short_label
+from core.hub.demo import demo_label, demo_short_label
 
 
 def _set(widget: Static, text: str) -> None:

@@ -19,7 +19,7 @@ from app.tui.widgets.prompt import PromptArea
 from app.tui.widgets.thumbnail import ImageInfo, ImageStrip
 
 if TYPE_CHECKING:
-    from core.engine import PairingInfo
+    from core.engine.contract import PairingInfo
 
 
 class ChatImages:

@@ -24,7 +24,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
+TOKENIZER_DIR = Path(__file__).resolve().parent / "data" / "tokenizer"
 
 S, F = "sliding_attention", "full_attention"
 

@@ -1,7 +1,7 @@
 """Real-shape smoke run: build an E2B/E4B/12B-sized random checkpoint, load it with mlx-lm, generate,
 then generate again with gemma-chat's engine and the matching drafter (block 2) and without it.
 
-    python -m core.factory.smoke [--shape E2B] [--dtypes bfloat16,q4] [--root DIR] [--tokens 32]
+    python -m support.factory.smoke [--shape E2B] [--dtypes bfloat16,q4] [--root DIR] [--tokens 32]
 
 Reports per dtype: build seconds, size on disk, load seconds, peak memory after load and after
 generation (`mx.get_peak_memory()`), prompt and generation tok/s. It needs ~10 GB of disk and RAM
@@ -29,7 +29,7 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
     """Build the matching drafter, load it with the engine's loader and check the pair."""
     import mlx.core as mx
 
-    from core.factory import build_drafter
+    from support.factory import build_drafter
 
     out = root / f"{shape}-assistant"
     t0 = time.perf_counter()
@@ -59,7 +59,8 @@ def _drafter_figures(root: Path, shape: str, dtype: str, target_dir: Path) -> di
 
 def _engine_figures(target_dir: Path, drafter_dir: Path, max_tokens: int = 4) -> dict:
     """Generate with gemma-chat's own engine, drafter on (block 2) and off, same prompt."""
-    from core.engine import Engine, PairingSpec
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
     from core.settings import GenerationSettings
 
     engine = Engine()
@@ -103,7 +104,7 @@ def smoke_one(
     import mlx.core as mx
     import mlx_lm
 
-    from core.factory import build_checkpoint
+    from support.factory import build_checkpoint
 
     layout = "mlx" if dtype == "q4" else "hf"
     out = root / f"{shape}-{layout}-{dtype}"

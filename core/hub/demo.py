@@ -18,7 +18,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-DEMO_DIR = Path(__file__).resolve().parent / "data" / "demo"
+DEMO_DIR = Path(__file__).resolve().parent.parent / "data" / "demo"
 DEMO_MARKER = "gemma_chat_demo.json"
 DEMO_NAME = "demo (tiny trained model)"  # the pairing name the UI and CLI show
 DEMO_TRAINED_ON = "gemma-chat's own notes and Python docstrings"
@@ -29,13 +29,6 @@ class DemoIntegrityError(RuntimeError):
 
 
 DemoError = DemoIntegrityError  # what callers catch: the demo pairing cannot be opened
-
-
-def cache_root() -> Path:
-    """gemma-chat's cache directory (`$GEMMA_CHAT_CACHE_DIR` wins), as `core.user.paths` has it."""
-    from core.user import paths
-
-    return paths.cache_dir()
 
 
 def _read_manifest(root: Path) -> dict:
@@ -74,10 +67,6 @@ def demo_short_label() -> str:
         return "DEMO — tiny model"
 
 
-# Kept for callers of the old API: the label the UI shows next to the demo pairing.
-DEMO_LABEL = f"demo: tiny model trained on {DEMO_TRAINED_ON}"
-
-
 def demo_version() -> str:
     """A short id of the shipped weights (the manifest's hash)."""
     return hashlib.sha256((DEMO_DIR / DEMO_MARKER).read_bytes()).hexdigest()[:16]
@@ -114,8 +103,6 @@ def verify(root: Path = DEMO_DIR) -> tuple[Path, Path]:
     return root / m["target"], root / m["drafter"]
 
 
-def ensure_demo_pairing(cache_dir=None, on_notice=None) -> tuple[Path, Path]:
-    """The shipped demo pairing's (target, drafter) directories, checked against the manifest.
-    `cache_dir` and `on_notice` are accepted for compatibility and unused: nothing is built any more,
-    so no cache directory can be in the way."""
+def ensure_demo_pairing() -> tuple[Path, Path]:
+    """The shipped demo pairing's (target, drafter) directories, checked against the manifest."""
     return verify(DEMO_DIR)

@@ -8,21 +8,19 @@ with a sentence for the user. Nothing here imports mlx.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from core.demo import DEMO_NAME
-from core.engine import PairingSpec
+from core.engine.contract import PairingSpec
+from core.hub.demo import DEMO_NAME
 from core.hub.pairing import PairingError
 
 
-def demo_spec(*, drafter: bool = True, on_notice: Callable[[str], None] | None = None) -> PairingSpec:
-    """The offline demo pairing. `on_notice(message)` hears where it went when the cache directory
-    could not take it; a demo that cannot be set up anywhere raises PairingError."""
-    from core.demo import DemoError, ensure_demo_pairing
+def demo_spec(*, drafter: bool = True) -> PairingSpec:
+    """The offline demo pairing shipped in the package; damaged files raise PairingError."""
+    from core.hub.demo import DemoError, ensure_demo_pairing
 
     try:
-        target, drafter_dir = ensure_demo_pairing(on_notice=on_notice)
+        target, drafter_dir = ensure_demo_pairing()
     except DemoError as e:
         raise PairingError(str(e)) from None
     return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter_dir) if drafter else None, demo=True)
@@ -62,7 +60,7 @@ def checkpoint_spec(
 ) -> PairingSpec:
     """Local checkpoints (directories, or repo ids already in the cache); no drafter: plain decoding.
     `name` defaults to the target directory's. The demo's directories, passed by path, keep their demo label."""
-    from core.demo import is_demo_checkpoint
+    from core.hub.demo import is_demo_checkpoint
 
     target_dir = resolve_checkpoint(target)
     drafter_dir = resolve_checkpoint(drafter) if drafter else None

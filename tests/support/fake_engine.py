@@ -1,4 +1,4 @@
-"""A scripted stand-in for `core.engine.Engine`, with exactly its public API.
+"""A scripted stand-in for `core.engine.local.Engine`, with exactly its public API.
 
 It owns one thread like the real engine, emits predetermined tokens with `from_draft` flags in rounds
 shaped by the block size and the drafter switch, and records every control call together with the
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.engine import PairingInfo, PairingSpec
+from core.engine.contract import EngineFeatures, PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
@@ -160,6 +160,10 @@ class FakeEngine:
     @property
     def info(self) -> PairingInfo | None:
         return self._info
+
+    @property
+    def features(self) -> EngineFeatures:
+        return EngineFeatures(images=self._info is not None and self._info.has_vision)
 
     # -- test helpers ---------------------------------------------------------------------------
     def release_load(self) -> None:
@@ -344,6 +348,6 @@ def _text_of(message: dict) -> str:
 
 
 if TYPE_CHECKING:
-    from core.protocol import ChatEngine
+    from core.engine.contract import ChatEngine
 
     _: type[ChatEngine] = FakeEngine  # mypy: the fake keeps the real engine's contract

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.engine.contract import EngineError, EngineFeatures, PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillStarted, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
 from core.settings import GenerationSettings
@@ -40,41 +41,10 @@ if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not i
     from core.model.drafter import Drafter
     from core.model.image import ImageProcessorConfig
     from core.model.target import Target, TargetCache
+    from core.model.unified import UnifiedVisionEncoder
     from core.model.vision import VisionEncoder
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """A request the engine cannot serve (bad checkpoint, mismatched pair, no model loaded)."""
-
-
-@dataclass(frozen=True)
-class PairingSpec:
-    name: str  # display name, e.g. "E2B" or "demo (random weights)"
-    target: str  # local checkpoint directory (or a repo id already in the HF cache)
-    drafter: str | None  # local drafter directory, or None (no speculative decoding)
-    demo: bool = False
-    dtype: str | None = None  # cast float weights ("float32", "bfloat16"); None keeps the checkpoint's
-    # The drafter's two conventions (core.model.drafter, pack README D1/D2): the RoPE position of its
-    # query ("P-1" the last cached position, or "P" as HF) and how many recent keys its sliding
-    # layers see ("W" keys with |q - k| < W, or "W+1" as HF). They change acceptance, not output.
-    drafter_position: str = "P-1"
-    drafter_window: str = "W"
-
-
-@dataclass(frozen=True)
-class PairingInfo:
-    name: str
-    target_path: str
-    drafter_path: str | None
-    has_vision: bool
-    demo: bool
-    context_length: int
-    vocab_size: int
-    sliding_window: int
-    dtype: str
-    supports_thinking: bool
 
 
 @dataclass
@@ -92,7 +62,7 @@ class _Loaded:
     info: PairingInfo
     target: Target
     drafter: Drafter | None
-    vision: VisionEncoder | None
+    vision: VisionEncoder | UnifiedVisionEncoder | None
     tokenizer: Any  # mlx-lm's TokenizerWrapper (untyped)
     decoder: Decoder
     cache: TargetCache
@@ -124,6 +94,11 @@ class Engine:
     @property
     def info(self) -> PairingInfo | None:
         return self._info
+
+    @property
+    def features(self) -> EngineFeatures:
+        info = self._info
+        return EngineFeatures(images=info is not None and info.has_vision)
 
     def load(
         self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
@@ -273,7 +248,7 @@ class Engine:
             progress("vision", 0.0)
             vision = None
             try:
-                from core.model.vision import load_vision
+                from core.model.encoders import load_vision
 
                 vision = load_vision(target_dir, getattr(mx, spec.dtype) if spec.dtype else None)
             except Exception as e:  # text chat still works without the tower
@@ -511,6 +486,6 @@ def _thaw_heap() -> None:
 
 
 if TYPE_CHECKING:
-    from core.protocol import ChatEngine
+    from core.engine.contract import ChatEngine
 
     _: type[ChatEngine] = Engine  # mypy: the real engine keeps the contract

@@ -13,7 +13,7 @@ The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" objec
   {"tokens": [{"id", "text", "from_draft", "round"}], "rounds": [RoundEvent fields], "prefill": {...}}
 (a round's summary may ride on the chunk of the next round's tokens: order events by round)
 and on the last chunk (finish_reason set) "usage" and {"stats": TurnStats.as_dict()}. OpenAI clients
-ignore the extension; `core.remote.RemoteEngine` rebuilds the engine's events from it.
+ignore the extension; `core.engine.remote.RemoteEngine` rebuilds the engine's events from it.
 
 The HTTP status is decided after the engine's first event (prompt prefilled, or the turn refused),
 so a prompt that is too long or an unreadable image is a 400, not an error inside a 200 stream.

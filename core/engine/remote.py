@@ -1,6 +1,6 @@
 """`RemoteEngine`: the engine's public API over an OpenAI-compatible server (`--connect URL`).
 
-The chat screen, its history and panels, and `generate` use it exactly like `core.engine.Engine`:
+The chat screen, its history and panels, and `generate` use it exactly like `core.engine.local.Engine`:
 `load`/`chat` return futures, events arrive through `on_event` on the remote engine's own thread
 (one asyncio loop on a daemon thread, so `cancel` can interrupt a request at any await, including
 while the server has not answered yet), turns run one at a time in submission order.
@@ -34,8 +34,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import urlparse
 
-from core.engine import EngineError, PairingInfo
-from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.engine.contract import EngineError, EngineFeatures, PairingInfo
+from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
 
 EXTENSION = "gemma_chat"
@@ -129,7 +129,7 @@ class _Job:
 class RemoteEngine:
     """Engine API over HTTP. `url` is the server's base (with or without /v1)."""
 
-    remote = True  # the chat screen does not switch pairings on a server
+    prefilling: PrefillStarted | None = None  # a server does not report its prefill's progress
 
     def __init__(
         self,
@@ -171,17 +171,25 @@ class RemoteEngine:
         return self._info
 
     @property
-    def token_origin_known(self) -> bool:
-        return self.kind == "gemma-chat"
-
-    @property
-    def live_controls(self) -> bool:
-        return self.kind == "gemma-chat"
-
-    def controls_note(self) -> str:
-        if self.kind == "vllm":
-            return "vLLM fixes the number of drafts per round at launch (--speculative-config num_speculative_tokens)"
-        return "this server does not take block size or drafter changes"
+    def features(self) -> EngineFeatures:
+        """gemma-chat's server says where every token came from and takes live controls; others do not
+        (vLLM fixes the drafts per round at launch). No server switches pairings from here."""
+        ours = self.kind == "gemma-chat"
+        if ours:
+            note = ""
+        elif self.kind == "vllm":
+            note = "vLLM fixes the number of drafts per round at launch (--speculative-config num_speculative_tokens)"
+        else:
+            note = "this server does not take block size or drafter changes"
+        images = self._info is not None and self._info.has_vision
+        return EngineFeatures(
+            live_controls=ours,
+            controls_note=note,
+            token_origins=ours,
+            prefill_progress=False,
+            choose_pairing=False,
+            images=images,
+        )
 
     # -- the Engine API ----------------------------------------------------------------------------
     def load(self, spec, on_event: Callable | None) -> concurrent.futures.Future:
@@ -217,12 +225,12 @@ class RemoteEngine:
         if k != "auto" and not (isinstance(k, int) and 1 <= k <= 16):
             raise ValueError("block size must be 1..16 or 'auto'")
         self._block = k
-        if self.live_controls and self._jobs:
+        if self.kind == "gemma-chat" and self._jobs:
             asyncio.run_coroutine_threadsafe(self._control({"block_size": k}), self._loop)
 
     def set_drafter_enabled(self, on: bool) -> None:
         self._drafter = bool(on)
-        if self.live_controls and self._jobs:
+        if self.kind == "gemma-chat" and self._jobs:
             asyncio.run_coroutine_threadsafe(self._control({"drafter_enabled": bool(on)}), self._loop)
 
     def close(self) -> None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""The chat app on the tests' scripted fake engine (no MLX, no model): for work on the screens, for
+`scripts/bench_ui.py --ui-cost`'s kind of measurement by hand, and for the terminal tests.
+
+    .venv/bin/python scripts/fake_ui.py [--delay SECONDS] [gemma-chat's chat flags, e.g. --temp 0.7]
+
+The fake engine (tests/support/fake_engine.py) streams a scripted reply in rounds shaped by the block
+size and the drafter switch; `--delay` is its real seconds per round (default 0.05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from support.fake_engine import FakeEngine, PairingSpec
+
+    from app.cli import build_parser
+    from app.commands.tui import cli_settings, run_app
+    from core.user.config import ConfigError, load_config
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--delay", type=float, default=0.05)
+    ours, rest = pre.parse_known_args(argv)
+    args = build_parser().parse_args(rest)
+    try:
+        config = load_config()
+        settings = cli_settings(args, config.generation_settings())
+    except (ConfigError, ValueError) as e:
+        print(f"fake_ui: {e}", file=sys.stderr)
+        return 2
+    engine = FakeEngine(delay_s=ours.delay)
+    spec = PairingSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter")
+    return run_app(engine, spec, settings, config, offline=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
