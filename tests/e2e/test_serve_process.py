@@ -1,0 +1,97 @@
+"""`gemma-chat serve --demo` started as a process, driven by the official `openai` client, and
+`gemma-chat generate --connect` against it: the same greedy ids as `gemma-chat generate --demo`.
+
+This is the test that was missing when serve crashed on main after a merge: everything here goes
+through the installed command, its argument parsing and its start-up, as a user's client sees it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from serve_process import GEMMA_CHAT, ServeProcess
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "What is speculative decoding?"
+
+
+def generate_ids(*args: str) -> tuple[list[int], str, dict]:
+    """`gemma-chat generate ARGS --prompt PROMPT --json` as a process: (ids, text, stats)."""
+    run = subprocess.run(
+        [str(GEMMA_CHAT), "generate", *args, "--prompt", PROMPT, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr + run.stdout
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+    tokens = [line for line in lines if "id" in line]
+    return [t["id"] for t in tokens], "".join(t["text"] for t in tokens), lines[-1]["stats"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServeProcess(["--demo"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def local():
+    return generate_ids("--demo")
+
+
+def client(server: ServeProcess):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_openai_client_non_streamed_completion_matches_generate(server, local):
+    ids, text, stats = local
+    reply = client(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": PROMPT}], temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.message.content == text  # the end-of-turn token decodes to no text
+    assert choice.finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.completion_tokens == len(ids)
+    extension = reply.model_extra["gemma_chat"]
+    assert [t["id"] for t in extension["tokens"]] == ids
+    assert extension["stats"]["accepted"] > 0  # the drafter ran behind the API
+
+
+def test_openai_client_streamed_completion_matches_generate(server, local):
+    ids, text, _ = local
+    stream = client(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": PROMPT}], temperature=0, stream=True
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    streamed = [t for c in chunks for t in (c.model_extra.get("gemma_chat") or {}).get("tokens", [])]
+    assert [t["id"] for t in streamed] == ids
+    assert content == "".join(t["text"] for t in streamed)
+    assert any(t["from_draft"] for t in streamed) and any(not t["from_draft"] for t in streamed)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_generate_connect_gives_the_same_greedy_ids_as_generate_demo(server, local):
+    ids, text, _ = local
+    remote_ids, remote_text, stats = generate_ids("--connect", server.url)
+    assert remote_ids == ids
+    assert remote_text == text
+    assert stats["stop_reason"] == "eos" and stats["accepted"] > 0
+
+
+def test_ctrl_c_stops_the_server_with_status_0():
+    s = ServeProcess(["--demo", "--no-draft"]).start()
+    rc, err = s.stop()
+    assert rc == 0, err
+    assert "Traceback" not in err
+
+
+def test_a_bad_pairing_is_refused_before_listening():
+    run = subprocess.run(
+        [str(GEMMA_CHAT), "serve", "--pairing", "no-such-pairing"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert "unknown pairing 'no-such-pairing'" in run.stderr
