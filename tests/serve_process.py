@@ -33,9 +33,7 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0, headers: dict[str, str] | None = None) -> ServeProcess:
-        self.proc = subprocess.Popen(
-            self.args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

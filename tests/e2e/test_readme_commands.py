@@ -1,0 +1,294 @@
+"""The README's contract: every command line it shows runs, as a process, and exits as documented.
+
+`readme_commands()` collects every line of the README's ```sh blocks and every inline `code` span that
+is a command (it starts with gemma-chat, python, .venv/bin/, curl, ...). Each must be a key of
+`COMMANDS`: either the runs that stand for it (the same command on the offline demo pairing, a free
+port instead of 8000/8080, a sample image for photo.jpg, short benchmark settings) with the exit
+status and the output the README promises, or `Offline(reason)` when it cannot run here. A command
+added to the README without an entry fails `test_every_readme_command_has_an_entry`, and an entry
+whose command left the README fails it too.
+
+The TUI commands start in tmux, wait for their first screen and quit with Ctrl+Q (exit 0); servers
+start, answer, and stop on Ctrl+C (exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from serve_process import GEMMA_CHAT, ServeProcess
+from tmux_session import FAKE_UI, Tmux, _ensure_tmux
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PY = sys.executable
+DEMO_TARGET = str(ROOT / "core" / "data" / "demo" / "target")
+DEMO_DRAFTER = str(ROOT / "core" / "data" / "demo" / "assistant")
+IMAGE = str(ROOT / "assets" / "images" / "chart.png")
+KEY = "readme-test-key"
+SERVER = "{server}"  # in a Run's argv: the demo server's URL (started once for the module)
+KEYED = "{keyed}"  # the demo server that wants KEY
+PORT = "{port}"  # a free loopback port
+TMP = "{tmp}"  # a fresh temporary directory
+
+# a program name at the start of an inline span that makes it a command (not a flag or a file name)
+_COMMAND_START = re.compile(r"(gemma-chat|python3? |\.venv/bin/|curl |vllm |ssh |apt-get |[A-Z_]+=\S+ \S)")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One process that stands for a README command."""
+
+    argv: tuple[str, ...]
+    rc: int = 0
+    expect: str = ""  # must appear in stdout + stderr (or on the first screen, for a TUI)
+    tui: str = ""  # a TUI: the text its first screen shows; it is then quit with Ctrl+Q
+    server: bool = False  # a server: it answers /health, then stops on Ctrl+C
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Offline:
+    """A README command that cannot run in this test, and why."""
+
+    reason: str
+
+
+def gc(*args: str, **kw) -> Run:
+    return Run((str(GEMMA_CHAT), *args), **kw)
+
+
+NOT_DOWNLOADED = "is not downloaded"
+DEMO_READY = "· ready"
+BENCH_SHORT = ("--repeats", "1", "--max-tokens", "8", "--block-sizes", "2,auto", "--prefill-tokens", "16")
+
+COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
+    # -- Set up --------------------------------------------------------------------------------------
+    "python3 dev.py run": (Run((PY, "dev.py", "run", "--version"), expect="gemma-chat "),),
+    "python3 dev.py test": Offline("the README's test command: this test is part of what it runs"),
+    "python3 dev.py run --demo": (Run((PY, "dev.py", "run", "--demo"), tui=DEMO_READY),),
+    ".venv/bin/gemma-chat": (gc("--version", expect="gemma-chat "),),
+    "gemma-chat": (gc(tui="Welcome!"),),  # first start: the models screen over the demo
+    # -- Use ------------------------------------------------------------------------------------------
+    "gemma-chat --demo": (gc("--demo", tui=DEMO_READY),),
+    "gemma-chat --pairing e4b-4bit": (gc("--pairing", "e4b-4bit", rc=2, expect=NOT_DOWNLOADED),),
+    "gemma-chat --model PATH_OR_REPO --drafter PATH_OR_REPO": (
+        gc("--model", DEMO_TARGET, "--drafter", DEMO_DRAFTER, tui=DEMO_READY),
+    ),
+    'gemma-chat --temp 0.7 --system "Be brief."': (
+        gc("--demo", "--temp", "0.7", "--system", "Be brief.", tui=DEMO_READY),
+    ),
+    'gemma-chat generate --pairing e2b --prompt "Why is the sky blue?" [--json] [--image photo.jpg]': (
+        gc("generate", "--pairing", "e2b", "--prompt", "Why is the sky blue?", rc=1, expect=NOT_DOWNLOADED),
+        gc("generate", "--demo", "--prompt", "Why is the sky blue?", expect="tokens/round"),
+        gc("generate", "--demo", "--prompt", "Why is the sky blue?", "--json", expect='"stats"'),
+        gc("generate", "--demo", "--prompt", "What is this?", "--image", IMAGE, expect="tokens/round"),
+    ),
+    "gemma-chat bench --demo": (gc("bench", "--demo", *BENCH_SHORT, expect="x mlx-lm"),),
+    "gemma-chat models list | download NAME [--offline] | rm NAME": (
+        gc("models", "list", expect="demo"),
+        gc("models", "download", "e2b", "--offline", rc=1, expect="e2b"),
+        gc("models", "rm", "e2b", "--yes", expect="e2b"),
+    ),
+    "gemma-chat doctor": (gc("doctor", expect="MLX"),),
+    "gemma-chat models list": (gc("models", "list", expect="e4b-4bit"),),
+    "gemma-chat models download NAME": (gc("models", "download", "no-such-pairing", rc=2, expect="no-such-pairing"),),
+    # -- Serve ----------------------------------------------------------------------------------------
+    "gemma-chat serve": (gc("serve", rc=2, expect="say which model to run"),),
+    "gemma-chat serve --pairing e4b-4bit": (gc("serve", "--pairing", "e4b-4bit", rc=2, expect=NOT_DOWNLOADED),),
+    "gemma-chat serve --demo --port 8080": (gc("serve", "--demo", "--port", PORT, server=True),),
+    'gemma-chat serve --model DIR --drafter DIR --host 0.0.0.0 --api-key "$KEY"': (
+        gc(
+            "serve",
+            "--model",
+            DEMO_TARGET,
+            "--drafter",
+            DEMO_DRAFTER,
+            "--host",
+            "0.0.0.0",
+            "--api-key",
+            KEY,
+            "--port",
+            PORT,
+            server=True,
+        ),
+        gc("serve", "--demo", "--host", "0.0.0.0", rc=2, expect="without an API key"),
+    ),
+    "curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d "
+    '\'{"messages": [{"role": "user", "content": "Why is the sky blue?"}], "stream": true}\'': (
+        Run(
+            (
+                "curl",
+                "-sS",
+                "-N",
+                f"{SERVER}/v1/chat/completions",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                '{"messages": [{"role": "user", "content": "Why is the sky blue?"}], "stream": true}',
+            ),
+            expect="data: [DONE]",
+        ),
+    ),
+    "python scripts/bench_serve.py": (
+        Run((PY, "scripts/bench_serve.py", "--fake", "--tokens", "50", "--repeats", "1"), expect="tok/s"),
+    ),
+    "gemma-chat --connect http://127.0.0.1:8000": (gc("--connect", SERVER, tui=DEMO_READY),),
+    'gemma-chat generate --connect http://127.0.0.1:8000 --prompt "Hi" --json': (
+        gc("generate", "--connect", SERVER, "--prompt", "Hi", "--json", expect='"from_draft": true'),
+    ),
+    # -- Big models with vLLM -------------------------------------------------------------------------
+    "vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 --max-model-len 8192 --speculative-config "
+    '\'{"method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 1}\' '
+    '--api-key "$KEY"': Offline(
+        "needs vLLM, GPUs and the 31B weights; tests/e2e/test_serve.py's vLLM stand-in "
+        "covers what gemma-chat reads from it"
+    ),
+    "ssh -L 8000:127.0.0.1:8000 gpu-box": Offline("an SSH tunnel to a machine with GPUs"),
+    'gemma-chat --connect http://127.0.0.1:8000 --api-key "$KEY"': (
+        gc("--connect", KEYED, "--api-key", KEY, tui=DEMO_READY),
+    ),
+    'gemma-chat generate --connect http://127.0.0.1:8000 --api-key "$KEY" --prompt "Hi"': (
+        gc("generate", "--connect", KEYED, "--api-key", KEY, "--prompt", "Hi", expect="tokens/round"),
+        gc("generate", "--connect", KEYED, "--prompt", "Hi", rc=1, expect="API key"),
+    ),
+    # -- Development ----------------------------------------------------------------------------------
+    ".venv/bin/ruff check .": Offline("the README's test command runs it before pytest starts"),
+    ".venv/bin/mypy": Offline("the README's test command runs it before pytest starts"),
+    ".venv/bin/lint-imports": Offline("the README's test command runs it before pytest starts"),
+    ".venv/bin/pytest tests/unit": Offline("part of this test run"),
+    "apt-get install tmux": Offline("a system package (.ci/run installs it)"),
+    "GEMMA_CHAT_SLOW=1 .venv/bin/pytest -m slow": Offline(
+        "opt-in: a real-shape checkpoint needs ~10 GB of disk and RAM"
+    ),
+    ".venv/bin/python scripts/fake_ui.py [--delay S]": (Run((*FAKE_UI.split(), "--delay", "0.1"), tui="ready"),),
+    "gemma-chat bench": (gc("bench", rc=1, expect="say which model to run"), gc("bench", "--demo", *BENCH_SHORT)),
+    "python scripts/build_bench_pairing.py OUT --size small": (
+        Run((PY, "scripts/build_bench_pairing.py", TMP, "--size", "small"), expect="--drafter"),
+    ),
+    "python scripts/bench_ui.py": Offline(
+        "a benchmark of several minutes (interleaved repeats); scripts are not timed tests"
+    ),
+}
+
+
+def readme_commands(text: str) -> list[str]:
+    """Every command line the README shows: ```sh lines (continuations joined, comments dropped) and
+    inline spans that start like a command."""
+    found: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n\s*", "", block).splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line:
+                found.append(re.sub(r"\s+", " ", line))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    found += [span for span in re.findall(r"`([^`\n]+)`", prose) if _COMMAND_START.match(span)]
+    return list(dict.fromkeys(found))
+
+
+def test_every_readme_command_has_an_entry():
+    shown = readme_commands(README.read_text(encoding="utf-8"))
+    missing = [c for c in shown if c not in COMMANDS]
+    gone = [c for c in COMMANDS if c not in shown]
+    assert not missing, f"README commands with no entry in COMMANDS (add how to run them, or why not): {missing}"
+    assert not gone, f"COMMANDS entries the README no longer shows (remove them): {gone}"
+
+
+# -- running them -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """The demo servers that --connect and curl lines talk to: one open, one behind KEY."""
+    with ServeProcess(["--demo"]) as open_server, ServeProcess(["--demo", "--api-key", KEY]) as keyed:
+        yield {SERVER: open_server.url, KEYED: keyed.url}
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A user with no config, history or downloads: what a new user runs the README's commands as."""
+    env = {
+        "GEMMA_CHAT_CONFIG": str(tmp_path / "config.toml"),
+        "GEMMA_CHAT_DATA_DIR": str(tmp_path / "data"),
+        "HF_HUB_OFFLINE": "1",
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    for name in ("GEMMA_CHAT_CACHE_DIR", "HF_HOME", "HOME"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def _argv(run: Run, servers: dict[str, str], tmp: Path) -> list[str]:
+    from serve_process import free_port
+
+    out = []
+    for a in run.argv:
+        for placeholder, url in servers.items():
+            a = a.replace(placeholder, url)
+        out.append(a.replace(PORT, str(free_port())).replace(TMP, str(tmp / "out")))
+    return out
+
+
+def _run_tui(argv: list[str], run: Run, env: dict[str, str], tmp: Path) -> None:
+    # a shell around the app keeps the pane (and the exit status) after the app is gone
+    script = tmp / "run.sh"
+    script.write_text(f"cd {shlex.quote(str(ROOT))}\n{shlex.join(argv)}\necho EXIT=$?\nsleep 30\n")
+    t = Tmux(_ensure_tmux(), {**env, **run.env}, ["sh", str(script)])
+    try:
+        t.wait(lambda: run.tui in t.text() or "EXIT=" in t.text(), f"{run.tui!r} on the first screen", 120)
+        assert "EXIT=" not in t.text(), f"the app ended before its first screen:\n{t.text()}"
+        t.keys("C-q")
+        t.wait(lambda: "EXIT=" in t.text(), "Ctrl+Q to quit", 30)
+        assert f"EXIT={run.rc}" in t.text(), t.text()
+        assert "Traceback" not in t.text()
+    finally:
+        t.kill()
+
+
+def _run_server(argv: list[str], run: Run, env: dict[str, str]) -> None:
+    port = argv[argv.index("--port") + 1]
+    s = ServeProcess([], port=int(port), env={**env, **run.env})
+    s.args = argv  # exactly the README's command, with its port
+    s.start(headers={"Authorization": f"Bearer {KEY}"})
+    rc, err = s.stop()
+    assert rc == run.rc, err
+    assert "Traceback" not in err
+
+
+def _run_plain(argv: list[str], run: Run, env: dict[str, str]) -> None:
+    done = subprocess.run(argv, cwd=ROOT, env={**env, **run.env}, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == run.rc, f"{argv}: exit {done.returncode}, wanted {run.rc}\n{output[-3000:]}"
+    assert run.expect in output, f"{argv}: {run.expect!r} not in the output\n{output[-3000:]}"
+    assert "Traceback" not in output, output[-3000:]
+
+
+RUNNABLE = [
+    (line, i, run) for line, runs in COMMANDS.items() if not isinstance(runs, Offline) for i, run in enumerate(runs)
+]
+
+
+@pytest.mark.parametrize(("line", "i", "run"), RUNNABLE, ids=[f"{line[:60]}#{i}" for line, i, _ in RUNNABLE])
+def test_readme_command_runs_and_exits_as_documented(line, i, run, servers, home, tmp_path):
+    if run.argv[0] == "curl" and shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    argv = _argv(run, servers, tmp_path)
+    started = time.monotonic()
+    if run.tui:
+        _run_tui(argv, run, home, tmp_path)
+    elif run.server:
+        _run_server(argv, run, home)
+    else:
+        _run_plain(argv, run, home)
+    assert time.monotonic() - started < 300
