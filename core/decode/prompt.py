@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
+# mlx-lm's TokenizerWrapper or the Hugging Face tokenizer inside it (neither is typed)
+Tokenizer = Any
 
 
 # --- rendering ----------------------------------------------------------------------------
 
 
-def _hf(tokenizer):
+def _hf(tokenizer: Tokenizer) -> Any:
     """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper (or the tokenizer itself)."""
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
@@ -50,7 +52,7 @@ def load_chat_template(model_dir: str | Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def chat_template(tokenizer, model_dir: str | Path | None = None) -> str:
+def chat_template(tokenizer: Tokenizer, model_dir: str | Path | None = None) -> str:
     """The template rendering will use; raises if neither the tokenizer nor the dir has one."""
     template = getattr(_hf(tokenizer), "chat_template", None)
     if isinstance(template, dict):
@@ -62,7 +64,7 @@ def chat_template(tokenizer, model_dir: str | Path | None = None) -> str:
     return template
 
 
-def supports_thinking(tokenizer, model_dir: str | Path | None = None) -> bool:
+def supports_thinking(tokenizer: Tokenizer, model_dir: str | Path | None = None) -> bool:
     """Whether the chat template reacts to `enable_thinking`."""
     try:
         return "enable_thinking" in chat_template(tokenizer, model_dir)
@@ -71,7 +73,7 @@ def supports_thinking(tokenizer, model_dir: str | Path | None = None) -> bool:
 
 
 def render_messages(
-    tokenizer,
+    tokenizer: Tokenizer,
     messages: Sequence[Message],
     *,
     thinking: bool = False,
@@ -93,13 +95,13 @@ def render_messages(
     return text
 
 
-def encode_rendered(tokenizer, text: str) -> list[int]:
+def encode_rendered(tokenizer: Tokenizer, text: str) -> list[int]:
     """Tokenise template output: no special tokens added (the template wrote `<bos>`)."""
     return list(_hf(tokenizer).encode(text, add_special_tokens=False))
 
 
 def encode_messages(
-    tokenizer, messages: Sequence[Message], *, thinking: bool = False, template: str | None = None
+    tokenizer: Tokenizer, messages: Sequence[Message], *, thinking: bool = False, template: str | None = None
 ) -> list[int]:
     """render_messages + encode_rendered: prompt ids with one placeholder per image."""
     return encode_rendered(tokenizer, render_messages(tokenizer, messages, thinking=thinking, template=template))
@@ -207,7 +209,7 @@ def expand_images(
 # --- stop ids -----------------------------------------------------------------------------
 
 
-def stop_ids(model_dir: str | Path, tokenizer) -> set[int]:
+def stop_ids(model_dir: str | Path, tokenizer: Tokenizer) -> set[int]:
     """Union of config.json / generation_config.json `eos_token_id` (int or list) and the
     tokenizer's eos (and, when mlx-lm's wrapper is passed, its eos set)."""
     model_dir = Path(model_dir)
@@ -221,7 +223,7 @@ def stop_ids(model_dir: str | Path, tokenizer) -> set[int]:
     return ids
 
 
-def _as_ids(value) -> list[int]:
+def _as_ids(value: int | Iterable[int] | None) -> list[int]:
     if value is None:
         return []
     if isinstance(value, int):
@@ -238,7 +240,7 @@ class ThinkingMarkers:
     end: str  # closes it, e.g. "<channel|>"
 
 
-def thinking_markers(tokenizer) -> ThinkingMarkers | None:
+def thinking_markers(tokenizer: Tokenizer) -> ThinkingMarkers | None:
     """The channel markers as strings, from the tokenizer's named special tokens
     (`soc_token`/`eoc_token`, "start/end of channel"), else from its vocabulary; None if absent."""
     hf = _hf(tokenizer)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillStarted, TurnDone, TurnStats
@@ -36,10 +36,10 @@ from core.settings import GenerationSettings
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
     import mlx.core as mx
 
-    from core.decode.prompt import TokenLog
+    from core.decode.prompt import ImageSpan, TokenLog
     from core.decode.spec import Controls, Decoder
     from core.model.drafter import Drafter
-    from core.model.image import ImageProcessorConfig
+    from core.model.image import ImageProcessorConfig, PreparedImage
     from core.model.target import Target, TargetCache
     from core.model.unified import UnifiedVisionEncoder
     from core.model.vision import VisionEncoder
@@ -53,6 +53,13 @@ class _Request:
     future: concurrent.futures.Future
     args: tuple = ()
     controls: Controls | None = None  # for generation requests only
+
+
+@dataclass
+class _TurnPrompt:
+    ids: list[int]  # the whole prompt, each image expanded to its soft-token placeholders
+    images: list[tuple[PreparedImage, str]]  # per image, in prompt order: the image and its content key
+    spans: list[ImageSpan]  # where each image's soft tokens sit in `ids`
 
 
 @dataclass
@@ -329,74 +336,28 @@ class Engine:
         emit(done)
         return done
 
-    def _turn(self, st: _Loaded, req: _Request, what, settings: GenerationSettings, emit, t_start: float) -> TurnDone:
-        import mlx.core as mx
-
-        from core.decode import prompt as prompt_mod
+    def _turn(
+        self,
+        st: _Loaded,
+        req: _Request,
+        what: list[dict] | str | list[int],
+        settings: GenerationSettings,
+        emit: Callable[[Any], None],
+        t_start: float,
+    ) -> TurnDone:
         from core.decode.spec import Prompt, TurnError
 
-        images: list = []  # (PreparedImage or None, key) per image, in prompt order
-        if req.kind == "complete":
-            if isinstance(what, str):
-                bos = getattr(st.tokenizer, "bos_token_id", None)
-                ids = ([bos] if bos is not None else []) + prompt_mod.encode_rendered(st.tokenizer, what)
-            else:
-                ids = [int(i) for i in what]
-            spans: list[tuple[int, int]] = []
-        else:
-            messages = what
-            if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
-                messages = [{"role": "system", "content": settings.system_prompt}] + messages
-            images = self._prepare_images(st, messages, settings.image_budget)
-            ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
-            spans = []
-            if images:
-                ids, spans = prompt_mod.expand_images(
-                    ids, [im.num_soft_tokens for im, _ in images], prompt_mod.image_token_ids(st.target_dir)
-                )
-        if not ids:
-            raise TurnError("empty prompt: nothing to generate from")
-        if too_long := context_error(len(ids), st.target.context_length):
-            raise TurnError(too_long)  # before any image is encoded or the cache is touched
-        image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
-
-        plan = st.token_log.plan(ids, image_spans)
-        keep = plan.keep
-        if keep > st.cache.offset or not st.cache.can_trim_to(keep):
-            keep = 0
-        if keep == 0 and st.cache.offset:
-            self._reset_conversation(st, keep_images=True)
-        else:
-            st.cache.trim_to(keep)
-        st.token_log.truncate(keep)
-        suffix = ids[keep:]
-
-        embeddings = mask = None
-        bidirectional = []
-        new_images = [(s, im) for s, (im, _) in zip(image_spans, images) if s.start >= keep]
-        if new_images:
-            H = st.target.hidden_size
-            rows = mx.zeros((len(suffix), H), st.target.dtype)
-            flags = [False] * len(suffix)
-            for span, im in new_images:
-                soft = st.soft_tokens.get(span.key)
-                if soft is None:
-                    assert st.vision is not None  # _prepare_images refuses images without a tower
-                    soft = st.vision.encode_image(im)
-                    st.soft_tokens[span.key] = soft
-                rows[span.start - keep : span.end - keep] = soft.astype(rows.dtype)
-                for i in range(span.start - keep, span.end - keep):
-                    flags[i] = True
-                bidirectional.append((span.start, span.end))
-            embeddings, mask = rows, mx.array(flags)
-
+        tp = self._render(st, req.kind, what, settings)
+        keep = self._reuse_cache(st, tp)
+        suffix = tp.ids[keep:]
+        embeddings, mask, bidirectional = self._image_rows(st, tp, keep)
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
         controls = req.controls
         done = (lambda: controls.prefilled) if controls is not None else None
-        self.prefilling = PrefillStarted(len(ids), len(suffix), time.monotonic(), done=done)
+        self.prefilling = PrefillStarted(len(tp.ids), len(suffix), time.monotonic(), done=done)
         try:
             result = st.decoder.run(
-                st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(ids), t_start=t_start
+                st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(tp.ids), t_start=t_start
             )
         except TurnError:
             raise  # refused before touching the cache
@@ -406,7 +367,7 @@ class Engine:
         finally:
             self.prefilling = None
         st.token_log.extend(
-            result.committed, [s for s in image_spans if s.end <= len(st.token_log) + len(result.committed)]
+            result.committed, [s for s in tp.spans if s.end <= len(st.token_log) + len(result.committed)]
         )
         live = {s.key for s in st.token_log.images}
         for k in list(st.soft_tokens):
@@ -415,7 +376,82 @@ class Engine:
         result.stats.tokens = len(result.token_ids)
         return TurnDone(result.stats, result.text, tuple(result.token_ids))
 
-    def _prepare_images(self, st: _Loaded, messages: list[dict], budget: int | None = None) -> list:
+    def _render(
+        self, st: _Loaded, kind: str, what: list[dict] | str | list[int], settings: GenerationSettings
+    ) -> _TurnPrompt:
+        """The turn's prompt ids (images expanded to their soft-token spans), checked against the
+        context before any image is encoded or the cache is touched."""
+        from core.decode import prompt as prompt_mod
+        from core.decode.spec import TurnError
+
+        images: list[tuple[PreparedImage, str]] = []
+        spans: list[tuple[int, int]] = []
+        if kind == "complete":
+            if isinstance(what, str):
+                bos = getattr(st.tokenizer, "bos_token_id", None)
+                ids = ([bos] if bos is not None else []) + prompt_mod.encode_rendered(st.tokenizer, what)
+            else:
+                ids = [int(i) for i in cast(list[int], what)]
+        else:
+            assert isinstance(what, list)
+            messages: list[dict] = [m for m in what if isinstance(m, dict)]
+            if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
+                messages = [{"role": "system", "content": settings.system_prompt}] + messages
+            images = self._prepare_images(st, messages, settings.image_budget)
+            ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
+            if images:
+                ids, spans = prompt_mod.expand_images(
+                    ids, [im.num_soft_tokens for im, _ in images], prompt_mod.image_token_ids(st.target_dir)
+                )
+        if not ids:
+            raise TurnError("empty prompt: nothing to generate from")
+        if too_long := context_error(len(ids), st.target.context_length):
+            raise TurnError(too_long)
+        image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
+        return _TurnPrompt(ids, images, image_spans)
+
+    def _reuse_cache(self, st: _Loaded, tp: _TurnPrompt) -> int:
+        """Keep the longest prefix of the cached conversation that the new prompt shares (the cache and
+        the token log are trimmed to it); 0 when nothing can be kept."""
+        keep = st.token_log.plan(tp.ids, tp.spans).keep
+        if keep > st.cache.offset or not st.cache.can_trim_to(keep):
+            keep = 0
+        if keep == 0 and st.cache.offset:
+            self._reset_conversation(st, keep_images=True)
+        else:
+            st.cache.trim_to(keep)
+        st.token_log.truncate(keep)
+        return keep
+
+    def _image_rows(
+        self, st: _Loaded, tp: _TurnPrompt, keep: int
+    ) -> tuple[mx.array | None, mx.array | None, list[tuple[int, int]]]:
+        """For the prompt past `keep`: the soft-token rows of its images [n, H], which rows they fill [n],
+        and each image's span (its tokens attend to each other both ways where the model says so)."""
+        import mlx.core as mx
+
+        new_images = [(s, im) for s, (im, _) in zip(tp.spans, tp.images) if s.start >= keep]
+        if not new_images:
+            return None, None, []
+        n = len(tp.ids) - keep
+        rows = mx.zeros((n, st.target.hidden_size), st.target.dtype)
+        flags = [False] * n
+        bidirectional = []
+        for span, im in new_images:
+            soft = st.soft_tokens.get(span.key)
+            if soft is None:
+                assert st.vision is not None  # _prepare_images refuses images without a tower
+                soft = st.vision.encode_image(im)
+                st.soft_tokens[span.key] = soft
+            rows[span.start - keep : span.end - keep] = soft.astype(rows.dtype)
+            for i in range(span.start - keep, span.end - keep):
+                flags[i] = True
+            bidirectional.append((span.start, span.end))
+        return rows, mx.array(flags), bidirectional
+
+    def _prepare_images(
+        self, st: _Loaded, messages: list[dict], budget: int | None = None
+    ) -> list[tuple[PreparedImage, str]]:
         from core.decode import prompt as prompt_mod
 
         n = prompt_mod.count_images(messages)
@@ -448,7 +484,7 @@ class _UserError(Exception):
     pass
 
 
-def _safe_call(callback: Callable | None, event) -> None:
+def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:
     if callback is None:
         return
     try:
@@ -457,11 +493,11 @@ def _safe_call(callback: Callable | None, event) -> None:
         log.exception("event callback failed")
 
 
-def _dtype_name(dtype) -> str:
+def _dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def _describe_dtype(target) -> str:
+def _describe_dtype(target: Target) -> str:
     q = target.config.get("quantization") or {}
     name = _dtype_name(target.dtype)
     if isinstance(q, dict) and q.get("bits"):

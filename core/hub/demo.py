@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def demo_version() -> str:
     return hashlib.sha256((DEMO_DIR / DEMO_MARKER).read_bytes()).hexdigest()[:16]
 
 
-def is_demo_checkpoint(path) -> bool:
+def is_demo_checkpoint(path: str | os.PathLike[str]) -> bool:
     """True for a directory of the demo pairing (or the pairing's root)."""
     return (Path(path) / DEMO_MARKER).is_file()
 

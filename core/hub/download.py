@@ -35,8 +35,12 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.units import format_bytes  # noqa: F401  # re-exported: callers import it from here
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 # Only what the engine reads: configs, weights, tokenizer, chat template.
 DEFAULT_ALLOW_PATTERNS: tuple[str, ...] = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model")
@@ -324,54 +328,54 @@ class _Job:
 class _Silent:
     """A do-nothing progress bar for the plan and finalize steps (they move no bytes)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: Any) -> None:
         self.n = 0
         self.total = kwargs.get("total") or 0
         self.format_dict: dict = {}
 
-    def __enter__(self):
+    def __enter__(self) -> _Silent:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         pass
 
-    def update(self, n=1):
+    def update(self, n: int | None = 1) -> None:
         self.n += n or 0
 
-    def refresh(self, *a, **k):
+    def refresh(self, *a: object, **k: object) -> None:
         pass
 
-    def close(self):
+    def close(self) -> None:
         pass
 
-    def set_description(self, *a, **k):
+    def set_description(self, *a: object, **k: object) -> None:
         pass
 
     set_description_str = set_postfix_str = set_description
 
 
-def _progress_bar_class(send: Callable[[tuple], None], repo_id: str, filename: str):
+def _progress_bar_class(send: Callable[[tuple], None], repo_id: str, filename: str) -> type[_Silent]:
     """A tqdm stand-in that reports bytes of one file over the pipe (at most ~10 per second)."""
 
     class _Reporter(_Silent):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: object, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.initial = int(kwargs.get("initial") or 0)
             self.n = self.initial
             self._last = 0.0
             send(("file", repo_id, filename, self.n, int(self.total or 0), self.initial))
 
-        def update(self, n=1):
+        def update(self, n: int | None = 1) -> None:
             self.n += n or 0
             now = time.monotonic()
             if now - self._last >= 0.1:
                 self._last = now
                 send(("file", repo_id, filename, self.n, int(self.total or 0), None))
 
-        def close(self):
+        def close(self) -> None:
             send(("file", repo_id, filename, self.n, int(self.total or 0), None))
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: object) -> None:
             self.close()
 
     return _Reporter
@@ -468,7 +472,7 @@ def _finalize(job: _Job, plan: RepoPlan) -> str:
     )
 
 
-def _child_main(conn, job: _Job) -> None:
+def _child_main(conn: Connection, job: _Job) -> None:
     lock = threading.Lock()
 
     def send(msg: tuple) -> None:
@@ -513,8 +517,8 @@ class DownloadHandle:
 
     def __init__(
         self,
-        process=None,
-        conn=None,
+        process: _ChildProcess | None = None,
+        conn: Connection | None = None,
         final: DownloadEvent | None = None,
         *,
         stall_s: float | None = None,
@@ -815,7 +819,7 @@ def child_entry(write_fd: int) -> None:
 
 
 def download(
-    repo_ids: Sequence[str], on_event: Callable[[DownloadEvent], None] | None = None, **kwargs
+    repo_ids: Sequence[str], on_event: Callable[[DownloadEvent], None] | None = None, **kwargs: Any
 ) -> dict[str, str]:
     """Blocking convenience: run `start_download` to the end; return repo -> snapshot path or raise."""
     handle = start_download(repo_ids, **kwargs)

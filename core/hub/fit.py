@@ -20,6 +20,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+StrPath = str | os.PathLike[str]
+
 KV_DTYPE_BYTES = 2
 DEFAULT_CONTEXT = 8192
 
@@ -178,12 +180,14 @@ def check_fit(needed_bytes: int, machine: MachineMemory | None = None) -> FitRep
     )
 
 
-def estimate_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT) -> MemoryEstimate:
+def estimate_checkpoints(
+    target_dir: StrPath, drafter_dir: StrPath | None = None, context: int = DEFAULT_CONTEXT
+) -> MemoryEstimate:
     """Memory estimate for local checkpoint directories (custom pairs): weights as stored on disk."""
     import json
     from pathlib import Path
 
-    def weight_bytes(d) -> int:
+    def weight_bytes(d: StrPath) -> int:
         return sum(p.stat().st_size for p in Path(d).glob("*.safetensors"))
 
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
@@ -192,7 +196,10 @@ def estimate_checkpoints(target_dir, drafter_dir=None, context: int = DEFAULT_CO
 
 
 def check_checkpoints(
-    target_dir, drafter_dir=None, context: int = DEFAULT_CONTEXT, machine: MachineMemory | None = None
+    target_dir: StrPath,
+    drafter_dir: StrPath | None = None,
+    context: int = DEFAULT_CONTEXT,
+    machine: MachineMemory | None = None,
 ) -> FitReport:
     """The fit warning to show before loading a custom pair."""
     return check_fit(estimate_checkpoints(target_dir, drafter_dir, context).total_bytes, machine)

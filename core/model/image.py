@@ -18,10 +18,17 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from core.limits import IMAGE_BUDGETS
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
+# a file path, the file's bytes, or an image already open
+ImageSource: TypeAlias = "str | os.PathLike[str] | bytes | bytearray | memoryview | PILImage"
 
 SUPPORTED_SOFT_TOKENS = IMAGE_BUDGETS
 DEFAULT_MAX_SOFT_TOKENS = 280  # HF's default when a checkpoint says nothing
@@ -143,7 +150,7 @@ def soft_token_count(
     return (h // unit) * (w // unit)
 
 
-def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
+def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> PILImage:
     """Open a file path, bytes or PIL image and return an upright RGB PIL image.
 
     The first frame of an animation is used. Raises ImageError with a user-facing message.
@@ -220,7 +227,7 @@ def load_image(source, max_pixels: int = DEFAULT_MAX_PIXELS):
         raise ImageError(f"Image{label} is damaged or truncated and cannot be decoded ({exc}).") from exc
 
 
-def _open(fp, label, max_pixels, Image, UnidentifiedImageError):
+def _open(fp: Any, label: str, max_pixels: int, Image: Any, UnidentifiedImageError: type[Exception]) -> PILImage:
     try:
         with warnings.catch_warnings():
             # Pillow only warns between its limit and twice its limit; treat both alike.
@@ -236,7 +243,7 @@ def _open(fp, label, max_pixels, Image, UnidentifiedImageError):
         raise ImageError(f"Cannot read image{label}: {exc}") from exc
 
 
-def _to_rgb(image):
+def _to_rgb(image: PILImage) -> PILImage:
     from PIL import Image
 
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
@@ -259,7 +266,7 @@ def _to_rgb(image):
 
 
 def preprocess_image(
-    source,
+    source: ImageSource,
     config: ImageProcessorConfig | None = None,
     *,
     max_soft_tokens: int | None = None,

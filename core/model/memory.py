@@ -18,8 +18,10 @@ no fused attention kernel and no separate buffer pool worth trimming.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import mlx.core as mx
+import mlx.nn as nn
 
 CLEAR_CACHE_EVERY = 256
 VECTOR_MAX_QUERY = 8  # MLX's sdpa_vector: query length <= 8 ...
@@ -35,7 +37,7 @@ def on_metal() -> bool:
 
 
 @contextlib.contextmanager
-def wired_limit(nbytes: int):
+def wired_limit(nbytes: int) -> Iterator[None]:
     """Wire up to `nbytes` (capped at the device's recommended working set) for the block, on Metal."""
     if not on_metal():
         yield
@@ -50,7 +52,7 @@ def wired_limit(nbytes: int):
         mx.set_wired_limit(old)
 
 
-def model_bytes(*modules) -> int:
+def model_bytes(*modules: nn.Module | None) -> int:
     from mlx.utils import tree_flatten
 
     total = 0

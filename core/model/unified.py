@@ -23,12 +23,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from core.model.vision import load_module_weights
+
+if TYPE_CHECKING:
+    from core.model.image import PreparedImage
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the unified embedder uses
 # Layout prefixes: HF hub names, mlx-community (mlx-vlm keeps hub names without `model.`)
@@ -91,7 +95,9 @@ class UnifiedVisionConfig:
 # -- 16-px patches -> 48-px model patches ----------------------------------------------------------
 
 
-def merge_patches(pixel_values: np.ndarray, position_ids: np.ndarray, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def merge_patches(
+    pixel_values: np.ndarray | mx.array, position_ids: np.ndarray, k: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
     """Real 16-px patch rows [N, p*p*3] with positions (x, y) -> the model patches of k x k of them.
 
     Returns (pixels [N / k^2, (k p)^2 * 3] float32, positions [N / k^2, 2] int64) in row-major order
@@ -117,7 +123,7 @@ def merge_patches(pixel_values: np.ndarray, position_ids: np.ndarray, k: int = 3
     return out, np.stack([xs, ys], axis=1).astype(np.int64)
 
 
-def model_inputs(image, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def model_inputs(image: PreparedImage, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """A core.model.image.PreparedImage -> the unified processor's padded inputs: pixel_values
     [budget, 6912] and image_position_ids [budget, 2], (-1, -1) and zeros on padding rows."""
     budget = image.pixel_values.shape[0] // (k * k)  # PreparedImage pads to k^2 x budget 16-px rows
@@ -181,7 +187,7 @@ class UnifiedVisionEncoder(nn.Module):
         self.vision_embedder = VisionEmbedderBlock(cfg)
         self.embed_vision = EmbedVision(cfg)
 
-    def _inputs(self, pixel_values, position_ids) -> tuple[mx.array, mx.array]:
+    def _inputs(self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray) -> tuple[mx.array, mx.array]:
         pixels = np.asarray(pixel_values, dtype=np.float32)
         pos = np.asarray(position_ids, dtype=np.int64)
         pixels, pos = pixels.reshape(-1, pixels.shape[-1]), pos.reshape(-1, 2)
@@ -201,24 +207,21 @@ class UnifiedVisionEncoder(nn.Module):
             )
         return mx.array(standardize_rows(pixels)), mx.array(pos.astype(np.int32))
 
-    def embedder(self, pixel_values, position_ids) -> mx.array:
+    def embedder(self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray) -> mx.array:
         """The `vision_embedder` output for one image: [n_real, mm_embed_dim]. Inputs are the unified
         processor's: pixel_values [(1,) budget, 6912] in [0, 1], positions [(1,) budget, 2]."""
         return self.vision_embedder(*self._inputs(pixel_values, position_ids))
 
-    def encode(self, pixel_values, position_ids) -> mx.array:
+    def encode(self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray) -> mx.array:
         """Soft tokens for one image: [n_real, text hidden]."""
         return self.embed_vision(self.embedder(pixel_values, position_ids))
 
-    def encode_image(self, image) -> mx.array:
+    def encode_image(self, image: PreparedImage) -> mx.array:
         """Soft tokens for a core.model.image.PreparedImage (16-px patches; merged here)."""
         pixels, pos = merge_patches(image.pixel_values, image.position_ids, self.config.pooling_kernel_size)
         return self.encode(pixels, pos)
 
-    def encode_many(self, images) -> list[mx.array]:
-        return [self.encode_image(im) for im in images]
-
-    def soft_token_count(self, position_ids) -> int:
+    def soft_token_count(self, position_ids: np.ndarray) -> int:
         pos = np.asarray(position_ids).reshape(-1, 2)
         return int((~(pos == -1).all(axis=-1)).sum())
 

@@ -28,12 +28,18 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from core.model.loader import load_safetensors
+
+if TYPE_CHECKING:
+    from core.model.image import PreparedImage
+
+M = TypeVar("M", bound=nn.Module)
 
 # Weight-name prefixes of the two layouts: HF/Google, then mlx-community (mlx-vlm's conversion).
 _PREFIXES = ("model.", "")
@@ -310,12 +316,14 @@ class VisionEncoder(nn.Module):
         self.embed_vision = VisionEmbedder(cfg)
 
     # -- inputs ---------------------------------------------------------------------------
-    def _real_inputs(self, pixel_values, position_ids) -> tuple[mx.array, mx.array, mx.array]:
+    def _real_inputs(
+        self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray
+    ) -> tuple[mx.array, mx.array, mx.array]:
         pos = np.asarray(position_ids)
         pixels = pixel_values
         if pos.ndim == 3:
             if pos.shape[0] != 1:
-                raise ValueError("encode takes one image at a time; use encode_many for a batch")
+                raise ValueError("encode takes one image at a time")
             pos = pos[0]
             pixels = pixels[0]
         real = np.flatnonzero(~(pos == -1).all(axis=-1))
@@ -335,19 +343,19 @@ class VisionEncoder(nn.Module):
             pixels = mx.array(np.asarray(pixels, dtype=np.float32)[real])
         return pixels, mx.array(pos.astype(np.int32)), mx.array(order)
 
-    def soft_token_count(self, position_ids) -> int:
+    def soft_token_count(self, position_ids: np.ndarray) -> int:
         """Soft tokens the tower returns for these positions: real patches / pool^2."""
         pos = np.asarray(position_ids).reshape(-1, 2)
         real = int((~(pos == -1).all(axis=-1)).sum())
         return real // self.config.pooling_kernel_size**2
 
     # -- forward --------------------------------------------------------------------------
-    def tower(self, pixel_values, position_ids) -> mx.array:
+    def tower(self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray) -> mx.array:
         """HF's `vision_tower` output for one image: [n_soft, D] float32 (pooled, scaled, standardised)."""
         pixels, pos, order = self._real_inputs(pixel_values, position_ids)
         return self.vision_tower(pixels, pos, order)
 
-    def encode(self, pixel_values, position_ids) -> mx.array:
+    def encode(self, pixel_values: np.ndarray | mx.array, position_ids: np.ndarray) -> mx.array:
         """Soft tokens for one image: [n_soft, text hidden], in the projection's dtype.
 
         pixel_values [N, p*p*3] (or [1, N, ...]) in [0, 1], numpy or mx; position_ids [N, 2]
@@ -357,13 +365,10 @@ class VisionEncoder(nn.Module):
         dtype = self.vision_tower.patch_embedder.position_embedding_table.dtype
         return self.embed_vision(pooled.astype(dtype))
 
-    def encode_image(self, image) -> mx.array:
+    def encode_image(self, image: PreparedImage) -> mx.array:
         """Soft tokens for a core.model.image.PreparedImage."""
         n = image.num_patches
         return self.encode(image.pixel_values[:n], image.position_ids[:n])
-
-    def encode_many(self, images) -> list[mx.array]:
-        return [self.encode_image(im) for im in images]
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -385,7 +390,7 @@ class VisionEncoder(nn.Module):
         return load_module_weights(model, own, config, dtype)
 
 
-def load_module_weights(model: nn.Module, own: dict[str, mx.array], config: dict, dtype: mx.Dtype | None):
+def load_module_weights(model: M, own: dict[str, mx.array], config: dict, dtype: mx.Dtype | None) -> M:
     """Quantize `model` as the checkpoint's weights are (if they are), load `own` into it strictly (floats
     cast to `dtype` when given) and evaluate it: the shared tail of every image encoder's load."""
     _quantize_like(model, own, _quant_mode(config))
@@ -416,7 +421,7 @@ def _quant_mode(config: dict) -> str:
 
 
 def _quantize_like(model: nn.Module, weights: dict[str, mx.array], mode: str) -> None:
-    def predicate(path: str, module: nn.Module):
+    def predicate(path: str, module: nn.Module) -> bool | dict:
         if not isinstance(module, nn.Linear) or f"{path}.scales" not in weights:
             return False
         in_dims = module.weight.shape[1]

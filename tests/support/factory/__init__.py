@@ -25,6 +25,7 @@ checkpoint carries `gemma_chat_factory.json` saying so. Same arguments -> bit-id
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def _write_tokenizer(out: Path, vocab_size: int, template: str | None, template_
     _write_json(out / "tokenizer_config.json", tok_cfg)
 
 
-def _prepare(out_dir) -> Path:
+def _prepare(out_dir: str | os.PathLike[str]) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -139,7 +140,7 @@ def _marker(kind: str, variant: str, layout: str, dtype: str, seed: int, real_sh
 
 
 def build_checkpoint(
-    out_dir,
+    out_dir: str | os.PathLike[str],
     variant: str = "e-style",
     layout: str = "hf",
     dtype: str = "float32",
@@ -183,7 +184,7 @@ def build_checkpoint(
 
 
 def build_drafter(
-    out_dir,
+    out_dir: str | os.PathLike[str],
     variant: str = "e-style",
     dtype: str = "float32",
     seed: int = 0,
@@ -211,7 +212,7 @@ def build_drafter(
 
 
 def build_pairing(
-    out_dir,
+    out_dir: str | os.PathLike[str],
     variant: str = "e-style",
     layout: str = "hf",
     dtype: str = "float32",

@@ -86,7 +86,7 @@ def _engine_figures(target_dir: Path, drafter_dir: Path, max_tokens: int = 4) ->
         engine.close()
 
 
-def _leaves(tree):
+def _leaves(tree: Any) -> Any:
     from mlx.utils import tree_flatten
 
     return tree_flatten(tree)
@@ -153,7 +153,7 @@ def smoke_one(
     return report
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="E2B")
     ap.add_argument("--dtypes", default="bfloat16,q4")
