@@ -4,7 +4,7 @@ A source is a local checkpoint directory or a Hub repo id. For a repo id the con
 HF cache, or (online) just that one small file is fetched. Each problem is one sentence naming
 the two values that disagree; an empty list means the pair is usable.
 
-What must agree (DESIGN 2): the target is `gemma4` (or text-only `gemma4_text`) with a
+What must agree: the target is `gemma4` (or text-only `gemma4_text`) with a
 `gemma4_assistant` drafter, or the 12B `gemma4_unified` with a `gemma4_unified_assistant` drafter
 (a drafter learnt one architecture's hidden states: no cross pairs, core.modeltypes); the drafter's
 `backbone_hidden_size` is the target's hidden size (it reads the target's hidden state and token

@@ -88,7 +88,7 @@ def test_budget_setting_and_rejection(tmp_path):
 
 
 def test_target_size_rules():
-    assert target_size(1000, 1000, 280) == (768, 768)  # the DESIGN.md example: 256 soft tokens
+    assert target_size(1000, 1000, 280) == (768, 768)  # a square image at the default budget: 256 soft tokens
     assert target_size(1, 1, 70) == (384, 384)
     # thin images: the short side gets one unit, the long side is capped at the budget's side
     assert target_size(100_000, 1, 140) == (140 * 48, 48)

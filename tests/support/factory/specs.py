@@ -145,19 +145,6 @@ _TINY_VISION = {
     "soft_tokens": 280,
 }
 
-# The encoder-free embedder of the 12B (`gemma4_unified`): 48 x 48 merged patches -> mm_embed_dim.
-UNIFIED_VISION_CONFIG_KEYS = (
-    "model_type",
-    "patch_size",
-    "pooling_kernel_size",
-    "model_patch_size",
-    "mm_embed_dim",
-    "mm_posemb_size",
-    "num_soft_tokens",
-    "output_proj_dims",
-    "rms_norm_eps",
-    "initializer_range",
-)
 _UNIFIED_AUDIO = {
     "model_type": "gemma4_unified_audio",
     "audio_embed_dim": 640,
