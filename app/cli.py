@@ -70,7 +70,7 @@ def _add_connect_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_serve_parser(sub) -> None:
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
     _add_pairing_args(s)
     s.add_argument("--demo", action="store_true", help="serve the offline demo pairing")
@@ -111,7 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=_block_size, default=None, metavar="K|auto", help="tokens verified per round, or auto"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_generate_parser(sub)
+    _add_serve_parser(sub)
+    _add_bench_parser(sub)
+    _add_models_parser(sub)
+    sub.add_parser("doctor", help="report the MLX backend, versions, cache paths, disk and terminal support")
+    return parser
 
+
+def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="generate headlessly and print the answer (or JSON events)")
     _add_pairing_args(g)
     g.add_argument("--demo", action="store_true", help="use the offline demo pairing")
@@ -150,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_drafter_convention_args(g)
     _add_connect_args(g)
 
-    _add_serve_parser(sub)
 
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="measure tok/s: mlx-lm baseline vs ours, drafter off and on, per block size")
     _add_pairing_args(b)
     b.add_argument("--demo", action="store_true", help="benchmark the offline demo pairing")
@@ -180,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_drafter_convention_args(b)
 
+
+def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("models", help="list, download and remove pairings")
     msub = m.add_subparsers(dest="models_command", metavar="ACTION")
     ml = msub.add_parser("list", help="the pairing catalogue with local status")
@@ -193,9 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
     mr = msub.add_parser("rm", help="remove a pairing's files from the Hugging Face cache")
     mr.add_argument("name", metavar="NAME")
     mr.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-
-    sub.add_parser("doctor", help="report the MLX backend, versions, cache paths, disk and terminal support")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
