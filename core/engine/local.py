@@ -315,8 +315,8 @@ class Engine:
         whose audio part cannot be loaded still chats (text and images), as without a vision tower."""
         import mlx.core as mx
 
-        from core.model.audio import load_audio
         from core.model.audio_input import AudioSpec
+        from core.model.encoders import load_audio
 
         try:
             audio_spec = AudioSpec.from_model_dir(target_dir)
