@@ -257,3 +257,37 @@ def test_unified_audio_prompts_greedy_drafter_off_and_on(name):
             assert list(done.token_ids) == ref["hf"]["greedy_ids"], kw
     finally:
         eng.close()
+
+
+# -- factory checkpoints: the real on-disk layouts ------------------------------------------------------
+
+
+def test_factory_audio_checkpoints_in_both_layouts(factory_checkpoints):
+    """The factory's audio tower (HF names and conv layout, and mlx-community's channels-last convolutions
+    with a 4-bit embed_audio): the same soft tokens from both float layouts, drafted == plain greedy."""
+    hf, drafter = factory_checkpoints.pairing("e-style-audio")
+    mlx_dir = factory_checkpoints.target("e-style-audio", layout="mlx")
+    clip = str(INPUTS / "chirp_3p7s.pcm16.wav")
+    soft = {}
+    for d in (hf, mlx_dir):
+        enc = load_audio(d)
+        soft[d] = np.array(enc.encode_clip(prepare_audio(clip, AudioSpec.from_model_dir(d))))
+    assert soft[hf].shape == (93, 128)
+    np.testing.assert_array_equal(soft[hf], soft[mlx_dir])
+    messages = [{"role": "user", "content": [{"type": "audio", "path": clip}, {"type": "text", "text": "Hear this?"}]}]
+    eng = Engine()
+    try:
+        for target in (hf, mlx_dir):
+            eng.load(PairingSpec("factory", str(target), str(drafter)), None).result()
+            plain, _ = _chat(eng, messages, _greedy(max_tokens=16, drafter_enabled=False))
+            eng.reset().result()
+            drafted, _ = _chat(eng, messages, _greedy(max_tokens=16, block_size=4))
+            assert drafted.token_ids == plain.token_ids and drafted.stats.drafted > 0
+        q4 = factory_checkpoints.target("e-style-audio", layout="mlx", dtype="q4")
+        info = eng.load(PairingSpec("factory-q4", str(q4), None), None).result()
+        assert info.has_audio
+        assert type(eng._state.audio.embed_audio.embedding_projection).__name__ == "QuantizedLinear"
+        done, _ = _chat(eng, messages, _greedy(max_tokens=4))
+        assert len(done.token_ids) == 4
+    finally:
+        eng.close()
