@@ -1,6 +1,7 @@
 """Real-shape smoke run: build an E2B/E4B/12B-sized random checkpoint, load it with mlx-lm, generate,
 then generate again with gemma-chat's engine and the matching drafter (block 2) and without it, and
-(E2B/E4B/12B) once more from a 2 s audio clip through the real-size audio tower or embedder.
+(E2B/E4B/12B) once more from a 0.5 s audio clip through the real-size audio tower or embedder (on a
+Linux CPU the real tower alone takes about a minute per second of audio).
 
     python -m support.factory.smoke [--shape E2B] [--dtypes bfloat16,q4] [--root DIR] [--tokens 32]
 
@@ -89,7 +90,7 @@ def _engine_figures(target_dir: Path, drafter_dir: Path, max_tokens: int = 4) ->
         engine.close()
 
 
-def _audio_figures(engine: Any, clip: Path, seconds: float = 2.0) -> dict:
+def _audio_figures(engine: Any, clip: Path, seconds: float = 0.5) -> dict:
     """One turn from a synthetic clip (a 440 Hz tone): its prompt length, prefill time and tokens."""
     import numpy as np
     import soundfile as sf
