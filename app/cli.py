@@ -137,6 +137,13 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"soft tokens per image: {_BUDGETS_OR} (default: the checkpoint's)",
     )
+    g.add_argument(
+        "--audio",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="attach an audio clip (WAV, FLAC, OGG, MP3; E2B, E4B and 12B) to the prompt (repeatable)",
+    )
     g.add_argument("--system", metavar="TEXT", help="system prompt")
     g.add_argument(
         "--block-size",

@@ -1,6 +1,7 @@
 """What the engine tells its listeners. Plain dataclasses: the UI never sees an mx.array.
 
 One chat turn yields, in order:
+  Notice*                          what the user should know about the input (a clip was cut)
   PrefillDone                      once, when the prompt is in the cache
   (TokenEvent* RoundEvent)*        per round: the round's emitted tokens, then its summary
   TurnDone                         once, with the turn's statistics (also after cancel or error)
@@ -28,6 +29,14 @@ class RoundEvent:
     block_size: int  # K used this round (drafts + 1)
     auto: bool  # whether auto mode chose K
     emitted: int  # tokens emitted this round (accepted + 1, fewer at a stop)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know about this turn's input, before it runs (e.g. an audio clip
+    longer than the model hears was cut). Sent before PrefillDone; listeners may ignore it."""
+
+    text: str
 
 
 @dataclass(frozen=True)

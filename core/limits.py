@@ -15,6 +15,14 @@ IMAGE_BUDGETS: tuple[int, ...] = (70, 140, 280, 560, 1120)
 DEFAULT_IMAGE_BUDGET = 280
 IMAGE_BUDGETS_TEXT = ", ".join(map(str, IMAGE_BUDGETS))  # "70, 140, 280, 560, 1120"
 
+# Audio clips (core.model.audio_input). E2B/E4B hear at most 30 s per clip (750 soft tokens); the 12B's
+# embedder has no limit of its own (one token per 40 ms), so one is set here. Longer clips are cut.
+AUDIO_CLIP_SECONDS = 30.0
+MAX_UNIFIED_AUDIO_SECONDS = 300.0  # 7,500 soft tokens
+# Checked before a file is opened. Only the part a model hears is read, so this bounds a stray file's
+# cost, not a clip's: an hour of 48 kHz stereo 24-bit WAV is about 1 GB.
+MAX_AUDIO_FILE_BYTES = 2 << 30
+
 
 def context_error(prompt_tokens: int, context_length: int) -> str | None:
     """Why a prompt cannot be generated from (it leaves no room for one token), or None."""

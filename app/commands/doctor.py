@@ -14,7 +14,18 @@ from collections.abc import Mapping
 
 from core.units import format_bytes
 
-PACKAGES = ("mlx", "mlx-lm", "textual", "textual-image", "huggingface_hub", "transformers", "platformdirs", "pillow")
+PACKAGES = (
+    "mlx",
+    "mlx-lm",
+    "textual",
+    "textual-image",
+    "huggingface_hub",
+    "transformers",
+    "platformdirs",
+    "pillow",
+    "soundfile",
+    "soxr",
+)
 
 
 def _version(dist: str) -> str:
@@ -84,6 +95,22 @@ def demo_state() -> str:
         return f"always available offline (gemma-chat --demo); damaged: {type(e).__name__}: {e}"
 
 
+def audio_support(entries) -> str:
+    """Which catalogue families take audio, and what decodes it here."""
+    families: dict[str, bool] = {}
+    for e in entries:
+        families.setdefault(e.pairing.family.label.removeprefix("Gemma 4 ").split(" (")[0], e.pairing.audio)
+    yes = ", ".join(k for k, v in families.items() if v) or "none"
+    no = ", ".join(k for k, v in families.items() if not v)
+    try:
+        import soundfile
+
+        decoder = f"libsndfile {soundfile.__libsndfile_version__}"
+    except Exception as e:  # noqa: BLE001  (a missing or broken libsndfile: audio cannot be decoded)
+        decoder = f"no decoder: {type(e).__name__}: {e}"
+    return f"{yes}" + (f" (not {no})" if no else "") + f"; files decoded by {decoder}"
+
+
 def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from app import __version__
     from core.hub import catalog, fit
@@ -141,6 +168,7 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
         pairs = [
             ("demo", demo_state()),
             ("ready", ", ".join(ready) or "none (gemma-chat models download NAME)"),
+            ("audio", audio_support(entries)),
         ]
         if partial:
             pairs.append(("partial", ", ".join(partial)))

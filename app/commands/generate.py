@@ -9,8 +9,12 @@ token is decided ({"id", "text", "from_draft", "round"}), then {"stats": {...}};
 one; `--model` then names the server's model); over vLLM, tokens have no origin (`from_draft` null).
 
 `--image PATH` (repeatable) puts the images before the prompt text in the user message, at
-`--image-budget` soft tokens each (default: the checkpoint's). `--drafter-position` and
-`--drafter-window` pick the drafter's conventions (core.model.drafter; they change acceptance only).
+`--image-budget` soft tokens each (default: the checkpoint's). `--audio FILE` (repeatable) puts audio
+clips there too (after the images): E2B and E4B hear the first 30 s of each (a note on stderr says when
+a clip was cut), the 12B up to 5 minutes. Audio needs a local pairing that takes it; the clips are checked
+before the model loads. Notes go to stderr in both modes, so `--json` stays one object per line.
+`--drafter-position` and `--drafter-window` pick the drafter's conventions (core.model.drafter; they change
+acceptance only).
 """
 
 from __future__ import annotations
@@ -78,15 +82,39 @@ def _messages(args) -> list[dict]:
         messages = read_messages_file(args.messages)
     else:
         messages = [{"role": "user", "content": args.prompt if args.prompt is not None else ""}]
-    if args.image:
+    audio = getattr(args, "audio", None) or []
+    if args.image or audio:
         last = messages[-1] if messages and messages[-1].get("role") == "user" else None
         if last is None:
             last = {"role": "user", "content": ""}
             messages.append(last)
         content = last["content"]
         items = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-        last["content"] = [{"type": "image", "path": p} for p in args.image] + items
+        attached = [{"type": "image", "path": p} for p in args.image] + [{"type": "audio", "path": p} for p in audio]
+        last["content"] = attached + items
     return messages
+
+
+def _check_audio(spec, messages: list[dict] | None, connect: bool) -> None:
+    """Refuse audio before the model loads: over --connect, on a pairing that takes none, or a clip
+    that cannot be used."""
+    from core.decode.prompt import media_items
+    from core.engine.local import no_audio_message
+    from core.model.audio_input import AudioError, AudioSpec, audio_source, prepare_audio
+
+    items = media_items(messages or [], "audio")
+    if not items:
+        return
+    if connect:
+        raise UsageError("audio needs a local model (--model, --pairing): the server API takes no audio yet")
+    audio_spec = AudioSpec.from_model_dir(spec.target)
+    if audio_spec is None:
+        raise UsageError(no_audio_message(spec.name))
+    for item in items:
+        try:
+            prepare_audio(audio_source(item), audio_spec)
+        except AudioError as e:
+            raise UsageError(str(e)) from None
 
 
 def _summary(stats: dict) -> str:
@@ -112,8 +140,11 @@ class _Output:
         self.out = sys.stdout
 
     def on_event(self, e: object) -> None:
-        from core.events import TokenEvent
+        from core.events import Notice, TokenEvent
 
+        if isinstance(e, Notice):  # stderr in both modes: --json stays one object per line
+            print(f"note: {printable(e.text)}", file=sys.stderr, flush=True)
+            return
         if not isinstance(e, TokenEvent):
             return
         if self.as_json:
@@ -180,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
     output = _Output(args.json)
     try:
         settings = _settings(args)
-        if args.no_template and (args.messages or args.image):
-            raise UsageError("--no-template takes --prompt text only (no --messages or --image)")
+        if args.no_template and (args.messages or args.image or getattr(args, "audio", None)):
+            raise UsageError("--no-template takes --prompt text only (no --messages, --image or --audio)")
         if args.connect and args.no_template:
             raise UsageError("--no-template is local only (a server applies its own chat template)")
         messages = None if args.no_template else _messages(args)
@@ -190,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             spec = PairingSpec(name="server", target=args.connect, drafter=None)
         else:
             spec = pairing_from_args(args)
+        _check_audio(spec, messages, bool(args.connect))
     except (UsageError, ValueError) as e:
         return output.fail(str(e))
     if not args.connect:

@@ -77,9 +77,9 @@ def list_pairings(as_json: bool = False) -> int:
         }
         print(json.dumps(payload, indent=2))
         return 0
-    rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "BLOCK", "TARGET")]
+    rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "AUDIO", "BLOCK", "TARGET")]
     # the offline demo pairing, always there (built into gemma-chat's cache on first use)
-    rows.append(("demo", "ready", "—", "< 0.1 GB", "ok", "yes", "auto", "built locally: gemma-chat --demo"))
+    rows.append(("demo", "ready", "—", "< 0.1 GB", "ok", "yes", "no", "auto", "built locally: gemma-chat --demo"))
     for e in entries:
         p = e.pairing
         status = catalog.STATUS_WORDS.get(e.status, e.status)
@@ -94,6 +94,7 @@ def list_pairings(as_json: bool = False) -> int:
                 _gb(e.memory.total_bytes),
                 FIT_WORDS.get(e.fit.level, e.fit.level),
                 "yes" if p.vision else "no",
+                "yes" if p.audio else "no",
                 str(p.block_size),
                 p.target_repo,
             )

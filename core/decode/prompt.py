@@ -4,8 +4,9 @@
   `chat_template.jinja` in the checkpoint when the tokenizer has none); the template writes
   `<bos>` itself, so the text is tokenised without special tokens (never a second `<bos>`).
 - Every special id is read from `config.json`, `generation_config.json` or the tokenizer.
-- Images: the template writes one image-token placeholder per image; `expand_images` turns each
-  into `boi + image_token * n + eoi` and reports where each image's soft tokens sit.
+- Images and audio: the template writes one placeholder per image (audio clip); `expand_images`
+  (`expand_media` for both kinds) turns each into `boi + image_token * n + eoi` (`boa + audio_token *
+  n + eoa`) and reports where each one's soft tokens sit.
 - Thinking: Gemma 4 writes its reasoning inside a channel (`<|channel>thought\\n...<channel|>`).
   The markers are read from the tokenizer as strings; `split_thinking`/`strip_thinking` take the
   reasoning out of a reply before it goes back into the history.
@@ -13,7 +14,9 @@
   with the images they contain; `plan_reuse` says how much of it a new prompt can keep.
 
 Messages: `[{"role": "system" | "user" | "assistant", "content": str | [item, ...]}]` with items
-`{"type": "text", "text": str}` or `{"type": "image", ...}` (extra keys are ignored here).
+`{"type": "text", "text": str}`, `{"type": "image", ...}` or `{"type": "audio", ...}` (the source keys
+are read by core.model.image and core.model.audio_input: a path, encoded bytes, or for audio raw
+samples with their `sample_rate`; extra keys are ignored here).
 """
 
 from __future__ import annotations
@@ -143,19 +146,42 @@ def check_messages(messages: Any) -> None:
                 source = item.get("path") or item.get("image") or item.get("url")
                 if not isinstance(source, str) or not source:
                     raise ValueError(f'{at}: an image item needs "path": a file name')
+            elif kind == "audio":
+                if not _has_audio_source(item):
+                    raise ValueError(f'{at}: an audio item needs "path": a file name')
             else:
-                raise ValueError(f"{at}: type must be text or image, got {kind!r}")
+                raise ValueError(f"{at}: type must be text, image or audio, got {kind!r}")
+
+
+def _has_audio_source(item: dict) -> bool:
+    """A file name, encoded bytes, or samples (anything with a length, e.g. an array) with a sample rate."""
+    source = next((item[k] for k in ("path", "audio", "url") if item.get(k) is not None), None)
+    if isinstance(source, str):
+        return bool(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return len(source) > 0
+    return hasattr(source, "shape") and "sample_rate" in item
+
+
+def media_items(messages: Sequence[Message], kind: str) -> list[dict]:
+    """The items of one kind ("image" or "audio") in prompt order: the placeholders the template writes."""
+    return [
+        item
+        for m in messages
+        if not isinstance(m.get("content"), str)
+        for item in m.get("content") or ()
+        if isinstance(item, dict) and item.get("type") == kind
+    ]
 
 
 def count_images(messages: Sequence[Message]) -> int:
     """Image items in the messages, i.e. the placeholders the template will write."""
-    return sum(
-        1
-        for m in messages
-        if not isinstance(m.get("content"), str)
-        for item in m.get("content") or ()
-        if isinstance(item, dict) and item.get("type") == "image"
-    )
+    return len(media_items(messages, "image"))
+
+
+def count_audio(messages: Sequence[Message]) -> int:
+    """Audio items in the messages, i.e. the placeholders the template will write."""
+    return len(media_items(messages, "audio"))
 
 
 # --- images -------------------------------------------------------------------------------
@@ -185,25 +211,69 @@ def expand_images(
     Returns the new ids and, per image, the span [start, end) of its soft tokens (boi and eoi
     lie just outside it). The number of placeholders must equal the number of counts.
     """
+    out, (spans,) = expand_media(ids, [(image_ids, soft_token_counts)])
+    return out, spans
+
+
+@dataclass(frozen=True)
+class AudioTokenIds:
+    boa: int  # begin of audio
+    audio: int  # one soft token (also what the template writes as the placeholder)
+    eoa: int  # end of audio
+
+
+def audio_token_ids(model_dir: str | Path) -> AudioTokenIds:
+    """Read boa/audio/eoa ids from config.json (`eoa_token_id`, or `eoa_token_index` as the 12B names it)."""
+    cfg = _read_json(Path(model_dir) / "config.json")
+    eoa = cfg.get("eoa_token_id", cfg.get("eoa_token_index"))
+    try:
+        if eoa is None:
+            raise KeyError("eoa_token_id")
+        return AudioTokenIds(int(cfg["boa_token_id"]), int(cfg["audio_token_id"]), int(eoa))
+    except KeyError as e:
+        raise ValueError(f"config.json has no {e.args[0]}: the checkpoint does not take audio") from None
+
+
+_KIND_NAMES = {ImageTokenIds: ("image", "an image", "images"), AudioTokenIds: ("audio", "an audio clip", "audio clips")}
+
+
+def expand_media(
+    ids: Sequence[int], kinds: Sequence[tuple[ImageTokenIds | AudioTokenIds, Sequence[int]]]
+) -> tuple[list[int], list[list[tuple[int, int]]]]:
+    """One pass over the ids for several kinds (images, audio): the i-th placeholder of a kind becomes
+    `begin + [placeholder] * n_i + end` with that kind's i-th count. Returns the new ids and, per kind,
+    the span [start, end) of each one's soft tokens. Each kind's placeholders must equal its counts."""
     out: list[int] = []
-    spans: list[tuple[int, int]] = []
-    counts = list(soft_token_counts)
+    spans: list[list[tuple[int, int]]] = [[] for _ in kinds]
+    by_id = {_triple(tok_ids)[1]: k for k, (tok_ids, _) in enumerate(kinds)}
     for tok in ids:
-        if tok != image_ids.image:
+        k = by_id.get(tok)
+        if k is None:
             out.append(tok)
             continue
-        if len(spans) == len(counts):
-            raise ValueError(f"the prompt has more image placeholders than the {len(counts)} images given")
-        n = counts[len(spans)]
+        tok_ids, counts = kinds[k]
+        begin, placeholder, end = _triple(tok_ids)
+        name, one, many = _KIND_NAMES[type(tok_ids)]
+        if len(spans[k]) == len(counts):
+            raise ValueError(f"the prompt has more {name} placeholders than the {len(counts)} {many} given")
+        n = counts[len(spans[k])]
         if n < 1:
-            raise ValueError("an image needs at least one soft token")
-        out.append(image_ids.boi)
-        spans.append((len(out), len(out) + n))
-        out.extend([image_ids.image] * n)
-        out.append(image_ids.eoi)
-    if len(spans) != len(counts):
-        raise ValueError(f"the prompt has {len(spans)} image placeholders for {len(counts)} images")
+            raise ValueError(f"{one} needs at least one soft token")
+        out.append(begin)
+        spans[k].append((len(out), len(out) + n))
+        out.extend([placeholder] * n)
+        out.append(end)
+    for (tok_ids, counts), found in zip(kinds, spans):
+        if len(found) != len(counts):
+            name, _, many = _KIND_NAMES[type(tok_ids)]
+            raise ValueError(f"the prompt has {len(found)} {name} placeholders for {len(counts)} {many}")
     return out, spans
+
+
+def _triple(tok_ids: ImageTokenIds | AudioTokenIds) -> tuple[int, int, int]:
+    if isinstance(tok_ids, ImageTokenIds):
+        return tok_ids.boi, tok_ids.image, tok_ids.eoi
+    return tok_ids.boa, tok_ids.audio, tok_ids.eoa
 
 
 # --- stop ids -----------------------------------------------------------------------------
@@ -314,9 +384,14 @@ def strip_thinking_from_history(messages: Iterable[Message], markers: ThinkingMa
 
 @dataclass(frozen=True)
 class ImageSpan:
+    """The soft tokens of one image or audio clip in the prompt (a media span: the reuse rules are the same)."""
+
     start: int  # first soft token
     end: int  # one past the last soft token
-    key: Hashable = None  # identity of the image (e.g. a hash of its pixels); equal ids are not enough
+    key: Hashable = None  # identity of the image or clip (a hash of its pixels or samples); equal ids are not enough
+
+
+MediaSpan = ImageSpan
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class PairingInfo:
     sliding_window: int
     dtype: str
     supports_thinking: bool
+    has_audio: bool = False  # an audio tower (E2B/E4B) or audio embedder (12B) is loaded
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class EngineFeatures:
     # the app may load another pairing (False: a server chose the model)
     choose_pairing: bool = True
     images: bool = False  # the loaded pairing takes images
+    audio: bool = False  # the loaded pairing takes audio clips (message items {"type": "audio", ...})
 
 
 class ChatEngine(Protocol):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo, PairingSpec
-from core.events import LoadProgress, PrefillStarted, TurnDone, TurnStats
+from core.events import LoadProgress, Notice, PrefillStarted, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
 from core.settings import GenerationSettings
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not i
 
     from core.decode.prompt import ImageSpan, TokenLog
     from core.decode.spec import Controls, Decoder
+    from core.model.audio import AudioEncoder, UnifiedAudioEncoder
+    from core.model.audio_input import AudioSpec, PreparedAudio
     from core.model.drafter import Drafter
     from core.model.image import ImageProcessorConfig, PreparedImage
     from core.model.target import Target, TargetCache
@@ -57,9 +59,11 @@ class _Request:
 
 @dataclass
 class _TurnPrompt:
-    ids: list[int]  # the whole prompt, each image expanded to its soft-token placeholders
-    images: list[tuple[PreparedImage, str]]  # per image, in prompt order: the image and its content key
-    spans: list[ImageSpan]  # where each image's soft tokens sit in `ids`
+    ids: list[int]  # the whole prompt, each image and audio clip expanded to its soft-token placeholders
+    # per image, then per audio clip, each kind in prompt order: the prepared input and its content key
+    images: list[tuple[PreparedImage | PreparedAudio, str]]
+    spans: list[ImageSpan]  # where each one's soft tokens sit in `ids` (in the order of `images`)
+    notices: list[str] = field(default_factory=list)  # for the user, before the turn runs (a clip was cut)
 
 
 @dataclass
@@ -76,7 +80,9 @@ class _Loaded:
     token_log: TokenLog
     target_dir: Path
     image_config: ImageProcessorConfig | None = None
-    # image key -> soft tokens [n, H], for the live conversation
+    audio: AudioEncoder | UnifiedAudioEncoder | None = None
+    audio_spec: AudioSpec | None = None
+    # image or audio key -> soft tokens [n, H], for the live conversation
     soft_tokens: dict[Hashable, mx.array] = field(default_factory=dict)
 
 
@@ -105,7 +111,7 @@ class Engine:
     @property
     def features(self) -> EngineFeatures:
         info = self._info
-        return EngineFeatures(images=info is not None and info.has_vision)
+        return EngineFeatures(images=info is not None and info.has_vision, audio=info is not None and info.has_audio)
 
     def load(
         self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
@@ -262,6 +268,7 @@ class Engine:
                 log.warning("vision tower not loaded: %s", e)
                 progress("vision", 1.0, f"no vision: {e}")
             progress("vision", 1.0)
+            audio, audio_spec = self._load_audio(target_dir, spec, progress)
             progress("tokenizer", 0.0)
             tokenizer = load_tokenizer(target_dir)
             stops = prompt_mod.stop_ids(target_dir, tokenizer)
@@ -282,6 +289,7 @@ class Engine:
             sliding_window=target.window,
             dtype=_describe_dtype(target),
             supports_thinking=prompt_mod.supports_thinking(tokenizer, target_dir),
+            has_audio=audio is not None,
         )
         self._state = _Loaded(
             info=info,
@@ -293,11 +301,35 @@ class Engine:
             cache=target.make_cache(),
             token_log=prompt_mod.TokenLog(),
             target_dir=target_dir,
+            audio=audio,
+            audio_spec=audio_spec,
         )
         self._info = info
         _freeze_heap()
         progress("ready", 1.0, spec.name)
         return info
+
+    @staticmethod
+    def _load_audio(target_dir: Path, spec: PairingSpec, progress: Callable) -> tuple[Any, Any]:
+        """(audio encoder, its input spec), or (None, None) for a checkpoint without audio. A checkpoint
+        whose audio part cannot be loaded still chats (text and images), as without a vision tower."""
+        import mlx.core as mx
+
+        from core.model.audio_input import AudioSpec
+        from core.model.encoders import load_audio
+
+        try:
+            audio_spec = AudioSpec.from_model_dir(target_dir)
+            if audio_spec is None:
+                return None, None
+            progress("audio", 0.0)
+            audio = load_audio(target_dir, getattr(mx, spec.dtype) if spec.dtype else None)
+        except Exception as e:
+            log.warning("audio encoder not loaded: %s", e)
+            progress("audio", 1.0, f"no audio: {e}")
+            return None, None
+        progress("audio", 1.0)
+        return (audio, audio_spec) if audio is not None else (None, None)
 
     def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
         """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same
@@ -348,6 +380,8 @@ class Engine:
         from core.decode.spec import Prompt, TurnError
 
         tp = self._render(st, req.kind, what, settings)
+        for notice in tp.notices:
+            emit(Notice(notice))
         keep = self._reuse_cache(st, tp)
         suffix = tp.ids[keep:]
         embeddings, mask, bidirectional = self._image_rows(st, tp, keep)
@@ -379,13 +413,14 @@ class Engine:
     def _render(
         self, st: _Loaded, kind: str, what: list[dict] | str | list[int], settings: GenerationSettings
     ) -> _TurnPrompt:
-        """The turn's prompt ids (images expanded to their soft-token spans), checked against the
-        context before any image is encoded or the cache is touched."""
+        """The turn's prompt ids (images and audio clips expanded to their soft-token spans), checked
+        against the context before any image or clip is encoded or the cache is touched."""
         from core.decode import prompt as prompt_mod
         from core.decode.spec import TurnError
 
-        images: list[tuple[PreparedImage, str]] = []
+        images: list[tuple[PreparedImage | PreparedAudio, str]] = []
         spans: list[tuple[int, int]] = []
+        notices: list[str] = []
         if kind == "complete":
             if isinstance(what, str):
                 bos = getattr(st.tokenizer, "bos_token_id", None)
@@ -397,18 +432,33 @@ class Engine:
             messages: list[dict] = [m for m in what if isinstance(m, dict)]
             if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
                 messages = [{"role": "system", "content": settings.system_prompt}] + messages
-            images = self._prepare_images(st, messages, settings.image_budget)
-            ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
-            if images:
-                ids, spans = prompt_mod.expand_images(
-                    ids, [im.num_soft_tokens for im, _ in images], prompt_mod.image_token_ids(st.target_dir)
-                )
+            ids, spans, images, notices = self._expand_media(st, messages, settings)
         if not ids:
             raise TurnError("empty prompt: nothing to generate from")
         if too_long := context_error(len(ids), st.target.context_length):
             raise TurnError(too_long)
         image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
-        return _TurnPrompt(ids, images, image_spans)
+        return _TurnPrompt(ids, images, image_spans, notices)
+
+    def _expand_media(self, st: _Loaded, messages: list[dict], settings: GenerationSettings) -> tuple:
+        """(prompt ids with every image and audio placeholder expanded, the soft-token spans, per span its
+        (prepared input, key), notices): images first, then audio clips, each kind in prompt order."""
+        from core.decode import prompt as prompt_mod
+
+        clips = self._prepare_audio(st, messages)  # refused first: it needs no decoding to know
+        images = self._prepare_images(st, messages, settings.image_budget)
+        ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
+        kinds: list = []
+        if images:
+            kinds.append((prompt_mod.image_token_ids(st.target_dir), [im.num_soft_tokens for im, _ in images]))
+        if clips:
+            kinds.append((prompt_mod.audio_token_ids(st.target_dir), [c.num_soft_tokens for c, _ in clips]))
+        spans: list[tuple[int, int]] = []
+        if kinds:
+            ids, found = prompt_mod.expand_media(ids, kinds)
+            spans = [s for kind_spans in found for s in kind_spans]
+        notices = [c.notice for c, _ in clips if c.notice]
+        return ids, spans, [*images, *clips], notices
 
     def _reuse_cache(self, st: _Loaded, tp: _TurnPrompt) -> int:
         """Keep the longest prefix of the cached conversation that the new prompt shares (the cache and
@@ -426,8 +476,10 @@ class Engine:
     def _image_rows(
         self, st: _Loaded, tp: _TurnPrompt, keep: int
     ) -> tuple[mx.array | None, mx.array | None, list[tuple[int, int]]]:
-        """For the prompt past `keep`: the soft-token rows of its images [n, H], which rows they fill [n],
-        and each image's span (its tokens attend to each other both ways where the model says so)."""
+        """For the prompt past `keep`: the soft-token rows of its images and audio clips [n, H], which rows
+        they fill [n], and each image's span (its tokens attend to each other both ways where the model says
+        so; audio tokens attend causally, as in transformers). Each is encoded once while the conversation
+        holds it."""
         import mlx.core as mx
 
         new_images = [(s, im) for s, (im, _) in zip(tp.spans, tp.images) if s.start >= keep]
@@ -438,16 +490,45 @@ class Engine:
         flags = [False] * n
         bidirectional = []
         for span, im in new_images:
+            is_audio = isinstance(span.key, str) and span.key.startswith(AUDIO_KEY)
             soft = st.soft_tokens.get(span.key)
             if soft is None:
-                assert st.vision is not None  # _prepare_images refuses images without a tower
-                soft = st.vision.encode_image(im)
+                soft = self._encode(st, im, is_audio)
+                if soft.shape[0] != span.end - span.start:  # transformers refuses a mismatch too
+                    raise RuntimeError(f"{soft.shape[0]} soft tokens for {span.end - span.start} placeholders")
                 st.soft_tokens[span.key] = soft
             rows[span.start - keep : span.end - keep] = soft.astype(rows.dtype)
             for i in range(span.start - keep, span.end - keep):
                 flags[i] = True
-            bidirectional.append((span.start, span.end))
+            if not is_audio:
+                bidirectional.append((span.start, span.end))
         return rows, mx.array(flags), bidirectional
+
+    @staticmethod
+    def _encode(st: _Loaded, item: Any, is_audio: bool) -> mx.array:
+        """Soft tokens of one prepared image or audio clip."""
+        if is_audio:
+            assert st.audio is not None  # _prepare_audio refuses audio without an encoder
+            return st.audio.encode_clip(item)
+        assert st.vision is not None  # _prepare_images refuses images without a tower
+        return st.vision.encode_image(item)
+
+    def _prepare_audio(self, st: _Loaded, messages: list[dict]) -> list[tuple[PreparedAudio, str]]:
+        """(PreparedAudio, key) per audio item in prompt order; refused at once without an audio encoder."""
+        from core.decode import prompt as prompt_mod
+
+        items = prompt_mod.media_items(messages, "audio")
+        if not items:
+            return []
+        if st.audio is None or st.audio_spec is None:
+            raise _UserError(no_audio_message(st.info.name))
+        from core.model.audio_input import audio_source, prepare_audio
+
+        out = []
+        for item in items:
+            clip = prepare_audio(audio_source(item), st.audio_spec)
+            out.append((clip, AUDIO_KEY + clip.key))
+        return out
 
     def _prepare_images(
         self, st: _Loaded, messages: list[dict], budget: int | None = None
@@ -482,6 +563,14 @@ class Engine:
 
 class _UserError(Exception):
     pass
+
+
+AUDIO_KEY = "audio:"  # prefix of an audio clip's key in the token log and the soft-token cache
+
+
+def no_audio_message(name: str) -> str:
+    """Why a pairing refuses audio (before anything is decoded or run)."""
+    return f"{name} does not take audio: Gemma 4 E2B, E4B and 12B do (26B-A4B and 31B do not)"
 
 
 def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:

@@ -29,6 +29,7 @@ class Family:
     params_b: float
     arch: dict  # text_config-shaped numbers for the K/V estimate
     vision: bool
+    audio: bool  # an audio tower (E2B/E4B) or audio embedder (12B)
     drafter_repo: str
     drafter_bytes: int
     block_size: int
@@ -61,6 +62,10 @@ class Pairing:
     @property
     def vision(self) -> bool:
         return self.family.vision
+
+    @property
+    def audio(self) -> bool:
+        return self.family.audio
 
     @property
     def block_size(self) -> int:
@@ -107,6 +112,7 @@ def _family(key: str, raw: dict) -> Family:
         float(raw["params_b"]),
         arch,
         bool(raw["vision"]),
+        bool(raw["audio"]),
         raw["drafter"],
         int(raw["drafter_bytes"]),
         int(raw["block_size"]),
@@ -194,6 +200,7 @@ class CatalogEntry:
             "fit": self.fit.level,
             "fit_message": self.fit.message,
             "vision": p.vision,
+            "audio": p.audio,
             "block_size": p.block_size,
             "confirmed": p.confirmed,
             "source": p.source,

@@ -35,6 +35,8 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     }
     assert lines["mlx"] == metadata.version("mlx")
     assert lines["demo"].startswith("always available offline (gemma-chat --demo)")
+    assert lines["audio"] == "E2B, E4B, 12B (not 26B-A4B, 31B); files decoded by libsndfile " + _libsndfile()
+    assert lines["soundfile"] == metadata.version("soundfile") and lines["soxr"] == metadata.version("soxr")
     assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
     assert lines["textual"] == metadata.version("textual")
     if sys.platform.startswith("linux"):
@@ -44,6 +46,12 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     assert "kitty graphics protocol" in text
     assert "ready  none" in text
     assert not (tmp_path / "hf").exists(), "doctor must not create the cache"
+
+
+def _libsndfile() -> str:
+    import soundfile
+
+    return soundfile.__libsndfile_version__
 
 
 @pytest.mark.parametrize(

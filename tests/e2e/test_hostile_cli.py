@@ -140,7 +140,7 @@ def test_tui_fields_share_the_checks():
         ([{"role": "user"}], "message 1: has no content"),
         ([{"role": "user", "content": None}], "message 1: has no content"),
         ([{"role": "user", "content": "a"}, "x"], "message 2: expected an object"),
-        ([{"role": "user", "content": [{"type": "video"}]}], "message 1, item 1: type must be text or image"),
+        ([{"role": "user", "content": [{"type": "video"}]}], "message 1, item 1: type must be text, image or audio"),
         ([{"role": "user", "content": [{"type": "image"}]}], "message 1, item 1: an image item needs"),
         ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "message 1, item 1: a text item needs"),
         ({"role": "user", "content": "hi"}, "expected a list of messages, got dict"),

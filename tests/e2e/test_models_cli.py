@@ -74,6 +74,7 @@ def test_list_json_in_a_fresh_process_shows_local_status(hf_cache):
     assert rows["31b"]["status"] == "missing"
     for r in rows.values():
         assert r["vision"] is True and r["memory_bytes"] > r["download_bytes"] > 0
+        assert r["audio"] is (r["family"] in ("e2b", "e4b", "12b"))
         assert r["fit"] in ("ok", "tight", "wont_fit", "unknown")
 
 

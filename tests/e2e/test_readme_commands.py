@@ -34,6 +34,17 @@ PY = sys.executable
 DEMO_TARGET = str(ROOT / "core" / "data" / "demo" / "target")
 DEMO_DRAFTER = str(ROOT / "core" / "data" / "demo" / "assistant")
 IMAGE = str(ROOT / "assets" / "images" / "chart.png")
+PACK_MODELS = ROOT / "tests" / "data" / "pack" / "models"
+AUDIO_TARGET = (
+    "--model",
+    str(PACK_MODELS / "e-style-audio-target"),
+    "--drafter",
+    str(PACK_MODELS / "e-style-assistant"),
+)
+UNIFIED_TARGET = str(PACK_MODELS / "unified-style-target")
+CLIP = str(ROOT / "tests" / "data" / "pack" / "references" / "audio" / "inputs" / "sine_1s.pcm16.wav")
+LONG_CLIP = str(ROOT / "tests" / "data" / "pack" / "references" / "audio" / "inputs" / "long_31s.pcm16.flac")
+AUDIO_MESSAGES = str(ROOT / "tests" / "data" / "audio_messages.json")  # a sine_1s audio item and a question
 KEY = "readme-test-key"
 SERVER = "{server}"  # in a Run's argv: the demo server's URL (started once for the module)
 KEYED = "{keyed}"  # the demo server that wants KEY
@@ -92,6 +103,44 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
         gc("generate", "--demo", "--prompt", "Why is the sky blue?", expect="tokens/round"),
         gc("generate", "--demo", "--prompt", "Why is the sky blue?", "--json", expect='"stats"'),
         gc("generate", "--demo", "--prompt", "What is this?", "--image", IMAGE, expect="tokens/round"),
+    ),
+    # audio: no audio pairing is downloaded here, so the pack's audio-capable checkpoints stand in
+    'gemma-chat generate --pairing e4b --audio clip.wav --prompt "Transcribe this."': (
+        gc(
+            "generate", "--pairing", "e4b", "--audio", CLIP, "--prompt", "Transcribe this.", rc=1, expect=NOT_DOWNLOADED
+        ),
+        gc("generate", *AUDIO_TARGET, "--audio", CLIP, "--prompt", "Transcribe this.", expect="tokens/round"),
+        gc("generate", "--demo", "--audio", CLIP, "--prompt", "Hi", rc=1, expect="does not take audio"),
+    ),
+    'gemma-chat generate --pairing e2b --audio speech.wav --prompt "Transcribe the following speech segment in '
+    'English."': (
+        gc(
+            "generate",
+            *AUDIO_TARGET,
+            "--audio",
+            LONG_CLIP,
+            "--prompt",
+            "Transcribe.",
+            expect="hears only its first 30 s",
+        ),
+    ),
+    'gemma-chat generate --pairing e4b --audio a.flac --audio b.mp3 --prompt "What differs between the two?"': (
+        gc(
+            "generate",
+            *AUDIO_TARGET,
+            "--audio",
+            LONG_CLIP,
+            "--audio",
+            CLIP,
+            "--prompt",
+            "Two?",
+            "--json",
+            expect='"stats"',
+        ),
+    ),
+    "gemma-chat generate --pairing 12b --messages chat.json": (
+        gc("generate", "--pairing", "12b", "--messages", AUDIO_MESSAGES, rc=1, expect=NOT_DOWNLOADED),
+        gc("generate", "--model", UNIFIED_TARGET, "--messages", AUDIO_MESSAGES, expect="tokens/round"),
     ),
     "gemma-chat bench --demo": (gc("bench", "--demo", *BENCH_SHORT, expect="x mlx-lm"),),
     "gemma-chat models list | download NAME [--offline] | rm NAME": (

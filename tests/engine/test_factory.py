@@ -418,7 +418,7 @@ def test_real_shape_configs_match_reference_facts():
     assert (e4b["hidden_size"], e4b["num_key_value_heads"], e4b["num_kv_shared_layers"]) == (2560, 2, 18)
     params = factory.target_params(factory.target_config(factory.resolve_spec(full_config="E2B"), "bfloat16"))
     text_params = sum(int(np.prod(p.shape)) for p in params if p.name.startswith("model.language_model."))
-    assert 4.4e9 < text_params < 4.8e9  # ~5.1 B with the vision tower and audio, which we leave out
+    assert 4.4e9 < text_params < 4.8e9  # ~5.1 B with the vision and audio towers, counted apart
 
 
 @pytest.mark.slow
@@ -437,6 +437,33 @@ def test_real_shape_e2b_smoke(tmp_path, dtype):
     assert report.get("pair_problems", []) == []
     assert 70 < report["drafter_params_m"] < 85  # the real E2B assistant has ~77.7 M parameters
     assert report["mtp_tokens"] == report["plain_tokens"] == 4, report  # the engine ran, drafter on and off
+    # a 0.5 s clip through the real-size tower: 13 soft tokens between boa and eoa, then the text
+    assert report.get("audio_error") is None and report["audio_tokens"] == 2, report
+    assert report["audio_prompt_tokens"] > 15
+
+
+def test_real_shape_e2b_audio_tower_matches_the_released_tensors():
+    """752 audio tensors, as google/gemma-4-E2B-it holds them (reference/tools-and-audio.md B3.1)."""
+    config = factory.target_config(factory.resolve_spec(full_config="E2B"), "bfloat16")
+    assert config["audio_config"]["hidden_size"] == 1024 and config["audio_config"]["output_proj_dims"] == 1536
+    shapes = {p.name: p.shape for p in factory.target_params(config) if "audio" in p.name.split(".")[1]}
+    assert len(shapes) == 752
+    a = "model.audio_tower."
+    assert shapes[a + "subsample_conv_projection.layer0.conv.weight"] == (128, 1, 3, 3)
+    assert shapes[a + "subsample_conv_projection.layer1.conv.weight"] == (32, 128, 3, 3)
+    assert shapes[a + "subsample_conv_projection.input_proj_linear.weight"] == (1024, 1024)
+    assert shapes[a + "layers.11.feed_forward2.ffw_layer_1.linear.weight"] == (4096, 1024)
+    assert shapes[a + "layers.0.self_attn.per_dim_scale"] == (128,)
+    assert shapes[a + "layers.0.lconv1d.linear_start.linear.weight"] == (2048, 1024)
+    assert shapes[a + "layers.0.lconv1d.depthwise_conv1d.weight"] == (1024, 1, 5)
+    assert shapes[a + "output_proj.bias"] == (1536,)
+    assert shapes["model.embed_audio.embedding_projection.weight"] == (1536, 1536)
+    e4b = factory.target_config(factory.resolve_spec(full_config="E4B"), "bfloat16")
+    e4b_shapes = {p.name: p.shape for p in factory.target_params(e4b)}
+    assert e4b_shapes["model.embed_audio.embedding_projection.weight"] == (2560, 1536)
+    mlx = {p.name: p.shape for p in factory.to_mlx_layout(factory.target_params(config))}
+    assert mlx["audio_tower.subsample_conv_projection.layer1.conv.weight"] == (32, 3, 3, 128)
+    assert mlx["audio_tower.layers.0.lconv1d.depthwise_conv1d.weight"] == (1024, 5, 1)
 
 
 def test_real_shape_12b_matches_reference_counts():

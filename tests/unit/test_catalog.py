@@ -270,3 +270,11 @@ def test_12b_pairings_name_the_unified_assistant_and_fit_a_16_gb_mac_when_quanti
     assert fit.check_fit(catalog.get_pairing("12b").memory().total_bytes, mac16).level == "wont_fit"
     # the HF cache folder may hold either spelling of the capitalised repo id
     assert catalog.get_pairing("12b-8bit").target_repo.lower() == "mlx-community/gemma-4-12b-it-8bit"
+
+
+def test_audio_support_per_family():
+    """E2B and E4B (audio tower) and 12B (audio embedder) take audio; 26B-A4B and 31B have none."""
+    cat = catalog.load_catalog()
+    by_family = {p.family.key: p.audio for p in cat.pairings}
+    assert by_family == {"e2b": True, "e4b": True, "12b": True, "26b-a4b": False, "31b": False}
+    assert all(p.audio == by_family[p.family.key] for p in cat.pairings)  # every quant of a family alike

@@ -27,6 +27,8 @@ class Param:
     role: str | None = None  # "linear" | "embedding" | "router" | None
     source: str | None = None  # HF name that seeds the values (default: name)
     part: tuple[int, int] | None = None  # (index, count): one of `count` equal slices of the source along axis -2
+    # axes order of the stored tensor over the source's (axis 0 stays first): MLX's conv layouts
+    perm: tuple[int, ...] | None = None
 
     @property
     def seed_name(self) -> str:
@@ -34,6 +36,8 @@ class Param:
 
     @property
     def source_shape(self) -> tuple[int, ...]:
+        if self.perm is not None:
+            return tuple(self.shape[self.perm.index(axis)] for axis in range(len(self.shape)))
         if self.part is None:
             return self.shape
         s = list(self.shape)
@@ -175,13 +179,7 @@ def vision_params(vcfg: dict, text_hidden: int) -> list[Param]:
         for name, (o, i_) in linears.items():
             out.append(Param(f"{lp}.{name}.linear.weight", (o, i_), _normal_in(i_)))
             if vcfg["use_clipped_linears"]:
-                # Finite, asymmetric bounds, wide enough that only the tails get clipped.
-                out += [
-                    Param(f"{lp}.{name}.input_min", (), ("uniform", -4.0, -2.0)),
-                    Param(f"{lp}.{name}.input_max", (), ("uniform", 2.0, 4.0)),
-                    Param(f"{lp}.{name}.output_min", (), ("uniform", -4.0, -2.0)),
-                    Param(f"{lp}.{name}.output_max", (), ("uniform", 2.0, 4.0)),
-                ]
+                out += _clip_bounds(f"{lp}.{name}")
     if vcfg["standardize"]:
         out += [
             Param(f"{p}.std_bias", (d,), ("normal", 0.5)),
@@ -215,11 +213,68 @@ def unified_media_params(config: dict) -> list[Param]:
     return out
 
 
+def _clip_bounds(name: str) -> list[Param]:
+    # Finite, asymmetric bounds, wide enough that only the tails get clipped.
+    return [
+        Param(f"{name}.input_min", (), ("uniform", -4.0, -2.0)),
+        Param(f"{name}.input_max", (), ("uniform", 2.0, 4.0)),
+        Param(f"{name}.output_min", (), ("uniform", -4.0, -2.0)),
+        Param(f"{name}.output_max", (), ("uniform", 2.0, 4.0)),
+    ]
+
+
+def audio_params(acfg: dict, text_hidden: int) -> list[Param]:
+    """The E2B/E4B conformer audio tower and `embed_audio`, HF names (convolutions [O, I, kH, kW] and
+    [C, 1, K]). The tower stays unquantized in a 4-bit conversion; `embed_audio`'s projection does not."""
+    p = "model.audio_tower"
+    d, (c0, c1), k = acfg["hidden_size"], acfg["subsampling_conv_channels"], acfg["conv_kernel_size"]
+    hd = d // acfg["num_attention_heads"]
+    clip = acfg["use_clipped_linears"]
+    sscp = f"{p}.subsample_conv_projection"
+    out = [
+        Param(f"{sscp}.layer0.conv.weight", (c0, 1, 3, 3), _normal_in(9)),
+        _norm(f"{sscp}.layer0.norm", c0),
+        Param(f"{sscp}.layer1.conv.weight", (c1, c0, 3, 3), _normal_in(9 * c0)),
+        _norm(f"{sscp}.layer1.norm", c1),
+        Param(f"{sscp}.input_proj_linear.weight", (d, 32 * c1), _normal_in(32 * c1)),  # 128 mel bins / 4
+    ]
+
+    def clipped(name: str, o: int, i: int) -> list[Param]:
+        return [Param(f"{name}.linear.weight", (o, i), _normal_in(i))] + (_clip_bounds(name) if clip else [])
+
+    for n in range(acfg["num_hidden_layers"]):
+        lp = f"{p}.layers.{n}"
+        for ff in ("feed_forward1", "feed_forward2"):
+            out += [_norm(f"{lp}.{ff}.pre_layer_norm", d), _norm(f"{lp}.{ff}.post_layer_norm", d)]
+            out += clipped(f"{lp}.{ff}.ffw_layer_1", 4 * d, d) + clipped(f"{lp}.{ff}.ffw_layer_2", d, 4 * d)
+        out += [_norm(f"{lp}.{name}", d) for name in ("norm_pre_attn", "norm_post_attn", "norm_out")]
+        for name in ("q_proj", "k_proj", "v_proj", "post"):
+            out += clipped(f"{lp}.self_attn.{name}", d, d)
+        out += [
+            Param(f"{lp}.self_attn.relative_k_proj.weight", (d, d), _normal_in(d)),
+            Param(f"{lp}.self_attn.per_dim_scale", (hd,), ("uniform", 0.5, 1.5)),
+            _norm(f"{lp}.lconv1d.pre_layer_norm", d),
+            _norm(f"{lp}.lconv1d.conv_norm", d),
+            Param(f"{lp}.lconv1d.depthwise_conv1d.weight", (d, 1, k), _normal_in(k)),
+        ]
+        out += clipped(f"{lp}.lconv1d.linear_start", 2 * d, d) + clipped(f"{lp}.lconv1d.linear_end", d, d)
+    o = acfg["output_proj_dims"]
+    out += [
+        Param(f"{p}.output_proj.weight", (o, d), _normal_in(d)),
+        Param(f"{p}.output_proj.bias", (o,), ("normal", 0.1)),
+        Param("model.embed_audio.embedding_projection.weight", (text_hidden, o), _normal_in(o), "linear"),
+    ]
+    return out
+
+
 def target_params(config: dict) -> list[Param]:
     text = config["text_config"]
     if config.get("model_type") == "gemma4_unified":
         return target_text_params(text) + unified_media_params(config)
-    return target_text_params(text) + vision_params(config["vision_config"], text["hidden_size"])
+    out = target_text_params(text) + vision_params(config["vision_config"], text["hidden_size"])
+    if config.get("audio_config"):
+        out += audio_params(config["audio_config"], text["hidden_size"])
+    return out
 
 
 def drafter_params(config: dict) -> list[Param]:
@@ -251,6 +306,7 @@ def mlx_name(hf_name: str) -> str:
         ("model.vision_tower.", "vision_tower."),
         ("model.embed_vision.", "embed_vision."),
         ("model.vision_embedder.", "vision_embedder."),  # the 12B's encoder-free embedders
+        ("model.audio_tower.", "audio_tower."),
         ("model.embed_audio.", "embed_audio."),
     ):
         if hf_name.startswith(old):
@@ -269,12 +325,22 @@ def hf_to_mlx_names(hf_name: str) -> list[str]:
     return [base]
 
 
+# mlx-community stores convolutions channels-last: conv2d [O, I, kH, kW] -> [O, kH, kW, I], [C, 1, K] -> [C, K, 1]
+_MLX_CONV_PERMS = {4: (0, 2, 3, 1), 3: (0, 2, 1)}
+
+
 def to_mlx_layout(params: list[Param]) -> list[Param]:
     out = []
     for p in params:
         names = hf_to_mlx_names(p.name)
         if len(names) == 1:
-            out.append(Param(names[0], p.shape, p.init, p.role, source=p.name))
+            conv = p.name.endswith((".conv.weight", ".depthwise_conv1d.weight"))
+            if p.name.startswith("model.audio_tower.") and conv:
+                perm = _MLX_CONV_PERMS[len(p.shape)]
+                stored = tuple(p.shape[a] for a in perm)
+                out.append(Param(names[0], stored, p.init, p.role, source=p.name, perm=perm))
+            else:
+                out.append(Param(names[0], p.shape, p.init, p.role, source=p.name))
             continue
         shape = list(p.shape)
         shape[-2] //= len(names)

@@ -7,6 +7,9 @@ A spec is a plain dict with four parts:
               follow the target, because the drafter reads the target's K/V)
   thought_channel -- whether the chat template adds an empty thought channel to the generation
               prompt when thinking is off (26B/31B templates do, E2B/E4B do not)
+  audio    -- (optional) the E2B/E4B conformer audio tower's `audio_config` fields (HF names); the
+              checkpoint then has `model.audio_tower.*`, `model.embed_audio.*` and a feature-extractor
+              block in processor_config.json
   unified  -- (optional) True for the encoder-free 12B architecture (`gemma4_unified`): `vision`
               then holds the vision embedder's fields (`mm_embed_dim`, `mm_posemb_size`, ...), the
               checkpoint has an audio embedder, a single-file processor config, and a
@@ -155,6 +158,59 @@ _UNIFIED_AUDIO = {
     "initializer_range": 0.02,
 }
 
+# The released E2B/E4B audio_config (reference/tools-and-audio.md B1.2); tiny and real specs override sizes.
+_AUDIO_COMMON = {
+    "model_type": "gemma4_audio",
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "hidden_act": "silu",
+    "subsampling_conv_channels": [128, 32],
+    "conv_kernel_size": 5,
+    "residual_weight": 0.5,
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_context_right": 0,
+    "attention_logit_cap": 50.0,
+    "attention_invalid_logits_value": -1000000000.0,
+    "use_clipped_linears": True,
+    "rms_norm_eps": 1e-06,
+    "gradient_clipping": 10000000000.0,
+    "output_proj_dims": 1536,
+    "initializer_range": 0.02,
+}
+# A tiny tower: 2 layers, width 32, 4 channels after the second convolution, output 64 wide (a 4-bit
+# group fits, and it is not the text width)
+_TINY_AUDIO = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "subsampling_conv_channels": [128, 4],
+    "output_proj_dims": 64,
+}
+# the Gemma 4 processor's released feature-extractor block (E2B/E4B)
+FEATURE_EXTRACTOR = {
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "padding_value": 0.0,
+    "padding_side": "right",
+    "return_attention_mask": True,
+    "min_frequency": 0.0,
+    "max_frequency": 8000.0,
+    "preemphasis": 0.0,
+    "preemphasis_htk_flavor": True,
+    "fft_overdrive": False,
+    "dither": 0.0,
+    "input_scale_factor": 1.0,
+    "frame_length": 320,
+    "hop_length": 160,
+    "mel_floor": 0.001,
+    "fft_length": 512,
+    "per_bin_mean": None,
+    "per_bin_stddev": None,
+    "feature_extractor_type": "Gemma4AudioFeatureExtractor",
+}
+
 _DRAFTER_DENSE_HEAD = {"use_ordered_embeddings": False, "num_centroids": 2048, "centroid_intermediate_top_k": 32}
 
 # Tiny families. Dims are multiples of 64 where a 4-bit group of 64 must fit, heads * head_dim
@@ -257,6 +313,9 @@ VARIANTS: dict[str, dict] = {
     },
 }
 
+# E2B/E4B-like with the conformer audio tower (as the pack's e-style-audio target)
+VARIANTS["e-style-audio"] = {**copy.deepcopy(VARIANTS["e-style"]), "audio": dict(_TINY_AUDIO)}
+
 _E_VISION_REAL = {
     "hidden_size": 768,
     "intermediate_size": 3072,
@@ -303,6 +362,7 @@ REAL_SHAPES: dict[str, dict] = {
             "use_double_wide_mlp": True,
         },
         "vision": _E_VISION_REAL,
+        "audio": {},  # the released tower as it is
         "drafter": _E_DRAFTER_REAL,
         "thought_channel": False,
     },
@@ -323,6 +383,7 @@ REAL_SHAPES: dict[str, dict] = {
             "use_double_wide_mlp": False,
         },
         "vision": _E_VISION_REAL,
+        "audio": {},
         "drafter": _E_DRAFTER_REAL,
         "thought_channel": False,
     },
@@ -378,6 +439,8 @@ def resolve_spec(
             spec["vision"].update(value)
         elif key == "drafter":
             spec["drafter"].update(value)
+        elif key == "audio_config":
+            spec["audio"] = {**spec.get("audio", {}), **value}
         elif key == "thought_channel":
             spec["thought_channel"] = bool(value)
         else:
@@ -465,6 +528,13 @@ def vision_config(spec: dict) -> dict:
     return {k: merged[k] for k in VISION_CONFIG_KEYS}
 
 
+def audio_config(spec: dict) -> dict | None:
+    """The E2B/E4B `audio_config` (every released key), or None for a target without audio."""
+    if "audio" not in spec:
+        return None
+    return {**_AUDIO_COMMON, **spec["audio"]}
+
+
 def target_config(spec: dict, dtype_name: str) -> dict:
     ids = special_ids()
     text = text_config(spec)
@@ -475,7 +545,7 @@ def target_config(spec: dict, dtype_name: str) -> dict:
         "vocab_size": text["vocab_size"],
         "text_config": text,
         "vision_config": vision_config(spec),
-        "audio_config": dict(_UNIFIED_AUDIO) if unified else None,
+        "audio_config": dict(_UNIFIED_AUDIO) if unified else audio_config(spec),
         "boi_token_id": ids["boi_token_id"],
         "eoi_token_id": ids["eoi_token_id"],
         "image_token_id": ids["image_token_id"],
@@ -606,9 +676,7 @@ def processor_config(spec: dict) -> dict:
             "audio_seq_length": 750,
             "audio_ms_per_token": 40,
         }
-    return {
-        "processor_class": "Gemma4Processor",
-        "image_seq_length": spec["vision"]["soft_tokens"],
-        "audio_seq_length": 750,
-        "audio_ms_per_token": 40,
-    }
+    out: dict = {"processor_class": "Gemma4Processor"}
+    if "audio" in spec:  # the real E2B/E4B repositories carry the feature extractor's settings here
+        out["feature_extractor"] = dict(FEATURE_EXTRACTOR)
+    return {**out, "image_seq_length": spec["vision"]["soft_tokens"], "audio_seq_length": 750, "audio_ms_per_token": 40}

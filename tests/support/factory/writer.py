@@ -58,6 +58,8 @@ def float_chunks(p: Param, seed: int) -> Iterator[np.ndarray]:
         if p.part is not None:
             index, count = p.part
             values = np.ascontiguousarray(np.split(values, count, axis=-2)[index])
+        if p.perm is not None:  # axis 0 stays first, so each chunk of rows transposes alone
+            values = np.ascontiguousarray(values.transpose(p.perm))
         yield values
 
 
