@@ -18,7 +18,9 @@ and prints each turn's TTFT and decode tok/s, the time the engine spent preparin
 kernels the cache holds at the end. `--read-s S` waits S seconds after the load before the first prompt
 (a user reading the welcome screen; 0 = Enter at once, the worst case). `--warm-cache` reuses one cache
 folder across repeats (the second start on a machine). `--no-prepare` skips the engine's kernel
-preparation: kernels compile on first use, as before it existed.
+preparation: kernels compile on first use, as before it existed. `--compare [--repeats N]` instead measures
+what compiling buys: decode tok/s with compilation on and off, interleaved, on the demo and the reference
+pack's pairings (float32 there, where the CPU backend compiles the layer pieces), drafter on and off.
 """
 
 from __future__ import annotations
@@ -90,6 +92,52 @@ def child(read_s: float, prepare: bool) -> None:
     os._exit(0)  # as the engine's own processes: MLX 0.32 may abort at exit after compiled code ran on a thread
 
 
+def compare(repeats: int, pairings: list[tuple[str, str, str | None]]) -> None:
+    """Decode tok/s with compilation on and off, interleaved in one process (both warmed first), per pairing."""
+    sys.path.insert(0, str(ROOT))
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    use_private_kernel_cache()
+    import statistics
+
+    import mlx.core as mx
+
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
+    from core.events import TurnDone
+    from core.settings import GenerationSettings
+
+    prompts = [
+        "Hi!",
+        "What is speculative decoding?",
+        "What is gemma-chat?",
+        "Write a Python function that reverses a string.",
+    ]
+    print(f"{'pairing':<16} {'drafter':<8} {'compiled':>9} {'uncompiled':>11} {'ratio':>6}   (median decode tok/s)")
+    for name, target, drafter in pairings:
+        engine = Engine(kernels="first-use")
+        engine.load(PairingSpec(name=name, target=target, drafter=drafter), None).result()
+        for draft in (True, False):
+            rates: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(repeats + 1):  # the first round warms both modes, untimed
+                for compiled in (True, False) if r % 2 else (False, True):
+                    (mx.enable_compile if compiled else mx.disable_compile)()
+                    for p in prompts:
+                        got: list[TurnDone] = []
+                        settings = GenerationSettings(max_tokens=96, ignore_eos=True, drafter_enabled=draft)
+                        msgs = [{"role": "user", "content": p}]
+                        engine.chat(
+                            msgs, settings, lambda e, got=got: got.append(e) if isinstance(e, TurnDone) else None
+                        ).result()
+                        if r:
+                            rates[compiled].append(got[-1].stats.decode_tps)
+            on, off = statistics.median(rates[True]), statistics.median(rates[False])
+            print(f"{name:<16} {'on' if draft else 'off':<8} {on:9.1f} {off:11.1f} {on / off:6.2f}", flush=True)
+        mx.enable_compile()
+        engine.close()
+    os._exit(0)
+
+
 def kernel_count(cache: Path) -> int:
     return sum(1 for _ in cache.rglob("*.so"))
 
@@ -101,7 +149,21 @@ def main() -> int:
     p.add_argument("--warm-cache", action="store_true")
     p.add_argument("--no-prepare", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--compare", action="store_true", help="decode tok/s compiled vs uncompiled, interleaved (demo + pack)"
+    )
     args = p.parse_args()
+    if args.compare:
+        from core.hub.demo import ensure_demo_pairing
+
+        sys.path.insert(0, str(ROOT))
+        target, drafter = ensure_demo_pairing()
+        pack = ROOT / "tests" / "data" / "pack" / "models"
+        pairings = [("demo", str(target), str(drafter))]
+        for fam in ("e-style", "dense-style", "moe-style", "unified-style"):
+            pairings.append((fam, str(pack / f"{fam}-target"), str(pack / f"{fam}-assistant")))
+        compare(max(args.repeats, 2), pairings)
+        return 0
     if args.child:
         child(args.read_s, not args.no_prepare)
         return 0

@@ -17,6 +17,7 @@ OpenAI-compatible one); --model then names the server's model.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import threading
@@ -32,6 +33,8 @@ from core.user import kernel_cache
 __all__ = ["PairingError", "is_first_run", "pairing_spec", "run"]
 
 if TYPE_CHECKING:
+    from app.tui.app import GemmaChatApp
+    from app.tui.history import HistoryRecorder
     from core.engine.contract import ChatEngine
     from core.settings import GenerationSettings
     from core.user.config import Config
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models screen's row key too)
 
 
-def pairing_spec(args, default_pairing: str | None = None):
+def pairing_spec(args: argparse.Namespace, default_pairing: str | None = None) -> tuple[PairingSpec, str | None]:
     """(spec, notice): the pairing to open and, when it is a fallback, why."""
     if getattr(args, "demo", False):
         return demo_spec(), None
@@ -62,7 +65,7 @@ def pairing_spec(args, default_pairing: str | None = None):
     )
 
 
-def is_first_run(args, default_pairing: str | None) -> bool:
+def is_first_run(args: argparse.Namespace, default_pairing: str | None) -> bool:
     """Nothing asked for on the command line and no default pairing configured."""
     asked = any(getattr(args, a, None) for a in ("demo", "model", "drafter", "pairing"))
     return not asked and not default_pairing
@@ -80,7 +83,7 @@ CLI_SETTINGS = {
 }
 
 
-def cli_settings(args, settings):
+def cli_settings(args: argparse.Namespace, settings: GenerationSettings) -> GenerationSettings:
     """`settings` with the command line's chat flags applied; ValueError says which one is bad."""
     import dataclasses
 
@@ -92,7 +95,7 @@ def cli_settings(args, settings):
     return settings
 
 
-def remember_pairing(args, config) -> None:
+def remember_pairing(args: argparse.Namespace, config: Config) -> None:
     """A pairing asked for by name (--demo, --pairing) becomes the one the next plain start opens,
     as choosing it in the models screen does."""
     name = DEMO_KEY if getattr(args, "demo", False) else getattr(args, "pairing", None)
@@ -106,7 +109,7 @@ def remember_pairing(args, config) -> None:
         print(f"gemma-chat: could not remember the pairing: {e}", file=sys.stderr)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from core.user.config import ConfigError, load_config, write_default_config
 
     try:
@@ -231,12 +234,12 @@ def _hard_exit(status: int) -> None:
     os._exit(status)
 
 
-def _exit_anyway(app, history, closing: threading.Lock, name: str) -> None:
+def _exit_anyway(app: GemmaChatApp, history: HistoryRecorder, closing: threading.Lock, name: str) -> None:
     """A quit started by a signal or a lost terminal ends the process promptly, however stuck its normal
     exit is (Textual writing to a terminal that is gone blocks; an engine inside a long MLX call does not
     answer): once the reply is handed to the history (or after QUIT_SAVE_S), the app gets QUIT_EXIT_S to
-    exit by itself (a moment only when its terminal is gone: nothing is left to restore); then the history is closed here (its last writes, or the recovery file) and the
-    process ends with 128 + the signal."""
+    exit by itself (only a moment when its terminal is gone: nothing is left to restore); then the history
+    is closed here (its last writes, or the recovery file) and the process ends with 128 + the signal."""
 
     from app.tui.app import terminal_lost
 

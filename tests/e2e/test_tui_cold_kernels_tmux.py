@@ -17,6 +17,12 @@ from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by 
 
 FINISHED = re.compile(r"(\d+) tokens · [\d.]+ tok/s · TTFT ([\d.]+) s")
 TTFT_LIMIT_S = 5.0  # the issue's target, from Enter to the first token
+NOTE = re.compile(r"preparing kernels for this machine, first run only… \d+%")
+
+
+def flat(screen: str) -> str:
+    """The screen as one line: the panel wraps its status over lines, between borders."""
+    return re.sub(r"[│\s]+", " ", screen)
 
 
 def ask(t, question: str, n_before: int) -> float:
@@ -35,13 +41,12 @@ def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_
         t.wait(lambda: "Enter: use it" in t.text(), "the welcome screen with the demo selected", 60)
         t.keys("Enter")
         t.wait(lambda: "· ready" in t.text(), "the demo to load", 90)
-        t.wait(lambda: "preparing kernels for this machine" in t.text(), "the note that kernels are prepared", 15)
-        assert "%" in t.text().partition("preparing kernels for this machine, first run only…")[2][:8]
+        t.wait(lambda: NOTE.search(flat(t.text())), "the note that kernels are being prepared", 15)
         first = ask(t, "Hello", 0)
         assert first < TTFT_LIMIT_S, f"first reply TTFT {first:.2f} s on a machine without kernels"
         second = ask(t, "What is gemma-chat?", 1)
         assert second < TTFT_LIMIT_S, f"second turn TTFT {second:.2f} s"
-        building = "preparing kernels for this machine" in t.text()
+        building = bool(NOTE.search(flat(t.text())))
         procs, took = kill_terminal_and_wait(t)
     finally:
         t.kill()
@@ -51,7 +56,7 @@ def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_
     assert [c for r, c, _ in saved if r == "user"] == ["Hello", "What is gemma-chat?"]
     if not building:
         pytest.skip("the kernels were ready before the terminal was killed: the kill was not during preparation")
-    assert len(procs) >= 3, f"no kernel-building child among {procs}"  # pane, app, child (and its compiler)
+    assert any("core.engine.warmup" in c for c in procs.values()), f"no kernel-building child among {procs}"
 
 
 @pytest.mark.slow

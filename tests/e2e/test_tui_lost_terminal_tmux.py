@@ -40,11 +40,18 @@ def alive(pid: int) -> bool:
         return False
 
 
-def kill_terminal_and_wait(t: Tmux) -> tuple[list[int], float]:
-    """Kill the tmux server (the terminal goes away); the processes that ran in it, and how long until the
-    last of them was gone."""
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_terminal_and_wait(t: Tmux) -> tuple[dict[int, str], float]:
+    """Kill the tmux server (the terminal goes away); the processes that ran in it (pid: command line), and
+    how long until the last of them was gone."""
     pane = int(t._run("display-message", "-p", "-t", "chat", "#{pane_pid}").stdout.strip())
-    procs = [pane, *descendants(pane)]
+    procs = {p: cmdline(p) for p in [pane, *descendants(pane)]}
     t0 = time.monotonic()
     t.kill()
     while time.monotonic() - t0 < 30 and any(alive(p) for p in procs):
