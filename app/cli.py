@@ -220,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"gemma-chat {__version__}")
         return 0
+    # before anything imports mlx: its compiled CPU kernels go to gemma-chat's private cache, not /tmp
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    kernels = use_private_kernel_cache()
+    if kernels.problem and kernels.folder is None and args.command is not None:  # the app shows it itself
+        print(f"gemma-chat: {kernels.problem}", file=sys.stderr)
     if args.command is None:
         from app.commands.tui import run
     elif args.command == "generate":

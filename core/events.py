@@ -135,4 +135,15 @@ class LoadProgress:
     message: str = ""
 
 
-Event = TokenEvent | RoundEvent | PrefillDone | TurnDone | LoadProgress
+@dataclass(frozen=True)
+class KernelProgress:
+    """The CPU kernels of the loaded pairing are being prepared (first run on a machine only; see
+    core.engine.kernels). Sent to the load's listener, from a helper thread, after the load: replies work
+    meanwhile, uncompiled. `done` ends it; `error` says why the kernels stay uncompiled this session."""
+
+    fraction: float  # 0..1 of the preparation's steps
+    done: bool = False
+    error: str | None = None
+
+
+Event = TokenEvent | RoundEvent | PrefillDone | TurnDone | LoadProgress | KernelProgress

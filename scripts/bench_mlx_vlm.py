@@ -19,6 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
+
+use_private_kernel_cache()  # before mlx runs anything: its compiled kernels go to gemma-chat's private folder
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -34,6 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint factory and the fake engine (tests/support)
 
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
+
+use_private_kernel_cache()  # before mlx runs anything: its compiled kernels go to gemma-chat's private folder
+
 PROMPT = "Tell me a long story about the sea."
 
 

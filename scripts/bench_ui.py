@@ -32,6 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/support: factory, fake engine
 
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
+
+use_private_kernel_cache()  # before mlx runs anything: its compiled kernels go to gemma-chat's private folder
+
 PROMPT = "Tell me a long story about the sea."
 
 

@@ -2,10 +2,11 @@
 """The chat app on the tests' scripted fake engine (no MLX, no model): for work on the screens, for
 `scripts/bench_ui.py --ui-cost`'s kind of measurement by hand, and for the terminal tests.
 
-    .venv/bin/python scripts/fake_ui.py [--delay SECONDS] [gemma-chat's chat flags, e.g. --temp 0.7]
+    .venv/bin/python scripts/fake_ui.py [--delay SECONDS] [--hold-load | --hold-prefill] [gemma-chat's chat flags]
 
 The fake engine (tests/support/fake_engine.py) streams a scripted reply in rounds shaped by the block
-size and the drafter switch; `--delay` is its real seconds per round (default 0.05).
+size and the drafter switch; `--delay` is its real seconds per round (default 0.05). `--hold-load` never
+finishes loading, `--hold-prefill` never finishes a turn's prefill (for killing the app in that phase).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--delay", type=float, default=0.05)
+    # hold a phase forever (the terminal tests kill the app there): the load, or every turn's prefill
+    pre.add_argument("--hold-load", action="store_true")
+    pre.add_argument("--hold-prefill", action="store_true")
     ours, rest = pre.parse_known_args(argv)
     args = build_parser().parse_args(rest)
     try:
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"fake_ui: {e}", file=sys.stderr)
         return 2
-    engine = FakeEngine(delay_s=ours.delay)
+    engine = FakeEngine(delay_s=ours.delay, hold_load=ours.hold_load, hold_prefill=ours.hold_prefill)
     spec = PairingSpec(name="fake (scripted)", target="fake-target", drafter="fake-drafter")
     return run_app(engine, spec, settings, config, offline=True)
 

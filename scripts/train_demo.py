@@ -62,6 +62,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the checkpoint factory and the fake engine (tests/support)
 sys.path.insert(0, str(ROOT / "scripts"))
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
+
+use_private_kernel_cache()  # before mlx runs anything: its compiled kernels go to gemma-chat's private folder
 
 import demo_corpus  # noqa: E402
 import demo_numpy as dn  # noqa: E402

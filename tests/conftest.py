@@ -49,6 +49,11 @@ _SESSION_ROOT = Path(tempfile.mkdtemp(prefix="gemma-chat-tests-"))
 os.environ["GEMMA_CHAT_CACHE_DIR"] = str(_SESSION_ROOT / "cache")
 os.environ["HF_HOME"] = str(_SESSION_ROOT / "hf")
 os.environ.pop("HF_HUB_CACHE", None)  # else it wins over HF_HOME
+# MLX's compiled CPU kernels: one private folder for the session, this process and every gemma-chat it starts
+os.environ["GEMMA_CHAT_KERNEL_DIR"] = str(_SESSION_ROOT / "kernels")
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402 (after the variables it reads)
+
+use_private_kernel_cache()
 
 
 def pytest_unconfigure(config):

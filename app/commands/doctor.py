@@ -115,7 +115,7 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     from app import __version__
     from core.hub import catalog, fit
     from core.hub.download import default_cache_dir, free_disk_bytes
-    from core.user import paths
+    from core.user import kernel_cache, paths
 
     sections = []
     sections.append(
@@ -142,7 +142,11 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
             hf.append((var, os.environ[var]))
     sections.append(("Hugging Face", hf))
 
-    sections.append(("gemma-chat paths", [(k.replace("_", " "), v) for k, v in paths.describe().items()]))
+    where = [(k.replace("_", " "), v) for k, v in paths.describe().items()]
+    kernels = kernel_cache.active()  # chosen at start-up (app.cli), before mlx was imported
+    if kernels is not None:
+        where.append(("kernel cache", str(kernels.folder) if kernels.folder else f"refused: {kernels.problem}"))
+    sections.append(("gemma-chat paths", where))
 
     machine = fit.machine_memory()
     mem = [

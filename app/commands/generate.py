@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.connect:
         from core.engine.local import Engine
 
-        local = Engine()
+        local = Engine(kernels="eager-if-cold")  # one reply: uncompiled beats building kernels for it
         engine = local
     try:
         try:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from core.engine.local import Engine
     from core.frontends.server import ServerConfig, create_app, is_loopback
 
-    engine = Engine()
+    engine = Engine(kernels="background")  # a long-lived server: kernels built alongside the first requests
     try:
         print(f"loading {spec.name} ...", file=sys.stderr, flush=True)
         try:

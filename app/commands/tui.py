@@ -17,8 +17,10 @@ OpenAI-compatible one); --model then names the server's model.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,10 +28,13 @@ from app.commands.common import UsageError, printable, remote_engine
 from core.engine.contract import PairingSpec
 from core.engine.pairings import catalogue_spec, checkpoint_spec, demo_spec
 from core.hub.pairing import PairingError
+from core.user import kernel_cache
 
 __all__ = ["PairingError", "is_first_run", "pairing_spec", "run"]
 
 if TYPE_CHECKING:
+    from app.tui.app import GemmaChatApp
+    from app.tui.history import HistoryRecorder
     from core.engine.contract import ChatEngine
     from core.settings import GenerationSettings
     from core.user.config import Config
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
 DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models screen's row key too)
 
 
-def pairing_spec(args, default_pairing: str | None = None):
+def pairing_spec(args: argparse.Namespace, default_pairing: str | None = None) -> tuple[PairingSpec, str | None]:
     """(spec, notice): the pairing to open and, when it is a fallback, why."""
     if getattr(args, "demo", False):
         return demo_spec(), None
@@ -60,7 +65,7 @@ def pairing_spec(args, default_pairing: str | None = None):
     )
 
 
-def is_first_run(args, default_pairing: str | None) -> bool:
+def is_first_run(args: argparse.Namespace, default_pairing: str | None) -> bool:
     """Nothing asked for on the command line and no default pairing configured."""
     asked = any(getattr(args, a, None) for a in ("demo", "model", "drafter", "pairing"))
     return not asked and not default_pairing
@@ -78,7 +83,7 @@ CLI_SETTINGS = {
 }
 
 
-def cli_settings(args, settings):
+def cli_settings(args: argparse.Namespace, settings: GenerationSettings) -> GenerationSettings:
     """`settings` with the command line's chat flags applied; ValueError says which one is bad."""
     import dataclasses
 
@@ -90,7 +95,7 @@ def cli_settings(args, settings):
     return settings
 
 
-def remember_pairing(args, config) -> None:
+def remember_pairing(args: argparse.Namespace, config: Config) -> None:
     """A pairing asked for by name (--demo, --pairing) becomes the one the next plain start opens,
     as choosing it in the models screen does."""
     name = DEMO_KEY if getattr(args, "demo", False) else getattr(args, "pairing", None)
@@ -104,7 +109,7 @@ def remember_pairing(args, config) -> None:
         print(f"gemma-chat: could not remember the pairing: {e}", file=sys.stderr)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from core.user.config import ConfigError, load_config, write_default_config
 
     try:
@@ -144,7 +149,10 @@ def run(args) -> int:
         remember_pairing(args, config)
         from core.engine.local import Engine
 
-        engine = Engine()
+        engine = Engine(kernels="background")  # a cold machine: replies at once, kernels built alongside
+    kernels = kernel_cache.active()
+    if kernels is not None and kernels.folder is None and kernels.problem:  # a refused kernel cache
+        notice = f"{notice} {kernels.problem}" if notice else kernels.problem
     offline = bool(getattr(args, "offline", False) or config.offline)
     return run_app(engine, spec, settings, config, notice=notice, first_run=first, offline=offline)
 
@@ -183,19 +191,65 @@ def run_app(
     app.models_options = ModelsOptions(offline=offline, endpoint=os.environ.get("HF_ENDPOINT") or None, remember=True)
     app.models_key = resolve_keys(config.key_overrides)["models"]
     app.first_run = first_run
+    closing = threading.Lock()  # held by whoever closes the history: this thread or the quit deadline's
+    app.on_quit_signal = lambda name: _exit_anyway(app, history, closing, name)
     try:
         app.run()
     finally:
         app.chat.shutdown()
-        unsaved = history.close()  # waits for the last writes
+        with closing:
+            unsaved = history.close()  # waits for the last writes
         if history.backlog:
             where = f"they are in {unsaved}" if unsaved else "and no file could be written to keep them"
             print(
                 f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
                 file=sys.stderr,
             )
-    if app.quit_signal:  # ended by SIGTERM / SIGHUP: the usual 128 + signal number
-        import signal
-
-        return 128 + int(getattr(signal, app.quit_signal))
+    if app.quit_signal:  # ended by SIGTERM / SIGHUP / a lost terminal: the usual 128 + signal number
+        # and at once: the interpreter's own exit can wait on an engine thread still inside MLX (a kernel
+        # compile, a long prefill) for minutes; everything worth keeping is written by now
+        _hard_exit(_signal_status(app.quit_signal))
     return 0
+
+
+QUIT_SAVE_S = 4.0  # after a quit signal or a lost terminal: at most this for the reply to be handed over
+QUIT_EXIT_S = (3.0, 0.2)  # then this for the app's own exit (restoring the terminal; when it is gone) before ending
+
+
+def _signal_status(name: str) -> int:
+    import signal
+
+    return 128 + int(getattr(signal, name))
+
+
+def _hard_exit(status: int) -> None:
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(status)
+
+
+def _exit_anyway(app: GemmaChatApp, history: HistoryRecorder, closing: threading.Lock, name: str) -> None:
+    """A quit started by a signal or a lost terminal ends the process promptly, however stuck its normal
+    exit is (Textual writing to a terminal that is gone blocks; an engine inside a long MLX call does not
+    answer): once the reply is handed to the history (or after QUIT_SAVE_S), the app gets QUIT_EXIT_S to
+    exit by itself (only a moment when its terminal is gone: nothing is left to restore); then the history
+    is closed here (its last writes, or the recovery file) and the process ends with 128 + the signal."""
+
+    from app.tui.app import terminal_lost
+
+    def deadline() -> None:
+        import time
+
+        app.quit_saved.wait(QUIT_SAVE_S)
+        time.sleep(QUIT_EXIT_S[1] if terminal_lost() else QUIT_EXIT_S[0])
+        if closing.acquire(timeout=10):  # not already closing on the main thread (else: let it finish)
+            history.close()
+        _hard_exit(_signal_status(name))
+
+    threading.Thread(target=deadline, name="quit-deadline", daemon=True).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from textual.app import App
@@ -41,6 +42,9 @@ class GemmaChatApp(App[None]):
         config: Config | None = None,
     ) -> None:
         super().__init__()
+        import threading
+
+        self.quit_saved = threading.Event()  # set once a quit has handed the reply to the history
         self.engine = engine
         self.spec = spec
         # chat history (app.tui.history.HistoryRecorder; None: nothing is saved) and the config file
@@ -68,6 +72,7 @@ class GemmaChatApp(App[None]):
 
     def on_mount(self) -> None:
         self._install_signal_handlers()
+        self._watch_terminal()
         if self.history is not None:
             if self.history.on_error is None:
                 self.history.on_error = self._history_error
@@ -114,6 +119,7 @@ class GemmaChatApp(App[None]):
         await self.chat.stop_and_keep()
         self.chat.shutdown()
         self.chat.finish_for_exit()
+        self.quit_saved.set()  # the partial reply is with the history writer now
         self.exit()
 
     # SIGTERM (kill, a closing session manager) and SIGHUP (the terminal went away) end the app like
@@ -138,8 +144,31 @@ class GemmaChatApp(App[None]):
             self._signals_installed.append(sig)
 
     def _on_quit_signal(self, name: str) -> None:
+        if self.quit_signal is not None:
+            return  # already quitting
         self.quit_signal = name
+        if self.on_quit_signal is not None:
+            self.on_quit_signal(name)
         self.run_worker(self.action_quit(), group="quit", exit_on_error=False)
+
+    # A terminal that went away does not always send SIGHUP (a session leader between it and the app that
+    # ignores or swallows it, tmux killed): the app would keep running with no screen, for ever. The
+    # controlling terminal is polled instead; once it is hung up (an ioctl on it fails) the app quits as
+    # on SIGHUP.
+    TERMINAL_POLL_S = 0.5
+
+    def _watch_terminal(self) -> None:
+        if terminal_fd() is None:
+            return  # headless (tests, a pipe): nothing to lose
+        self.set_interval(self.TERMINAL_POLL_S, self._check_terminal, name="terminal-watch")
+
+    def _check_terminal(self) -> None:
+        if terminal_lost():
+            self._on_quit_signal("SIGHUP")
+
+    # Set by the process that runs the app (app.commands.tui.run_app): called once when a signal or a lost
+    # terminal starts the quit, e.g. to guarantee the process ends even if the exit itself gets stuck.
+    on_quit_signal: Callable[[str], None] | None = None
 
     def on_unmount(self) -> None:
         import asyncio
@@ -152,3 +181,34 @@ class GemmaChatApp(App[None]):
             loop.remove_signal_handler(sig)
 
     quit_signal: str | None = None  # the signal that ended the app, if one did
+
+
+_TERMINAL_FD: list[int | None] = []  # the controlling terminal's fd as first seen (None: not a terminal)
+
+
+def terminal_fd() -> int | None:
+    """The fd of the terminal the app runs in (its stdin), when it started as one."""
+    if not _TERMINAL_FD:
+        import os
+        import sys
+
+        try:
+            fd = sys.__stdin__.fileno() if sys.__stdin__ is not None else -1
+        except (OSError, ValueError):
+            fd = -1
+        _TERMINAL_FD.append(fd if fd >= 0 and os.isatty(fd) else None)
+    return _TERMINAL_FD[0]
+
+
+def terminal_lost() -> bool:
+    """The app's terminal is gone (hung up: its ioctls fail), though it was one."""
+    import os
+
+    fd = terminal_fd()
+    if fd is None:
+        return False
+    try:
+        os.tcgetpgrp(fd)
+    except OSError:
+        return True
+    return False

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not i
 
     from core.decode.prompt import ImageSpan, TokenLog
     from core.decode.spec import Controls, Decoder
+    from core.engine.kernels import KernelPreparer
     from core.model.audio import AudioEncoder, UnifiedAudioEncoder
     from core.model.audio_input import AudioSpec, PreparedAudio
     from core.model.drafter import Drafter
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Request:
-    kind: str  # "load" | "chat" | "complete" | "reset"
+    kind: str  # "load" | "chat" | "complete" | "reset" | "warmup"
     future: concurrent.futures.Future
     args: tuple = ()
     controls: Controls | None = None  # for generation requests only
@@ -87,9 +88,19 @@ class _Loaded:
 
 
 class Engine:
-    """Owns ONE long-lived thread; all methods are thread-safe and non-blocking."""
+    """Owns ONE long-lived thread; all methods are thread-safe and non-blocking.
 
-    def __init__(self) -> None:
+    `kernels` says when the CPU backend's compiled kernels are built on a machine that has none for the
+    pairing yet (core.engine.kernels): "background" (run uncompiled while a child process builds them: the
+    app, serve), "eager-if-cold" (run uncompiled: one-shot commands) or "first-use" (MLX's default)."""
+
+    def __init__(self, kernels: str = "first-use") -> None:
+        from core.engine.kernels import MODES
+
+        if kernels not in MODES:
+            raise ValueError(f"kernels must be one of {MODES}, got {kernels!r}")
+        self._kernel_mode = kernels
+        self._kernels: KernelPreparer | None = None
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._pending: list[_Request] = []  # generation requests queued or running
@@ -127,6 +138,11 @@ class Engine:
     ) -> concurrent.futures.Future:
         """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
         return self._submit("complete", (prompt, settings, on_event), settings)
+
+    def warm_up(self, on_fraction: Callable[[float], None] | None = None) -> concurrent.futures.Future[None]:
+        """Run every warm-up step (core.decode.warmup) now, compiled as the mode says: the job of the process
+        that builds a pairing's kernels (core.engine.warmup). `on_fraction` after each step."""
+        return self._submit("warmup", (on_fraction,))
 
     def reset(self) -> concurrent.futures.Future:
         """Forget the cached conversation (the next turn prefills everything)."""
@@ -186,16 +202,47 @@ class Engine:
         self._queue.put(req)
         return future
 
+    def _next_request(self) -> _Request | None:
+        """The next request. While the kernels are being prepared, or are ready but not yet traced at every
+        shape, the wait is spent on that, one short warm-up step at a time (core.engine.kernels)."""
+        while True:
+            kernels = self._kernels
+            if kernels is None or not kernels.busy:
+                return self._queue.get()
+            try:
+                return self._queue.get(timeout=0.25 if kernels.state == "preparing" else 0.01)
+            except queue.Empty:
+                kernels.poll()
+                if self._state is not None and kernels.state == "ready":
+                    kernels.trace_next(lambda: self._warmup_steps(self._state))
+
+    def _warmup_steps(self, st: _Loaded | None) -> list[tuple[str, Callable[[], None]]]:
+        from core.decode.warmup import steps
+
+        return steps(st.target, st.drafter, st.tokenizer) if st is not None else []
+
+    def _warm_all(self, on_fraction: Callable[[float], None] | None) -> None:
+        plan = self._warmup_steps(self._state)
+        for i, (_name, run) in enumerate(plan):
+            run()
+            if on_fraction is not None:
+                on_fraction((i + 1) / len(plan))
+
     def _serve(self) -> None:
         while True:
-            req = self._queue.get()
+            req = self._next_request()
             if req is None:
                 break
+            if self._kernels is not None:
+                self._kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
             try:
                 if req.kind == "load":
                     req.future.set_result(self._load(*req.args))
                 elif req.kind in ("chat", "complete"):
                     req.future.set_result(self._generate(req))
+                elif req.kind == "warmup":
+                    self._warm_all(*req.args)
+                    req.future.set_result(None)
                 elif req.kind == "reset":
                     if self._state is not None:
                         self._reset_conversation(self._state)
@@ -214,6 +261,8 @@ class Engine:
             if req is not None and not req.future.done():
                 req.future.set_exception(EngineError("the engine is closed"))
         self._state = self._info = None
+        if self._kernels is not None:
+            self._kernels.close()
         self._stopped.set()
         # Park instead of returning: with mlx 0.32 on Linux a thread that ran mx.compile'd code
         # (mlx-lm's geglu) and then exits can abort the process at interpreter exit
@@ -243,6 +292,9 @@ class Engine:
         if spec.drafter_window not in SLIDING_KEYS:
             raise EngineError(f"drafter sliding_keys must be one of {SLIDING_KEYS}, got {spec.drafter_window!r}")
         self._state = self._info = None  # free the previous pairing before loading the next
+        if self._kernels is not None:
+            self._kernels.close()
+            self._kernels = None
         _thaw_heap()
         mx.clear_cache()
         try:
@@ -305,6 +357,7 @@ class Engine:
             audio_spec=audio_spec,
         )
         self._info = info
+        self._prepare_kernels(spec, target_dir, drafter_dir, on_event)
         _freeze_heap()
         progress("ready", 1.0, spec.name)
         return info
@@ -330,6 +383,15 @@ class Engine:
             return None, None
         progress("audio", 1.0)
         return (audio, audio_spec) if audio is not None else (None, None)
+
+    def _prepare_kernels(self, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, on_event) -> None:
+        from core.engine.kernels import preparer
+        from core.model import memory
+
+        st = self._state
+        assert st is not None
+        self._kernels = preparer(self._kernel_mode, spec, target_dir, drafter_dir, on_event)
+        self._kernels.start(memory.model_bytes(getattr(st.target, "model", None), st.drafter))
 
     def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
         """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same

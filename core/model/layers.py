@@ -138,8 +138,14 @@ class FastLayer:
         q = a.rope(q, offset=offset)
         return q, k, v
 
-    def _attn_out_eager(self, o: mx.array, residual: mx.array, per_layer_input: mx.array | None):
-        """o [B, nh, L, hd] attention output, residual [B, L, H] -> the layer's output [B, L, H]."""
+    def _attn_out_eager(
+        self, o: mx.array, residual: mx.array, per_layer_input: mx.array | None, scalar: mx.array | None
+    ) -> mx.array:
+        """o [B, nh, L, hd] attention output, residual [B, L, H] -> the layer's output [B, L, H].
+
+        `scalar` is the layer's `layer_scalar` [1], passed in rather than read from the layer: mx.compile
+        bakes a captured one-element array into the kernel as a constant, so every layer would compile
+        kernels of its own (16 layers: 16 C++ compiles on the CPU backend instead of one)."""
         layer = self.layer
         B, _, L, _ = o.shape
         h = layer.self_attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -155,8 +161,8 @@ class FastLayer:
         if layer.per_layer_input_gate is not None and per_layer_input is not None:
             g = nn.gelu_approx(layer.per_layer_input_gate(h)) * per_layer_input
             h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
-        if layer.layer_scalar is not None:
-            h = h * layer.layer_scalar
+        if scalar is not None:
+            h = h * scalar
         return h
 
     # --- the layer ---------------------------------------------------------------------------
@@ -177,7 +183,7 @@ class FastLayer:
         elif cache is not None:
             k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.attn.scale, mask=mask)
-        h = self._attn_out(o, x, per_layer_input)
+        h = self._attn_out(o, x, per_layer_input, self.layer.layer_scalar)
         return h, (k, v), offset
 
 

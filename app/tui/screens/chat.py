@@ -37,7 +37,7 @@ from app.tui.widgets.conversation import ReplyView, UserMessage, Variant, legend
 from app.tui.widgets.key_hints import KeyHints, hints_for
 from app.tui.widgets.panel import StatsPanel
 from app.tui.widgets.prompt import PromptArea
-from core.events import LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import KernelProgress, LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from core.settings import GenerationSettings
 from core.user import keymap
@@ -141,6 +141,7 @@ class ChatScreen(Screen):
         self._prefill: tuple[int, float, Callable[[], int] | None] | None = None
         self._status_before_prefill = ""
         self._awaiting_prefill = False  # a turn was sent and its PrefillDone has not come yet
+        self.kernel_note = ""  # while the engine prepares this machine's kernels (KernelProgress), what it says
         self._last_markdown = 0.0
         self._ticks = 0
         self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
@@ -246,7 +247,7 @@ class ChatScreen(Screen):
         self.conversation.mount(reply)
         self.conversation.anchor()
         self.stats.start_turn(time.monotonic())
-        self.panel.show_status("generating… (Esc stops)")
+        self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
         self._awaiting_prefill = True
         settings = dataclasses.replace(
             self.settings, block_size=self.stats.block_setting, drafter_enabled=self.stats.drafter_enabled
@@ -268,6 +269,9 @@ class ChatScreen(Screen):
                 self.load_stage = f"{ev.stage} {ev.fraction:.0%}"
                 if not self.loaded and self.load_error is None:
                     self.panel.show_status(f"loading {ev.stage} {ev.fraction:.0%}")
+                continue
+            if isinstance(ev, KernelProgress):
+                self._on_kernels(ev)
                 continue
             if item.turn != self.turn or self.reply is None:
                 continue  # a late event of a finished turn
@@ -331,7 +335,21 @@ class ChatScreen(Screen):
 
     def show_ready(self) -> None:
         info = self.engine.info
-        self.panel.show_status("ready" + ("" if info is None or info.drafter_path else " (no drafter)"))
+        self.panel.show_status(
+            self._with_kernels("ready" + ("" if info is None or info.drafter_path else " (no drafter)"))
+        )
+
+    def _on_kernels(self, ev: KernelProgress) -> None:
+        """The engine builds this machine's compiled kernels in the background (replies work meanwhile,
+        slower): say so, with the real share of the preparation done."""
+        self.kernel_note = "" if ev.done else f"preparing kernels for this machine, first run only… {ev.fraction:.0%}"
+        if self.reply is None and self.loaded:
+            self.show_ready()
+        elif self.reply is not None and self._prefill is None:
+            self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
+
+    def _with_kernels(self, text: str) -> str:
+        return f"{text} · {self.kernel_note}" if self.kernel_note else text
 
     def switch_pairing(self, spec) -> bool:
         """Load another pairing into the running engine (the models screen's Use). The conversation
@@ -371,6 +389,7 @@ class ChatScreen(Screen):
             rate, left = self.stats.prefill_tps, n
         if rate:
             text += f" · ETA ~{_clock(max(0.0, left / rate - (elapsed if done == 0 else 0.0)))}"
+        text = self._with_kernels(text)
         self.panel.show_status(text)
         if self.reply is not None:
             self.reply.summary.update(f"reading the prompt: {text}…")

@@ -1,0 +1,210 @@
+"""Time what a new user waits for on a fresh machine: the first reply and every later first-of-a-kind prompt.
+
+    .venv/bin/python scripts/measure_first_run.py [--repeats 1] [--warm-cache] [--no-prepare]
+
+Each repeat runs in a fresh child process with an EMPTY kernel cache (a new GEMMA_CHAT_CACHE_DIR), loads the
+demo pairing as the app does, then, like a user:
+
+  hello      "Hello" right after the load (the welcome screen's first prompt)
+  second     a second-turn question
+  image      a prompt with an image
+  block 2    the next turn at block size 2 (a block-size change)
+  sampled    a turn at temperature 0.8
+
+then waits for the kernels to be ready and runs every kind again in a new chat (the first compiled turn of
+each kind: what a later first-of-a-kind prompt costs once the kernels are built),
+
+and prints each turn's TTFT and decode tok/s, the time the engine spent preparing kernels, and how many
+kernels the cache holds at the end. `--read-s S` waits S seconds after the load before the first prompt
+(a user reading the welcome screen; 0 = Enter at once, the worst case). `--warm-cache` reuses one cache
+folder across repeats (the second start on a machine). `--no-prepare` skips the engine's kernel
+preparation: kernels compile on first use, as before it existed. `--compare [--repeats N]` instead measures
+what compiling buys: decode tok/s with compilation on and off, interleaved, on the demo and the reference
+pack's pairings (float32 there, where the CPU backend compiles the layer pieces), drafter on and off.
+
+Figures on the project's shared 2-core Linux CPU (load average 7-11 from other work, so absolute times are
+loose; one repeat each), demo pairing, empty kernel cache, Enter at once:
+
+    before (compile on first use)       TTFT hello 127.5 s (75 kernels built in all), second turn 4.5 s,
+                                        first sampled turn 4.9 s, first image 2.8 s
+    after  (prepared in a child)        TTFT hello 0.26 s, second 0.21 s, block 2 0.21 s, sampled 0.05 s
+                                        (uncompiled, while the child built 48 kernels in 143 s); once ready,
+                                        each kind again: hello 0.20, second 0.18, block 2 0.16, sampled 0.13 s
+    --compare (median decode tok/s, compiled / uncompiled, drafter on): demo 59.2 / 33.5 (1.77x),
+                                        e-style 1.81x, dense-style 2.23x, moe-style 1.37x, unified-style 2.35x
+
+The first image turn takes 5-10 s either way on that machine (vision tower and a ~300-token prefill; no
+kernel is built for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = ROOT / "assets" / "images" / "chart.png"
+
+
+def child(read_s: float, prepare: bool) -> None:
+    sys.path.insert(0, str(ROOT))
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    use_private_kernel_cache()  # before mlx, as every entry point
+    from core.engine.local import Engine
+    from core.engine.pairings import demo_spec
+    from core.events import KernelProgress, TurnDone
+    from core.settings import GenerationSettings
+
+    t0 = time.perf_counter()
+    engine = Engine(kernels="background" if prepare else "first-use")
+    progress: list[float] = []
+
+    def on_load(ev: object) -> None:
+        if isinstance(ev, KernelProgress) and ev.done:
+            progress.append(time.perf_counter() - t0)
+
+    spec = demo_spec()
+    engine.load(spec, on_load).result()
+    load_s = time.perf_counter() - t0
+    time.sleep(read_s)
+    rows = []
+
+    def turn(name: str, messages: list[dict], **kw: object) -> None:
+        done: list[TurnDone] = []
+        settings = GenerationSettings(max_tokens=48, **kw)  # type: ignore[arg-type]
+        t = time.perf_counter()
+        engine.chat(messages, settings, lambda e: done.append(e) if isinstance(e, TurnDone) else None).result()
+        wall = time.perf_counter() - t
+        s = done[-1].stats
+        rows.append({"turn": name, "ttft_s": s.ttft_s, "wall_s": wall, "decode_tps": s.decode_tps, "tokens": s.tokens})
+
+    hello = [{"role": "user", "content": "Hello"}]
+    second = hello + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "What is gemma-chat?"}]
+    image = [{"type": "image", "path": str(IMAGE)}, {"type": "text", "text": "What is this?"}]
+
+    def kinds(tag: str) -> None:
+        turn(f"hello{tag}", hello)
+        turn(f"second{tag}", second)
+        turn(f"image{tag}", [{"role": "user", "content": image}])
+        turn(f"block 2{tag}", [{"role": "user", "content": "What is speculative decoding?"}], block_size=2)
+        turn(f"sampled{tag}", [{"role": "user", "content": "Who are you?"}], temperature=0.8, seed=1)
+        engine.reset().result()
+
+    kinds("")
+    deadline = time.perf_counter() + 600
+    while prepare and not progress and time.perf_counter() < deadline:
+        time.sleep(0.5)
+    kinds(" (after)")  # every kind again, in a new chat: compiled now, each for the first time
+    print(json.dumps({"load_s": load_s, "prepared_at_s": progress[-1] if progress else None, "rows": rows}), flush=True)
+    os._exit(0)  # as the engine's own processes: MLX 0.32 may abort at exit after compiled code ran on a thread
+
+
+def compare(repeats: int, pairings: list[tuple[str, str, str | None]]) -> None:
+    """Decode tok/s with compilation on and off, interleaved in one process (both warmed first), per pairing."""
+    sys.path.insert(0, str(ROOT))
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    use_private_kernel_cache()
+    import statistics
+
+    import mlx.core as mx
+
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
+    from core.events import TurnDone
+    from core.settings import GenerationSettings
+
+    prompts = [
+        "Hi!",
+        "What is speculative decoding?",
+        "What is gemma-chat?",
+        "Write a Python function that reverses a string.",
+    ]
+    print(f"{'pairing':<16} {'drafter':<8} {'compiled':>9} {'uncompiled':>11} {'ratio':>6}   (median decode tok/s)")
+    for name, target, drafter in pairings:
+        engine = Engine(kernels="first-use")
+        engine.load(PairingSpec(name=name, target=target, drafter=drafter), None).result()
+        for draft in (True, False):
+            rates: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(repeats + 1):  # the first round warms both modes, untimed
+                for compiled in (True, False) if r % 2 else (False, True):
+                    (mx.enable_compile if compiled else mx.disable_compile)()
+                    for p in prompts:
+                        got: list[TurnDone] = []
+                        settings = GenerationSettings(max_tokens=96, ignore_eos=True, drafter_enabled=draft)
+                        msgs = [{"role": "user", "content": p}]
+                        engine.chat(
+                            msgs, settings, lambda e, got=got: got.append(e) if isinstance(e, TurnDone) else None
+                        ).result()
+                        if r:
+                            rates[compiled].append(got[-1].stats.decode_tps)
+            on, off = statistics.median(rates[True]), statistics.median(rates[False])
+            print(f"{name:<16} {'on' if draft else 'off':<8} {on:9.1f} {off:11.1f} {on / off:6.2f}", flush=True)
+        mx.enable_compile()
+        engine.close()
+    os._exit(0)
+
+
+def kernel_count(cache: Path) -> int:
+    return sum(1 for _ in cache.rglob("*.so"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--read-s", type=float, default=0.0)
+    p.add_argument("--warm-cache", action="store_true")
+    p.add_argument("--no-prepare", action="store_true")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--compare", action="store_true", help="decode tok/s compiled vs uncompiled, interleaved (demo + pack)"
+    )
+    args = p.parse_args()
+    if args.compare:
+        from core.hub.demo import ensure_demo_pairing
+
+        sys.path.insert(0, str(ROOT))
+        target, drafter = ensure_demo_pairing()
+        pack = ROOT / "tests" / "data" / "pack" / "models"
+        pairings = [("demo", str(target), str(drafter))]
+        for fam in ("e-style", "dense-style", "moe-style", "unified-style"):
+            pairings.append((fam, str(pack / f"{fam}-target"), str(pack / f"{fam}-assistant")))
+        compare(max(args.repeats, 2), pairings)
+        return 0
+    if args.child:
+        child(args.read_s, not args.no_prepare)
+        return 0
+    shared = Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-"))
+    for r in range(args.repeats):
+        cache = shared if args.warm_cache else Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-"))
+        # a private TMPDIR too: MLX before this change kept its kernels there
+        tmp = Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-tmp-"))
+        env = {**os.environ, "GEMMA_CHAT_CACHE_DIR": str(cache), "TMPDIR": str(tmp)}
+        cmd = [sys.executable, __file__, "--child", "--read-s", str(args.read_s)]
+        if args.no_prepare:
+            cmd.append("--no-prepare")
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        kernels = kernel_count(cache) + kernel_count(tmp)
+        print(
+            f"repeat {r + 1}: load {res['load_s']:.2f} s, kernels prepared by {res['prepared_at_s']}, {kernels} kernels"
+        )
+        print(f"  {'turn':<16} {'TTFT s':>8} {'wall s':>8} {'tok/s':>8} {'tokens':>7}")
+        for row in res["rows"]:
+            cells = f"{row['ttft_s']:8.2f} {row['wall_s']:8.2f} {row['decode_tps']:8.1f} {row['tokens']:7d}"
+            print(f"  {row['turn']:<16} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

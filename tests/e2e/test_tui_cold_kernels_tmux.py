@@ -1,0 +1,85 @@
+"""Issue 23 §1: on a machine with no compiled kernels yet (an empty kernel cache), the first demo reply comes
+at once instead of after ~90 s of C++ compiles, the screen says truthfully that kernels are being prepared,
+and a second turn does not stall either. Then the terminal is killed while the kernels are still being
+prepared (issue 24 §15): the app and its kernel-building child are gone within seconds, the history
+holds both turns."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+from test_tui_lost_terminal_tmux import history, kill_terminal_and_wait
+from tmux_session import _session
+from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
+
+FINISHED = re.compile(r"(\d+) tokens · [\d.]+ tok/s · TTFT ([\d.]+) s")
+TTFT_LIMIT_S = 5.0  # the issue's target, from Enter to the first token
+NOTE = re.compile(r"preparing kernels for this machine, first run only… \d+%")
+
+
+def flat(screen: str) -> str:
+    """The screen as one line: the panel wraps its status over lines, between borders."""
+    return re.sub(r"[│\s]+", " ", screen)
+
+
+def ask(t, question: str, n_before: int) -> float:
+    """Send `question`; the finished reply's TTFT as the app reports it (seconds)."""
+    t.keys(question, literal=True)
+    t.keys("Enter")
+    t.wait(lambda: len(FINISHED.findall(t.text())) > n_before, f"the reply to {question!r}", 120)
+    return float(FINISHED.findall(t.text())[-1][1])
+
+
+def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_env, tmp_path):  # noqa: F811
+    pytest.importorskip("core.engine")
+    cold = tmp_path / "kernels"  # empty: this machine has built nothing yet
+    t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(cold)}, [], size=(120, 36))
+    try:
+        t.wait(lambda: "Enter: use it" in t.text(), "the welcome screen with the demo selected", 60)
+        t.keys("Enter")
+        t.wait(lambda: "· ready" in t.text(), "the demo to load", 90)
+        t.wait(lambda: NOTE.search(flat(t.text())), "the note that kernels are being prepared", 15)
+        first = ask(t, "Hello", 0)
+        assert first < TTFT_LIMIT_S, f"first reply TTFT {first:.2f} s on a machine without kernels"
+        second = ask(t, "What is gemma-chat?", 1)
+        assert second < TTFT_LIMIT_S, f"second turn TTFT {second:.2f} s"
+        building = bool(NOTE.search(flat(t.text())))
+        procs, took = kill_terminal_and_wait(t)
+    finally:
+        t.kill()
+    assert took < 5.0, f"{took:.1f} s to end after the terminal went away"
+    saved = history(tmp_path / "data")
+    assert [(r, s) for r, _, s in saved] == [("user", False), ("assistant", False)] * 2
+    assert [c for r, c, _ in saved if r == "user"] == ["Hello", "What is gemma-chat?"]
+    if not building:
+        pytest.skip("the kernels were ready before the terminal was killed: the kill was not during preparation")
+    assert any("core.engine.warmup" in c for c in procs.values()), f"no kernel-building child among {procs}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GEMMA_CHAT_SLOW"), reason="opt-in: GEMMA_CHAT_SLOW=1 (a whole preparation)")
+def test_a_second_start_finds_the_kernels(term_env, tmp_path):  # noqa: F811
+    """Once prepared, a start on the same machine runs compiled from the first reply, with no note."""
+    kernels = tmp_path / "kernels"
+    t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(kernels)}, ["--demo"], size=(120, 36))
+    try:
+        t.wait(lambda: "· ready" in t.text(), "the demo to load", 90)
+        t.wait(lambda: "preparing kernels" not in t.text(), "the kernels to be prepared", 600)
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q", 15)
+    finally:
+        t.kill()
+    assert list(kernels.rglob("prepared/*.json")), "no marker after the preparation"
+    t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(kernels)}, ["--demo"], size=(120, 36))
+    try:
+        t.wait(lambda: "· ready" in t.text(), "the demo to load", 90)
+        time.sleep(1.0)
+        assert "preparing kernels" not in t.text()
+        assert ask(t, "Hello", 0) < TTFT_LIMIT_S
+        t.keys("C-q")
+        t.wait(lambda: not t.alive(), "Ctrl+Q", 15)
+    finally:
+        t.kill()

@@ -1,0 +1,158 @@
+"""Kernel preparation (core.engine.kernels, issue 23 §1): on a machine without the pairing's compiled kernels
+the engine answers at once, uncompiled, while a child process builds them; progress comes as events; once
+the child is done compilation is switched on before the next request and the compiled functions are
+traced between requests; the marker makes the next load compiled from the start; closing the engine ends
+the child. The child here is a stub (the real one, core.engine.warmup, builds ~50 kernels: minutes, run
+by the tmux test); the warm-up steps themselves run for real."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import mlx.core as mx
+import pytest
+
+from core.engine import kernels as kernels_mod
+from core.engine.local import Engine
+from core.engine.pairings import demo_spec
+from core.events import KernelProgress, TurnDone
+from core.settings import GenerationSettings
+from core.user import kernel_cache
+
+# prints progress, waits until RELEASE exists, writes the marker, says done; or ends on stdin EOF
+STUB = """
+import json, os, sys, threading, time
+from pathlib import Path
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(3)), daemon=True).start()
+print(json.dumps({"fraction": 0.25}), flush=True)
+release = Path(sys.argv[1])
+while not release.exists():
+    time.sleep(0.02)
+from core.user import kernel_cache
+cache = kernel_cache.KernelCache(Path(sys.argv[2]))
+kernel_cache.write_marker(cache, sys.argv[3])
+print(json.dumps({"fraction": 1.0}), flush=True)
+print(json.dumps({"done": True}), flush=True)
+"""
+
+
+@pytest.fixture
+def cold(tmp_path, monkeypatch):
+    """A fresh private kernel folder, a stub child, and the compile switches and traces recorded."""
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(kernel_cache, "_active", kernel_cache.KernelCache(folder))
+    monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
+    release = tmp_path / "release"
+    calls: list[str] = []
+    monkeypatch.setattr(
+        kernels_mod.KernelPreparer,
+        "command",
+        lambda self: [sys.executable, "-c", STUB, str(release), str(folder), self.signature],
+    )
+    # switching off is real (the replies stay quick); switching on is only recorded: the stub built nothing
+    real_enable, real_disable = mx.enable_compile, mx.disable_compile
+    monkeypatch.setattr(mx, "enable_compile", lambda: calls.append("enable"))
+    monkeypatch.setattr(mx, "disable_compile", lambda: (calls.append("disable"), real_disable()))
+    traced: list[str] = []
+
+    def trace_next(self, plan):
+        if self._traces is None:
+            self._traces = plan()
+        if self._traces:
+            traced.append(self._traces.pop(0)[0])
+
+    monkeypatch.setattr(kernels_mod.KernelPreparer, "trace_next", trace_next)
+    yield folder, release, calls, traced
+    real_enable()
+
+
+def until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def hello(eng: Engine) -> TurnDone:
+    return eng.chat([{"role": "user", "content": "Hello"}], GenerationSettings(max_tokens=8), lambda e: None).result(60)
+
+
+def test_a_cold_pairing_answers_uncompiled_then_switches_to_compiled_kernels(cold):
+    folder, release, calls, traced = cold
+    events: list[object] = []
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), events.append).result(60)
+        progress = [e for e in events if isinstance(e, KernelProgress)]
+        assert progress and progress[0].fraction == 0.0 and not progress[0].done
+        assert calls == ["disable"]  # the reply below runs uncompiled
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+        assert calls == ["disable"] and traced == []
+        until(lambda: any(isinstance(e, KernelProgress) and e.fraction == 0.25 for e in events))
+        release.touch()
+        until(lambda: any(isinstance(e, KernelProgress) and e.done for e in events))
+        done = [e for e in events if isinstance(e, KernelProgress) and e.done]
+        assert done[-1].error is None
+        # between requests: compilation switched on, then every warm-up step traced in this process
+        until(lambda: bool(traced) and not eng._kernels.busy)
+        assert calls == ["disable", "enable"]
+        assert traced[:2] == ["first token", "plain decoding"] and "second turn" in traced
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+        # the marker: the next load of the pairing is compiled from the start, no child
+        assert list((folder / "prepared").glob("*.json"))
+        events.clear()
+        eng.load(demo_spec(), events.append).result(60)
+        assert not [e for e in events if isinstance(e, KernelProgress)]
+        assert calls[-1] == "enable" and eng._kernels.state == "ready"
+    finally:
+        eng.close()
+
+
+def test_closing_the_engine_ends_the_child_and_eager_if_cold_starts_none(cold):
+    _folder, _release, calls, _ = cold
+    eng = Engine(kernels="background")
+    eng.load(demo_spec(), None).result(60)
+    child = eng._kernels._child
+    assert child is not None and child.poll() is None
+    eng.close()
+    assert child.wait(5) is not None
+    one_shot = Engine(kernels="eager-if-cold")
+    try:
+        one_shot.load(demo_spec(), None).result(60)
+        assert one_shot._kernels._child is None and one_shot._kernels.state == "eager" and calls[-1] == "disable"
+    finally:
+        one_shot.close()
+
+
+def test_the_child_ends_itself_when_its_engine_is_gone(cold):
+    """The child watches its stdin: when the process that started it dies, the pipe closes."""
+    _folder, _release, _calls, _ = cold
+    eng = Engine(kernels="background")
+    eng.load(demo_spec(), None).result(60)
+    child = eng._kernels._child
+    assert child is not None and child.stdin is not None
+    child.stdin.close()  # what the engine's process dying does to it
+    assert child.wait(5) == 3
+    eng.close()
+
+
+def test_the_warm_up_steps_run_on_a_scratch_cache():
+    """The real steps (as the child runs them, here uncompiled: quick): each runs, progress reaches 1, and the
+    conversation's cache and its auto block size are not touched."""
+    eng = Engine()
+    try:
+        eng.load(demo_spec(), None).result(60)
+        st = eng._state
+        offset, learned = st.cache.offset, st.decoder.auto._draft_rounds
+        fractions: list[float] = []
+        mx.disable_compile()
+        try:
+            eng.warm_up(fractions.append).result(300)
+        finally:
+            mx.enable_compile()
+        assert len(fractions) >= 20 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+        assert st.cache.offset == offset and st.decoder.auto._draft_rounds == learned and st.token_log.ids == []
+    finally:
+        eng.close()
