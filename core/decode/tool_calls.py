@@ -1,0 +1,573 @@
+"""Gemma 4 tool calls out of a reply's token stream, as they stream.
+
+The model writes a call as special tokens around a small argument syntax (reference
+tools-and-audio.md A2.1):
+
+    <|tool_call>call:NAME{key:value,...}<tool_call|>     several in a row, then <|tool_response> (a stop)
+    value := <|"|>text<|"|> | number | true | false | null | {key:value,...} | [value,...]
+
+`ToolCallParser` is fed every emitted token (its id and the detokenizer's text delta) and splits
+the reply into content text and calls. Structure is recognised by token id, never by text, so a
+reply that writes "<|tool_call>" as plain characters stays text, and a `<|"|>` token can never be
+confused with those five characters inside a string. A call's tokens are never content: they come
+out as events (see `core.events`):
+
+    ToolCallStarted(index, id, name)      once the name is complete (at "{")
+    ToolCallDelta(index, arguments)       fragments of the arguments' JSON text, as soon as they are
+                                          certain; one call's fragments concatenate to its
+                                          ToolCall.arguments_json (what OpenAI streams as
+                                          `tool_calls[].function.arguments`)
+    ToolCall(...) | ToolCallError(...)    at `<tool_call|>` (or at the end of the reply): the
+                                          decoded call, or "the model produced a malformed tool
+                                          call: ..." with the raw text kept
+
+Deltas are provisional: a call that turns out malformed ends in ToolCallError after them.
+
+The arguments go through a recursive-descent scanner that writes JSON as it reads (`scan_arguments`);
+while a call streams it is rerun on the call's text so far in "partial" mode, which stops at the end
+of the text with only what further text cannot change (a number or a bare word is held back until a
+delimiter ends it; a string's characters stream). Tolerated, as peers do: keys quoted with `<|"|>`
+or `"`, JSON-style `"..."` strings, `None`/`nil` for null, `True`/`False`, bare words as strings,
+trailing commas, whitespace, a missing `call` (`<|tool_call>:name{...}` or `<|tool_call>name{...}`),
+a bare `call:name{...}` right after a thought channel closes or at the start of the reply, a call
+opened inside an unclosed thought channel (the channel is closed in the content), a stray
+`<tool_call|>` outside a call (dropped), and a final `<tool_call|>` missing before the stop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- events (what a reply's calls look like to the engine's listeners) ------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """A call's name is complete; its arguments follow as ToolCallDelta."""
+
+    index: int  # the call's place in the reply (0, 1, ...), shared by all of its events
+    id: str  # "call_..." (OpenAI's tool_call id; a tool result answers it with tool_call_id)
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    index: int
+    arguments: str  # the next piece of the arguments' JSON text (provisional until ToolCall)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete, decoded call."""
+
+    index: int
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_json: str  # json.dumps(arguments): what the call's deltas concatenate to
+    raw: str  # the model's own text of the call, markers included
+
+    def openai(self) -> dict[str, Any]:
+        """As an OpenAI `tool_calls` item (also what `--messages` and the history take back)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
+
+
+@dataclass(frozen=True)
+class ToolCallError:
+    """A call that could not be decoded: "the model produced a malformed tool call: ..."."""
+
+    index: int
+    message: str
+    raw: str  # the model's text of the call, kept whole
+
+
+QUOTE_TEXT = '<|"|>'
+# A `<|"|>` token inside a call's text: a private-use character, so the characters `<|"|>` typed
+# as plain text inside a string are never taken for a delimiter.
+QUOTE = "\ue000"
+MALFORMED = "the model produced a malformed tool call"
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_NOT_BARE = set('{}[]"' + QUOTE)
+_BARE_CALL = "call:"
+_JSON = json.JSONDecoder(strict=False)  # a JSON-style string may hold raw newlines
+_PROBE_LIMIT = 96  # characters a bare `call:name` may take before "{" (longer: it is text)
+
+
+def _is_name_char(c: str) -> bool:
+    return c.isalnum() or c in "_-.:"
+
+
+# --- the argument scanner ------------------------------------------------------------------------
+
+
+class _Incomplete(Exception):
+    """The text ended before the value did (partial mode: what was written so far is certain)."""
+
+
+class Malformed(ValueError):
+    """Arguments that do not follow the call syntax; the message says where."""
+
+
+class _Scanner:
+    def __init__(self, text: str, partial: bool):
+        self.s = text
+        self.i = 0
+        self.partial = partial
+        self.out: list[str] = []
+
+    def peek(self) -> str:
+        while self.i < len(self.s) and self.s[self.i].isspace():
+            self.i += 1
+        if self.i >= len(self.s):
+            raise _Incomplete
+        return self.s[self.i]
+
+    def fail(self, what: str) -> Malformed:
+        near = self.s[max(0, self.i - 12) : self.i + 12].replace(QUOTE, QUOTE_TEXT)
+        return Malformed(f"{what} at character {self.i} (near {near!r})")
+
+    def obj(self) -> None:
+        self.i += 1  # "{"
+        self.out.append("{")
+        first = True
+        while True:
+            c = self.peek()
+            if c == "}":  # also a trailing comma's end
+                self.i += 1
+                self.out.append("}")
+                return
+            if not first:
+                if c != ",":
+                    raise self.fail("expected ',' or '}'")
+                self.i += 1
+                if self.peek() == "}":
+                    continue
+            key = self.key()
+            self.out.append(("" if first else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+            first = False
+            self.value()
+
+    def array(self) -> None:
+        self.i += 1  # "["
+        self.out.append("[")
+        first = True
+        while True:
+            c = self.peek()
+            if c == "]":
+                self.i += 1
+                self.out.append("]")
+                return
+            if not first:
+                if c != ",":
+                    raise self.fail("expected ',' or ']'")
+                self.i += 1
+                if self.peek() == "]":
+                    continue
+                self.out.append(", ")
+            first = False
+            self.value()
+
+    def key(self) -> str:
+        c = self.peek()
+        if c == QUOTE:
+            key = self.quoted()
+        elif c == '"':
+            key = self.json_string()
+        else:
+            j = self.i
+            while j < len(self.s) and self.s[j] != ":":
+                if self.s[j] in _NOT_BARE or self.s[j] == ",":
+                    self.i = j
+                    raise self.fail("expected a key")
+                j += 1
+            if j >= len(self.s):
+                raise _Incomplete
+            key = self.s[self.i : j].strip()
+            if not key:
+                raise self.fail("empty key")
+            self.i = j
+        if self.peek() != ":":
+            raise self.fail("expected ':' after a key")
+        self.i += 1
+        return key
+
+    def quoted(self, stream: bool = False) -> str:
+        """A `<|"|>...<|"|>` string (no escapes exist); a value's characters stream in partial mode."""
+        j = self.s.find(QUOTE, self.i + 1)
+        if j < 0:
+            if self.partial and stream:
+                self.out.append('"' + json.dumps(self.s[self.i + 1 :], ensure_ascii=False)[1:-1])
+            raise _Incomplete
+        text = self.s[self.i + 1 : j]
+        self.i = j + 1
+        return text
+
+    def json_string(self) -> str:
+        try:
+            text, end = _JSON.raw_decode(self.s, self.i)
+        except json.JSONDecodeError as e:
+            if "Unterminated" in e.msg:
+                raise _Incomplete from None
+            raise self.fail(f"bad string ({e.msg})") from None
+        self.i = end
+        return text
+
+    def value(self) -> None:
+        c = self.peek()
+        if c == "{":
+            self.obj()
+        elif c == "[":
+            self.array()
+        elif c == QUOTE:
+            self.out.append(json.dumps(self.quoted(stream=True), ensure_ascii=False))
+        elif c == '"':
+            self.out.append(json.dumps(self.json_string(), ensure_ascii=False))
+        else:
+            self.out.append(json.dumps(self.bare(), ensure_ascii=False))
+
+    def bare(self) -> object:
+        """An unquoted scalar, up to the next ',' '}' or ']': true/false, null, a number, else a string."""
+        j = self.i
+        while j < len(self.s) and self.s[j] not in ",}]":
+            if self.s[j] in _NOT_BARE:
+                self.i = j
+                raise self.fail("unexpected character in a value")
+            j += 1
+        if j >= len(self.s):
+            raise _Incomplete
+        word = self.s[self.i : j].strip()
+        if not word:
+            raise self.fail("a value is missing")
+        self.i = j
+        low = word.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        if low in ("null", "none", "nil"):
+            return None
+        if _NUMBER.fullmatch(word):
+            if not any(c in word for c in ".eE"):
+                return int(word)
+            number = float(word)
+            if math.isfinite(number):
+                return number
+        return word
+
+
+def scan_arguments(text: str, partial: bool = False) -> tuple[str, int]:
+    """Gemma 4 call arguments `{...}` (quote tokens as QUOTE) -> (their JSON text, characters read).
+
+    partial=False: the whole object must be there (else Malformed). partial=True: returns the JSON
+    that is certain so far, which later text only extends."""
+    sc = _Scanner(text, partial)
+    try:
+        if sc.peek() != "{":
+            raise sc.fail("expected '{'")
+        sc.obj()
+    except _Incomplete:
+        if not partial:
+            raise Malformed("the arguments end before their closing '}'") from None
+    return "".join(sc.out), sc.i
+
+
+def split_call(text: str) -> tuple[str, int] | None:
+    """`call:NAME{...` -> (NAME, index of "{"), None while the name is still coming. Raises Malformed
+    for a bad name. Also takes `:NAME{` and `NAME{` (a missing `call`)."""
+    j = text.find("{")
+    if j < 0:
+        return None
+    head = text[:j].strip()
+    name = head[len(_BARE_CALL) :] if head.startswith(_BARE_CALL) else head[1:] if head.startswith(":") else head
+    if not name or not all(_is_name_char(c) for c in name):
+        raise Malformed(f"bad tool name {head!r}")
+    return name, j
+
+
+def parse_call(text: str) -> tuple[str, dict, str]:
+    """A whole call's text (between the markers, quote tokens as QUOTE) -> (name, arguments, JSON)."""
+    head = split_call(text)
+    if head is None:
+        raise Malformed("no '{' after the tool name")
+    name, j = head
+    arguments_json, end = scan_arguments(text[j:])
+    if text[j + end :].strip():
+        raise Malformed(f"text after the arguments: {text[j + end :].strip()[:40]!r}")
+    return name, json.loads(arguments_json), arguments_json
+
+
+def parse_call_text(text: str) -> tuple[str, dict, str]:
+    """parse_call on text that writes the quote token as `<|"|>` (tests, histories)."""
+    return parse_call(text.replace(QUOTE_TEXT, QUOTE))
+
+
+# --- the stream parser ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolMarkers:
+    """The token ids of the markers the parser reacts to (their text is fixed by Gemma 4's vocabulary)."""
+
+    call_start: int  # <|tool_call>
+    call_end: int  # <tool_call|>
+    quote: int  # <|"|>
+    response: frozenset[int]  # <|tool_response>, <tool_response|>: never content
+    channel_start: int | None = None  # <|channel>
+    channel_end: int | None = None  # <channel|>
+
+
+MARKER_TEXT = {
+    "call_start": "<|tool_call>",
+    "call_end": "<tool_call|>",
+    "quote": QUOTE_TEXT,
+    "response_start": "<|tool_response>",
+    "response_end": "<tool_response|>",
+    "channel_start": "<|channel>",
+    "channel_end": "<channel|>",
+}
+
+
+def tool_markers(vocab: Mapping[str, int]) -> ToolMarkers | None:
+    """The markers' ids from a tokenizer's vocabulary (`get_vocab()`); None if it has no tool calls."""
+    ids = {k: vocab.get(v) for k, v in MARKER_TEXT.items()}
+    if ids["call_start"] is None or ids["call_end"] is None or ids["quote"] is None:
+        return None
+    return ToolMarkers(
+        call_start=ids["call_start"],
+        call_end=ids["call_end"],
+        quote=ids["quote"],
+        response=frozenset(i for i in (ids["response_start"], ids["response_end"]) if i is not None),
+        channel_start=ids["channel_start"],
+        channel_end=ids["channel_end"],
+    )
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+Event = ToolCallStarted | ToolCallDelta | ToolCall | ToolCallError
+
+
+@dataclass
+class _OpenCall:
+    index: int
+    text: str = ""  # after <|tool_call> (or from "call:" for a bare call), quote tokens as QUOTE
+    marker: str = MARKER_TEXT["call_start"]  # what opened it ("" for a bare call)
+    id: str | None = None  # set once ToolCallStarted went out
+    sent: str = ""  # the argument JSON streamed so far
+    stream_ok: bool = True
+
+    def raw(self, closed: bool) -> str:
+        return self.marker + self.text.replace(QUOTE, QUOTE_TEXT) + (MARKER_TEXT["call_end"] if closed else "")
+
+
+@dataclass
+class ToolCallParser:
+    """One reply's splitter: `feed` each emitted token, `finish` at the end (see the module docstring).
+
+    starts_in_thought: the prompt ends inside an open thought channel (after a tool result with
+    thinking on): the content gets the channel's opening text first, so that
+    `core.decode.prompt.split_thinking` sees the reply's reasoning as reasoning."""
+
+    markers: ToolMarkers
+    starts_in_thought: bool = False
+    new_id: Callable[[], str] = new_call_id
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ToolCallError] = field(default_factory=list)
+    _content: list[str] = field(default_factory=list)
+    _call: _OpenCall | None = None
+    _probe: str | None = ""  # withheld text that may be a bare `call:name{`; None: not probing
+    _channel_open: bool = False
+    _count: int = 0
+    _started: bool = False
+    _finished: bool = False
+
+    @property
+    def content(self) -> str:
+        """The reply's content so far (thinking channels kept, calls left out)."""
+        return "".join(self._content)
+
+    def feed(self, token_id: int, text: str, last: bool = False) -> tuple[str, list[Event]]:
+        """One emitted token -> (its content text, the call events it completes). `last`: it ends the reply."""
+        out: list[str] = []
+        events: list[Event] = []
+        if not self._started:
+            self._started = True
+            if self.starts_in_thought:
+                out.append(MARKER_TEXT["channel_start"] + "thought\n")
+                self._channel_open = True
+        m = self.markers
+        if self._call is not None:
+            self._in_call(token_id, text, out, events)
+        elif token_id == m.call_start:
+            self._release(out)
+            self._open(MARKER_TEXT["call_start"], "", out)
+        elif token_id in (m.call_end, m.quote) or token_id in m.response:
+            self._release(out)  # markup outside a call is never content (a stray <tool_call|>, the stop)
+        elif self._probe is not None and token_id not in (m.channel_start, m.channel_end):
+            self._probing(text, out, events)
+        else:
+            self._release(out)
+            self._text(token_id, text, out)
+        if last:
+            self._finish(out, events)
+        self._content.extend(out)
+        return "".join(out), events
+
+    def finish(self, tail: str = "") -> tuple[str, list[Event]]:
+        """The end of the reply (idempotent): `tail` is the detokenizer's flush; an open call ends here."""
+        out: list[str] = []
+        events: list[Event] = []
+        if tail:
+            if self._call is not None:
+                self._call.text += tail
+            elif self._probe is not None:
+                self._probe += tail
+            else:
+                out.append(tail)
+        self._finish(out, events)
+        self._content.extend(out)
+        return "".join(out), events
+
+    # --- content ---------------------------------------------------------------------------------
+
+    def _text(self, token_id: int, text: str, out: list[str]) -> None:
+        m = self.markers
+        out.append(text)
+        if token_id == m.channel_start:
+            self._channel_open = True
+        elif token_id == m.channel_end:
+            self._channel_open = False
+            self._probe = ""  # a bare `call:` may follow a closed thought
+
+    def _release(self, out: list[str]) -> None:
+        if self._probe:
+            out.append(self._probe)
+        self._probe = None
+
+    def _probing(self, text: str, out: list[str], events: list[Event]) -> None:
+        """Hold back text that may still become `call:NAME{`; let it go as soon as it cannot."""
+        assert self._probe is not None
+        self._probe += text
+        s = self._probe.lstrip()
+        if not s or _BARE_CALL.startswith(s):
+            return
+        if s.startswith(_BARE_CALL) and len(s) < _PROBE_LIMIT:
+            rest = s[len(_BARE_CALL) :]
+            brace = rest.find("{")
+            name = rest if brace < 0 else rest[:brace]
+            if all(_is_name_char(c) for c in name) and (brace < 0 or name):
+                if brace >= 0:
+                    self._probe = None
+                    self._open("", s, out)
+                    self._stream(events)
+                return
+        self._release(out)
+
+    # --- calls -------------------------------------------------------------------------------------
+
+    def _open(self, marker: str, text: str, out: list[str]) -> None:
+        if self._channel_open:  # a call straight out of the thought: close the channel in the content
+            out.append(MARKER_TEXT["channel_end"])
+            self._channel_open = False
+        self._call = _OpenCall(self._count, text, marker)
+        self._count += 1
+
+    def _in_call(self, token_id: int, text: str, out: list[str], events: list[Event]) -> None:
+        m, call = self.markers, self._call
+        assert call is not None
+        if token_id == m.call_end:
+            self._close(events, closed=True)
+            self._probe = None
+        elif token_id == m.call_start:  # a new call before this one closed
+            self._close(events, closed=False)
+            self._open(MARKER_TEXT["call_start"], "", out)
+        elif token_id in m.response:
+            pass  # the stop (or noise): the call ends with the reply
+        else:
+            call.text += QUOTE if token_id == m.quote else text
+            self._stream(events)
+
+    def _stream(self, events: list[Event]) -> None:
+        """Events for what the open call's text now makes certain: its start, then argument JSON."""
+        call = self._call
+        assert call is not None
+        try:
+            head = split_call(call.text)
+        except Malformed:
+            return  # reported when the call ends
+        if head is None:
+            return
+        name, brace = head
+        if call.id is None:
+            call.id = self.new_id()
+            events.append(ToolCallStarted(call.index, call.id, name))
+        if not call.stream_ok:
+            return
+        try:
+            so_far, _ = scan_arguments(call.text[brace:], partial=True)
+        except Malformed:
+            return
+        self._send(call, so_far, events)
+
+    def _send(self, call: _OpenCall, so_far: str, events: list[Event]) -> None:
+        if not so_far.startswith(call.sent):  # cannot happen for a correct scanner; never send a contradiction
+            call.stream_ok = False
+            return
+        if len(so_far) > len(call.sent):
+            events.append(ToolCallDelta(call.index, so_far[len(call.sent) :]))
+            call.sent = so_far
+
+    def _close(self, events: list[Event], closed: bool) -> None:
+        call = self._call
+        assert call is not None
+        self._call = None
+        raw = call.raw(closed)
+        try:
+            name, arguments, arguments_json = parse_call(call.text)
+        except Malformed as e:
+            error = ToolCallError(call.index, f"{MALFORMED}: {e}", raw)
+            self.errors.append(error)
+            events.append(error)
+            return
+        if call.id is None:
+            call.id = self.new_id()
+            events.append(ToolCallStarted(call.index, call.id, name))
+        if call.stream_ok:
+            self._send(call, arguments_json, events)
+        done = ToolCall(call.index, call.id, name, arguments, arguments_json, raw)
+        self.calls.append(done)
+        events.append(done)
+
+    def _finish(self, out: list[str], events: list[Event]) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._release(out)
+        if self._call is not None:
+            text = self._call.text
+            try:
+                parse_call(text)
+            except Malformed:
+                call, self._call = self._call, None
+                error = ToolCallError(call.index, f"{MALFORMED}: the reply ended inside the call", call.raw(False))
+                self.errors.append(error)
+                events.append(error)
+                return
+            self._close(events, closed=False)  # complete but for its <tool_call|>: the stop came first
+
+
+def parse_reply(
+    tokens: Iterable[tuple[int, str]], markers: ToolMarkers, starts_in_thought: bool = False
+) -> ToolCallParser:
+    """Feed a whole reply [(id, text delta), ...] through a parser (for tests and replays)."""
+    parser = ToolCallParser(markers, starts_in_thought)
+    for token_id, text in tokens:
+        parser.feed(token_id, text)
+    parser.finish()
+    return parser
