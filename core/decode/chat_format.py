@@ -60,6 +60,7 @@ MISSING: Any = _Missing()
 class RenderedPrompt:
     text: str
     images: tuple[dict, ...]  # the image items, in the order of their `<|image|>` placeholders
+    audio: tuple[dict, ...]  # the audio items, in the order of their `<|audio|>` placeholders
     ends_in_thought: bool  # the prompt ends inside an open thought channel (after a tool result)
 
 
@@ -213,7 +214,7 @@ def _tool_call(call: Mapping) -> str:
     return f"<|tool_call>call:{_s(fn['name'])}{{{body}}}<tool_call|>"
 
 
-def _tool_results(message: Mapping, following: Sequence[Mapping], images: list[dict]) -> str:
+def _tool_results(message: Mapping, following: Sequence[Mapping], media: dict[str, list[dict]]) -> str:
     """The results that answer `message`'s calls: native `tool_responses`, else the `role: "tool"`
     messages right after it (a name resolved from `tool_call_id`, as the template does)."""
     out = ""
@@ -238,14 +239,13 @@ def _tool_results(message: Mapping, following: Sequence[Mapping], images: list[d
             for part in body:
                 if placeholder := _MEDIA.get(part.get("type")):
                     out += placeholder
-                    if placeholder == "<|image|>":
-                        images.append(part)
+                    media.setdefault(placeholder, []).append(part)
         else:
             out += tool_response_block(_s(name), body)
     return out
 
 
-def _content(message: Mapping, model: bool, images: list[dict]) -> str:
+def _content(message: Mapping, model: bool, media: dict[str, list[dict]]) -> str:
     content = message.get("content")
     clean = strip_channels if model else str.strip
     if isinstance(content, str):
@@ -258,8 +258,7 @@ def _content(message: Mapping, model: bool, images: list[dict]) -> str:
                 out += clean(item["text"])
             elif placeholder := _MEDIA.get(kind):
                 out += placeholder
-                if placeholder == "<|image|>":
-                    images.append(item)
+                media.setdefault(placeholder, []).append(item)
     return out
 
 
@@ -307,7 +306,7 @@ def render(
     system, prev, skip = _system(messages, tools, thinking)
     loop = list(messages[skip:])
     parts = [bos, system]
-    images: list[dict] = []
+    media: dict[str, list[dict]] = {}  # placeholder -> its items, in prompt order
     last_user = max((i for i, m in enumerate(loop) if m.get("role") == "user"), default=-1)
     prev_role = None
     for i, m in enumerate(loop):
@@ -323,11 +322,11 @@ def render(
         if m.get("tool_calls"):
             parts.extend(_tool_call(c) for c in m["tool_calls"])
             prev = "tool_call"
-        results = _tool_results(m, loop[i + 1 :], images) if m.get("tool_calls") or m.get("tool_responses") else ""
+        results = _tool_results(m, loop[i + 1 :], media) if m.get("tool_calls") or m.get("tool_responses") else ""
         if results:
             parts.append(results)
             prev = "tool_response"
-        content = _content(m, role == "model", images)
+        content = _content(m, role == "model", media)
         parts.append(content)
         next_role = next((n["role"] for n in loop[i + 1 :] if n.get("role") != "tool"), None)
         if prev == "tool_call":
@@ -344,7 +343,8 @@ def render(
         elif prev == "tool_response" and thinking:
             parts.append(THOUGHT_OPEN)
             ends_in_thought = True
-    return RenderedPrompt("".join(parts), tuple(images), ends_in_thought)
+    images, audio = tuple(media.get("<|image|>", ())), tuple(media.get("<|audio|>", ()))
+    return RenderedPrompt("".join(parts), images, audio, ends_in_thought)
 
 
 # --- requests in the OpenAI shape -> the template's input ---------------------------------------------

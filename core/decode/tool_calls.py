@@ -36,56 +36,15 @@ opened inside an unclosed thought channel (the channel is closed in the content)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-# --- events (what a reply's calls look like to the engine's listeners) ------------------------------
-
-
-@dataclass(frozen=True)
-class ToolCallStarted:
-    """A call's name is complete; its arguments follow as ToolCallDelta."""
-
-    index: int  # the call's place in the reply (0, 1, ...), shared by all of its events
-    id: str  # "call_..." (OpenAI's tool_call id; a tool result answers it with tool_call_id)
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    index: int
-    arguments: str  # the next piece of the arguments' JSON text (provisional until ToolCall)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A complete, decoded call."""
-
-    index: int
-    id: str
-    name: str
-    arguments: dict[str, Any]
-    arguments_json: str  # json.dumps(arguments): what the call's deltas concatenate to
-    raw: str  # the model's own text of the call, markers included
-
-    def openai(self) -> dict[str, Any]:
-        """As an OpenAI `tool_calls` item (also what `--messages` and the history take back)."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
-
-
-@dataclass(frozen=True)
-class ToolCallError:
-    """A call that could not be decoded: "the model produced a malformed tool call: ..."."""
-
-    index: int
-    message: str
-    raw: str  # the model's text of the call, kept whole
-
+from core.events import TokenEvent, ToolCall, ToolCallDelta, ToolCallError, ToolCallStarted
 
 QUOTE_TEXT = '<|"|>'
 # A `<|"|>` token inside a call's text: a private-use character, so the characters `<|"|>` typed
@@ -571,3 +530,46 @@ def parse_reply(
         parser.feed(token_id, text)
     parser.finish()
     return parser
+
+
+class ReplySplitter:
+    """A turn's event callback with a parser in front: each TokenEvent's text becomes its content
+    only (a call's tokens carry none), and the call events its token completes follow it.
+
+    `last` for the parser is decided as the decoder decides a reply's end (a stop id unless
+    ignore_eos, or max_tokens), so text held back for a possible bare call still streams with the
+    reply's last token. `finish(full_text)` ends the reply: full_text is the detokenizer's whole text,
+    whose tail past the streamed deltas (its flush) goes through the parser too."""
+
+    def __init__(
+        self,
+        parser: ToolCallParser,
+        emit: Callable[[object], None],
+        stop_ids: Iterable[int],
+        max_tokens: int,
+        ignore_eos: bool = False,
+    ):
+        self.parser = parser
+        self.emit = emit
+        self.stop_ids = frozenset(stop_ids)
+        self.max_tokens = max_tokens
+        self.ignore_eos = ignore_eos
+        self._tokens = 0
+        self._streamed = 0  # characters of detokenizer text seen
+
+    def __call__(self, event: object) -> None:
+        if not isinstance(event, TokenEvent):
+            self.emit(event)
+            return
+        self._tokens += 1
+        last = (event.id in self.stop_ids and not self.ignore_eos) or self._tokens >= self.max_tokens
+        self._streamed += len(event.text)
+        content, calls = self.parser.feed(event.id, event.text, last)
+        self.emit(dataclasses.replace(event, text=content))
+        for e in calls:
+            self.emit(e)
+
+    def finish(self, full_text: str) -> list[Event]:
+        """End the reply; returns the last call events (to emit before TurnDone)."""
+        _, events = self.parser.finish(full_text[self._streamed :])
+        return events
