@@ -1,11 +1,12 @@
 """Engine.chat with tools on the reference pack's pairings: canonical prompt, streamed calls, stop reason,
 history with tool results, and drafted output equal to the target alone.
 
-The pack's models babble docstrings and never call a tool by themselves, so `scripted_call` makes
-the target write one: it adds a large bias to the target's logits for the script's token at each
-position of the reply (a deterministic function of the absolute position, the same in a one-token
-step and a K-token verify), and can make the drafter propose the script too (every draft accepted,
-so the call's tokens and the stop come out of accepted runs). Everything else is the real engine.
+The pack's models babble docstrings and never call a tool by themselves, so `scripted_call`
+(support.scripted_calls) makes the target write one: a large bias on the target's logits for the
+script's token at each position of the reply (a function of the absolute position, the same in a
+one-token step and a K-token verify), optionally with the drafter proposing the script too (every
+draft accepted, so the call's tokens and the stop come out of accepted runs). Everything else is the
+real engine.
 """
 
 from __future__ import annotations
@@ -61,39 +62,9 @@ def _chat(eng, messages, tools=None, **kw):
 
 
 def scripted_call(monkeypatch, start: int, script: list[int], drafts: bool) -> None:
-    """From absolute position `start` on, the target's greedy token is script[i] (and, with `drafts`,
-    the drafter proposes it)."""
-    import mlx.core as mx
-    import numpy as np
+    from support.scripted_calls import script_reply
 
-    from core.model.drafter import Drafter
-    from core.model.target import Target
-
-    forward, draft = Target.forward, Drafter.draft
-
-    def biased_forward(self, tokens, cache, **kw):
-        P, L = cache.offset, len(tokens)
-        logits, hidden = forward(self, tokens, cache, **kw)
-        if logits is None:
-            return logits, hidden
-        bias = np.zeros(logits.shape, np.float32)
-        n = logits.shape[0]
-        for r in range(n):
-            nxt = P + L - n + r + 1 - start  # row r is at position P + L - n + r and picks the next one
-            if 0 <= nxt < len(script):
-                bias[r, script[nxt]] = 1e4
-        return logits + mx.array(bias), hidden
-
-    def oracle_draft(self, target, cache, bonus, hidden, n, **kw):
-        got, q = draft(self, target, cache, bonus, hidden, n, **kw)
-        first = cache.offset + 1 - start  # the drafts are positions P + 1 ... P + n
-        if 0 <= first and first + n <= len(script):
-            return mx.array(script[first : first + n], dtype=mx.uint32), q
-        return got, q
-
-    monkeypatch.setattr(Target, "forward", biased_forward)
-    if drafts:
-        monkeypatch.setattr(Drafter, "draft", oracle_draft)
+    script_reply(monkeypatch, start, script, drafts)
 
 
 def _prompt_ids(tokenizer, messages, tools, empty_thought, thinking=False):
