@@ -23,15 +23,18 @@ out as events (see `core.events`):
 
 Deltas are provisional: a call that turns out malformed ends in ToolCallError after them.
 
-The arguments go through a recursive-descent scanner that writes JSON as it reads (`scan_arguments`);
-while a call streams it is rerun on the call's text so far in "partial" mode, which stops at the end
-of the text with only what further text cannot change (a number or a bare word is held back until a
-delimiter ends it; a string's characters stream). Tolerated, as peers do: keys quoted with `<|"|>`
-or `"`, JSON-style `"..."` strings, `None`/`nil` for null, `True`/`False`, bare words as strings,
-trailing commas, whitespace, a missing `call` (`<|tool_call>:name{...}` or `<|tool_call>name{...}`),
-a bare `call:name{...}` right after a thought channel closes or at the start of the reply, a call
-opened inside an unclosed thought channel (the channel is closed in the content), a stray
-`<tool_call|>` outside a call (dropped), and a final `<tool_call|>` missing before the stop.
+A closed call's arguments go through a recursive-descent scanner that writes their JSON
+(`scan_arguments`): it decides the ToolCall. While a call streams, `ArgumentStream`, the same grammar
+as a push parser with an explicit stack, reads each new character once and gives the JSON that no
+later text can change (a number or a bare word is held back until a delimiter ends it; a string's
+characters stream), so a long call costs time in proportion to its length.
+
+Tolerated, as peers do: keys quoted with `<|"|>` or `"`, JSON-style `"..."` strings, `None`/`nil`
+for null, `True`/`False`, bare words as strings (up to the next `,` `}` `]`), trailing commas,
+whitespace, a missing `call` (`<|tool_call>:name{...}` or `<|tool_call>name{...}`), a bare
+`call:name{...}` right after a thought channel closes or at the start of the reply, a call opened
+inside an unclosed thought channel (the channel is closed in the content), a stray `<tool_call|>`
+outside a call (dropped), and a final `<tool_call|>` missing before the stop.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def _is_name_char(c: str) -> bool:
 
 
 class _Incomplete(Exception):
-    """The text ended before the value did (partial mode: what was written so far is certain)."""
+    """The text ended before the value did."""
 
 
 class Malformed(ValueError):
@@ -74,10 +77,9 @@ class Malformed(ValueError):
 
 
 class _Scanner:
-    def __init__(self, text: str, partial: bool):
+    def __init__(self, text: str):
         self.s = text
         self.i = 0
-        self.partial = partial
         self.out: list[str] = []
 
     def peek(self) -> str:
@@ -156,12 +158,10 @@ class _Scanner:
         self.i += 1
         return key
 
-    def quoted(self, stream: bool = False) -> str:
-        """A `<|"|>...<|"|>` string (no escapes exist); a value's characters stream in partial mode."""
+    def quoted(self) -> str:
+        """A `<|"|>...<|"|>` string (no escapes exist)."""
         j = self.s.find(QUOTE, self.i + 1)
         if j < 0:
-            if self.partial and stream:
-                self.out.append('"' + json.dumps(self.s[self.i + 1 :], ensure_ascii=False)[1:-1])
             raise _Incomplete
         text = self.s[self.i + 1 : j]
         self.i = j + 1
@@ -184,7 +184,7 @@ class _Scanner:
         elif c == "[":
             self.array()
         elif c == QUOTE:
-            self.out.append(json.dumps(self.quoted(stream=True), ensure_ascii=False))
+            self.out.append(json.dumps(self.quoted(), ensure_ascii=False))
         elif c == '"':
             self.out.append(json.dumps(self.json_string(), ensure_ascii=False))
         else:
@@ -204,34 +204,176 @@ class _Scanner:
         if not word:
             raise self.fail("a value is missing")
         self.i = j
-        low = word.lower()
-        if low in ("true", "false"):
-            return low == "true"
-        if low in ("null", "none", "nil"):
-            return None
-        if _NUMBER.fullmatch(word):
-            if not any(c in word for c in ".eE"):
-                return int(word)
-            number = float(word)
-            if math.isfinite(number):
-                return number
-        return word
+        return bare_value(word)
 
 
-def scan_arguments(text: str, partial: bool = False) -> tuple[str, int]:
-    """Gemma 4 call arguments `{...}` (quote tokens as QUOTE) -> (their JSON text, characters read).
+def bare_value(word: str) -> object:
+    """An unquoted scalar: true/false, null/None/nil, a JSON number, else the word as a string."""
+    low = word.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "nil"):
+        return None
+    if _NUMBER.fullmatch(word):
+        if not any(c in word for c in ".eE"):
+            return int(word)
+        number = float(word)
+        if math.isfinite(number):
+            return number
+    return word
 
-    partial=False: the whole object must be there (else Malformed). partial=True: returns the JSON
-    that is certain so far, which later text only extends."""
-    sc = _Scanner(text, partial)
+
+def scan_arguments(text: str) -> tuple[str, int]:
+    """Gemma 4 call arguments `{...}` (quote tokens as QUOTE) -> (their JSON text, characters read);
+    Malformed unless the whole object is there and well formed."""
+    sc = _Scanner(text)
     try:
         if sc.peek() != "{":
             raise sc.fail("expected '{'")
         sc.obj()
     except _Incomplete:
-        if not partial:
-            raise Malformed("the arguments end before their closing '}'") from None
+        raise Malformed("the arguments end before their closing '}'") from None
     return "".join(sc.out), sc.i
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+# the push parser's states, one per open container
+_OBJ_KEY, _OBJ_VALUE, _OBJ_AFTER = "obj:key", "obj:value", "obj:after"  # key or "}" / a value / "," or "}"
+_ARR_OPEN, _ARR_COMMA, _ARR_VALUE, _ARR_AFTER = "arr:open", "arr:comma", "arr:value", "arr:after"
+
+
+class ArgumentStream:
+    """The argument grammar as a push parser: `feed` text as it arrives, get the JSON it makes certain.
+
+    Every character is read once, but for a key, a JSON-style string or a bare word, which are read
+    again from their start until they end (they are short). Gives up (`failed`) on text that breaks
+    the grammar; the closed call's `scan_arguments` says why. The JSON it gives is a prefix of what
+    `scan_arguments` gives for the whole call (the tests check that on every cut of every case)."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.pos = 0  # the next character to read
+        self.stack: list[str] = []
+        self.first: list[bool] = []  # per open object: no key written yet
+        self.string_at: int | None = None  # inside a <|"|> value: the first character not written yet
+        self.started = self.done = self.failed = False
+
+    def feed(self, text: str) -> str:
+        self.buf += text
+        out: list[str] = []
+        try:
+            while not (self.done or self.failed) and self._step(out):
+                pass
+        except Malformed:
+            self.failed = True
+        return "".join(out)
+
+    def _step(self, out: list[str]) -> bool:
+        """Read one lexeme if all of it is there; False: wait for more text."""
+        if self.string_at is not None:
+            return self._string(out)
+        i = self.pos
+        while i < len(self.buf) and self.buf[i].isspace():
+            i += 1
+        self.pos = i
+        if i >= len(self.buf):
+            return False
+        c = self.buf[i]
+        if not self.started:
+            if c != "{":
+                raise Malformed("expected '{'")
+            self.started = True
+            return self._open(_OBJ_KEY, "{", out)
+        state = self.stack[-1]
+        if state in (_OBJ_AFTER, _ARR_AFTER):
+            close = "}" if state == _OBJ_AFTER else "]"
+            if c == close:
+                return self._close(close, out)
+            if c != ",":
+                raise Malformed("expected ',' or a closing bracket")
+            self.pos += 1
+            self.stack[-1] = _OBJ_KEY if state == _OBJ_AFTER else _ARR_COMMA
+            return True
+        if state == _OBJ_KEY:
+            return self._close("}", out) if c == "}" else self._key(out)
+        if state in (_ARR_OPEN, _ARR_COMMA):
+            if c == "]":
+                return self._close("]", out)
+            if state == _ARR_COMMA:
+                out.append(", ")
+            self.stack[-1] = _ARR_VALUE
+        return self._value(c, out)
+
+    def _open(self, state: str, bracket: str, out: list[str]) -> bool:
+        self.stack.append(state)
+        self.first.append(True)
+        self.pos += 1
+        out.append(bracket)
+        return True
+
+    def _close(self, bracket: str, out: list[str]) -> bool:
+        self.stack.pop()
+        self.first.pop()
+        self.pos += 1
+        out.append(bracket)
+        self._value_done()
+        return True
+
+    def _value_done(self) -> None:
+        if not self.stack:
+            self.done = True
+        else:
+            self.stack[-1] = _OBJ_AFTER if self.stack[-1] == _OBJ_VALUE else _ARR_AFTER
+
+    def _string(self, out: list[str]) -> bool:
+        at = self.string_at
+        assert at is not None
+        j = self.buf.find(QUOTE, at)
+        if j < 0:
+            if len(self.buf) > at:
+                out.append(_escaped(self.buf[at:]))
+                self.string_at = len(self.buf)
+            return False
+        out.append(_escaped(self.buf[at:j]) + '"')
+        self.string_at, self.pos = None, j + 1
+        self._value_done()
+        return True
+
+    def _key(self, out: list[str]) -> bool:
+        sc = _Scanner(self.buf)  # a key is short: read it whole, again, until its ":" is there
+        sc.i = self.pos
+        try:
+            key = sc.key()
+        except _Incomplete:
+            return False
+        out.append(("" if self.first[-1] else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+        self.first[-1] = False
+        self.pos = sc.i
+        self.stack[-1] = _OBJ_VALUE
+        return True
+
+    def _value(self, c: str, out: list[str]) -> bool:
+        if c == "{":
+            return self._open(_OBJ_KEY, "{", out)
+        if c == "[":
+            return self._open(_ARR_OPEN, "[", out)
+        if c == QUOTE:
+            out.append('"')
+            self.string_at = self.pos + 1
+            return True
+        sc = _Scanner(self.buf)
+        sc.i = self.pos
+        try:
+            value = sc.json_string() if c == '"' else sc.bare()
+        except _Incomplete:
+            return False
+        out.append(json.dumps(value, ensure_ascii=False))
+        self.pos = sc.i
+        self._value_done()
+        return True
 
 
 def split_call(text: str) -> tuple[str, int] | None:
@@ -320,6 +462,8 @@ class _OpenCall:
     id: str | None = None  # set once ToolCallStarted went out
     sent: str = ""  # the argument JSON streamed so far
     stream_ok: bool = True
+    args: ArgumentStream | None = None  # streams the arguments once the name is complete
+    fed: int = 0  # characters of `text` the stream has read
 
     def raw(self, closed: bool) -> str:
         return self.marker + self.text.replace(QUOTE, QUOTE_TEXT) + (MARKER_TEXT["call_end"] if closed else "")
@@ -456,23 +600,23 @@ class ToolCallParser:
         """Events for what the open call's text now makes certain: its start, then argument JSON."""
         call = self._call
         assert call is not None
-        try:
-            head = split_call(call.text)
-        except Malformed:
-            return  # reported when the call ends
-        if head is None:
-            return
-        name, brace = head
-        if call.id is None:
+        if call.args is None:
+            try:
+                head = split_call(call.text)
+            except Malformed:
+                return  # reported when the call ends
+            if head is None:
+                return
+            name, call.fed = head
             call.id = self.new_id()
+            call.args = ArgumentStream()
             events.append(ToolCallStarted(call.index, call.id, name))
-        if not call.stream_ok:
+        if not call.stream_ok or call.args.failed:
             return
-        try:
-            so_far, _ = scan_arguments(call.text[brace:], partial=True)
-        except Malformed:
-            return
-        self._send(call, so_far, events)
+        delta = call.args.feed(call.text[call.fed :])
+        call.fed = len(call.text)
+        if delta:
+            self._send(call, call.sent + delta, events)
 
     def _send(self, call: _OpenCall, so_far: str, events: list[Event]) -> None:
         if not so_far.startswith(call.sent):  # cannot happen for a correct scanner; never send a contradiction

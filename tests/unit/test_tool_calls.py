@@ -18,6 +18,7 @@ import pytest
 from core.decode import chat_format
 from core.decode.tool_calls import (
     MALFORMED,
+    ArgumentStream,
     Malformed,
     ToolCall,
     ToolCallDelta,
@@ -348,17 +349,58 @@ def test_rendered_history_calls_parse_back():
         assert (name, parsed) == ("f.x", args)
 
 
-def test_scan_arguments_partial_output_only_grows():
-    text = f"{{a:{Q}xy{Q},b:[1,{{c:true}}],d:-0.5}}".replace(Q, "\ue000")
-    final, _ = scan_arguments(text)
-    prev = ""
-    for i in range(len(text) + 1):
-        part, _ = scan_arguments(text[:i], partial=True)
-        assert part.startswith(prev) and final.startswith(part)
-        prev = part
-    assert prev == final == '{"a": "xy", "b": [1, {"c": true}], "d": -0.5}'
-    with pytest.raises(Malformed):
+def test_the_stream_only_grows_and_ends_as_the_scanner_does():
+    """ArgumentStream (push parser) against scan_arguments (recursive descent): on every cut of the text
+    its output so far is a prefix of the scanner's JSON for the whole text, and fed whole it is that JSON."""
+    texts = [
+        f"{{a:{Q}xy{Q},b:[1,{{c:true}}],d:-0.5}}",
+        TRICKY[len("call:search") :],
+        '{"city":"Ro\\"me","meta":{"ok":false,"l":[1,"x"]}}',
+        f"{{ a : 1 , b : [ 1 , 2 , ] , c : {Q} x {Q} , }}",
+        "{a:None,b:True,when:12:05,e:1.5e3,xs:[[],{}],}",
+    ]
+    for raw in texts:
+        text = raw.replace(Q, "\ue000")
+        final, _ = scan_arguments(text)
+        for cut in range(len(text) + 1):
+            stream = ArgumentStream()
+            first = stream.feed(text[:cut])
+            assert final.startswith(first), (raw, cut)
+            assert first + stream.feed(text[cut:]) == final and stream.done
+        one_by_one = ArgumentStream()
+        assert "".join(one_by_one.feed(c) for c in text) == final
+    for bad in ["{a 1}", "{a:1 b:\ue000x\ue000}", "[1]", "{a:}", "{a:[1,,2]}"]:
+        stream = ArgumentStream()
+        stream.feed(bad)
+        assert stream.failed and not stream.done, bad
+        with pytest.raises(Malformed):
+            scan_arguments(bad)
+    with pytest.raises(Malformed, match="before their closing"):
         scan_arguments("{a:1")
+
+
+def test_long_calls_stream_in_linear_time(markers):
+    """A 4000-number array or a 16k-character string argument: per-token work does not grow with the call."""
+    import time
+
+    def run(stream):
+        parser = ToolCallParser(markers)
+        t = time.perf_counter()
+        for tid, text in stream:
+            parser.feed(tid, text)
+        return time.perf_counter() - t, parser
+
+    q = markers.quote
+    numbers = [(markers.call_start, ""), (PLAIN, "call:sum{xs:[")] + [(PLAIN, f"{i},") for i in range(4000)]
+    numbers += [(PLAIN, "0]}"), (markers.call_end, "")]
+    code = [(markers.call_start, ""), (PLAIN, "call:write{code:"), (q, "")]
+    code += [(PLAIN, 'x = {"k": [1]}\n'[i % 4 :][:4] or "ab") for i in range(4000)] + [(q, ""), (PLAIN, "}")]
+    code += [(markers.call_end, "")]
+    for stream in (numbers, code):
+        short, _ = run(stream[:400] + stream[-2:])
+        full, parser = run(stream)
+        assert len(parser.calls) == 1
+        assert full < 25 * short + 0.05  # 10x the tokens: linear is ~10x, quadratic ~100x
 
 
 def test_events_are_typed():
