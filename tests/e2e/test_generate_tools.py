@@ -11,26 +11,14 @@ import json
 from pathlib import Path
 
 import pytest
+from support.tools import GET_CURRENT_TIME
 
 from app.cli import main
 from core.decode.prompt import encode_chat
 
 PACK = Path("tests/data/pack/models")
 PAIR = ["--model", str(PACK / "dense-style-target"), "--drafter", str(PACK / "dense-style-assistant")]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_current_time",
-            "description": "Get current time in a specific timezones",
-            "parameters": {
-                "type": "object",
-                "properties": {"timezone": {"type": "string", "description": "IANA timezone name"}},
-                "required": ["timezone"],
-            },
-        },
-    }
-]
+TOOLS = [GET_CURRENT_TIME]
 ASK = "What time is it in Paris?"
 REPLY = 'On it.<|tool_call>call:get_current_time{timezone:<|"|>Europe/Paris<|"|>}<tool_call|><|tool_response>'
 

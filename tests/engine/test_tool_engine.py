@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.tools import GET_CURRENT_TIME as TIME
 
 from core.decode.prompt import encode_chat
 from core.engine.contract import PairingSpec
@@ -23,18 +24,6 @@ from core.events import TokenEvent, ToolCall, ToolCallDelta, ToolCallError, Tool
 from core.settings import GenerationSettings
 
 PACK = Path("tests/data/pack/models")
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_current_time",
-        "description": "Get current time in a specific timezones",
-        "parameters": {
-            "type": "object",
-            "properties": {"timezone": {"type": "string", "description": "IANA timezone name"}},
-            "required": ["timezone"],
-        },
-    },
-}
 ASK = [{"role": "user", "content": "What time is it in Paris?"}]
 CALL_TEXT = 'Checking.<|tool_call>call:get_current_time{timezone:<|"|>Europe/Paris<|"|>}<tool_call|><|tool_response>'
 

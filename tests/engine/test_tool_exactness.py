@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.tools import GET_CURRENT_TIME as TIME
 
 from core.decode import chat_format
 from core.decode.prompt import stop_ids
@@ -22,18 +23,6 @@ from core.model.target import load_target
 from core.settings import GenerationSettings
 
 PACK = Path("tests/data/pack/models")
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_current_time",
-        "description": "Get current time in a specific timezones",
-        "parameters": {
-            "type": "object",
-            "properties": {"timezone": {"type": "string", "description": "IANA timezone name"}},
-            "required": ["timezone"],
-        },
-    },
-}
 CALL = '<|tool_call>call:get_current_time{timezone:<|"|>Europe/Paris<|"|>}<tool_call|><|tool_response>'
 
 

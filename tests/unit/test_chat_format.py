@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.tools import GET_CURRENT_TIME as TIME
 
 from core.decode import chat_format
 from core.decode.chat_format import ToolFormatError, normalize_messages, normalize_schema, normalize_tools, render
@@ -55,23 +56,6 @@ WEATHER = {
                 "opts": {"type": "object", "properties": {"detail": {"type": "boolean"}}},
             },
             "required": ["location"],
-        },
-    },
-}
-TIME = {  # mcp-server-time's tool, as an OpenAI client lists it
-    "type": "function",
-    "function": {
-        "name": "get_current_time",
-        "description": "Get current time in a specific timezones",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "timezone": {
-                    "type": "string",
-                    "description": "IANA timezone name (e.g., 'America/New_York', 'Europe/London').",
-                }
-            },
-            "required": ["timezone"],
         },
     },
 }
