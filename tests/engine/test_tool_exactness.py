@@ -117,3 +117,41 @@ def test_tool_response_is_a_stop_id_read_from_the_checkpoint(tokenizer):
     assert want != 50
     for family in ("e-style", "dense-style"):
         assert want in stop_ids(PACK / f"{family}-target", tokenizer)
+
+
+def _demo_calls_tools() -> bool:
+    from core.hub import demo
+
+    template = demo.DEMO_DIR / "target" / "chat_template.jinja"
+    return template.is_file() and "<|tool_call>" in template.read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not _demo_calls_tools(), reason="the shipped demo is not trained to call tools yet")
+def test_the_demo_calls_the_time_tool_and_drafting_stays_exact():
+    """The demo is trained on mcp-server-time's get_current_time: its call, and its answer to the
+    result, are the same tokens with the drafter (fixed and auto block size) as without."""
+    from core.engine.contract import PairingSpec
+    from core.engine.local import Engine
+    from core.hub import demo
+
+    target, drafter = demo.ensure_demo_pairing()
+    ask = [{"role": "user", "content": "What time is it in Paris?"}]
+    runs = {}
+    for name, with_drafter, block in [("plain", False, 1), ("K=3", True, 3), ("auto", True, "auto")]:
+        eng = Engine()
+        try:
+            eng.load(PairingSpec("demo", str(target), str(drafter) if with_drafter else None), None).result(120)
+            settings = GenerationSettings(max_tokens=64, block_size=block)
+            call_turn = eng.chat(ask, settings, None, tools=[TIME]).result(120)
+            assert call_turn.error is None and call_turn.stats.stop_reason == "tool_calls", call_turn
+            [call] = call_turn.tool_calls
+            assert call.name == "get_current_time" and isinstance(call.arguments.get("timezone"), str)
+            history = ask + [
+                {"role": "assistant", "content": None, "tool_calls": [call.openai()]},
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"timezone": "Europe/Paris"})},
+            ]
+            answer = eng.chat(history, settings, None, tools=[TIME]).result(120)
+        finally:
+            eng.close()
+        runs[name] = (call_turn.token_ids, answer.token_ids)
+    assert runs["K=3"] == runs["plain"] and runs["auto"] == runs["plain"]
