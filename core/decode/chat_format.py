@@ -353,8 +353,12 @@ def render(
 TOOL_NAME_CHARS = "letters, digits, '_', '-', '.' and ':'"
 
 
+def is_tool_name_char(c: str) -> bool:
+    return c.isalnum() or c in "_-.:"
+
+
 def valid_tool_name(name: Any) -> bool:
-    return isinstance(name, str) and bool(name) and all(c.isalnum() or c in "_-.:" for c in name)
+    return isinstance(name, str) and bool(name) and all(is_tool_name_char(c) for c in name)
 
 
 def uses_tools(messages: Sequence[Mapping], tools: Sequence[Mapping] | None) -> bool:

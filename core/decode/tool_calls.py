@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from core.decode.chat_format import is_tool_name_char
 from core.events import TokenEvent, ToolCall, ToolCallDelta, ToolCallError, ToolCallStarted
 
 QUOTE_TEXT = '<|"|>'
@@ -59,10 +60,6 @@ _NOT_BARE = set('{}[]"' + QUOTE)
 _BARE_CALL = "call:"
 _JSON = json.JSONDecoder(strict=False)  # a JSON-style string may hold raw newlines
 _PROBE_LIMIT = 96  # characters a bare `call:name` may take before "{" (longer: it is text)
-
-
-def _is_name_char(c: str) -> bool:
-    return c.isalnum() or c in "_-.:"
 
 
 # --- the argument scanner ------------------------------------------------------------------------
@@ -384,7 +381,7 @@ def split_call(text: str) -> tuple[str, int] | None:
         return None
     head = text[:j].strip()
     name = head[len(_BARE_CALL) :] if head.startswith(_BARE_CALL) else head[1:] if head.startswith(":") else head
-    if not name or not all(_is_name_char(c) for c in name):
+    if not name or not all(is_tool_name_char(c) for c in name):
         raise Malformed(f"bad tool name {head!r}")
     return name, j
 
@@ -564,7 +561,7 @@ class ToolCallParser:
             rest = s[len(_BARE_CALL) :]
             brace = rest.find("{")
             name = rest if brace < 0 else rest[:brace]
-            if all(_is_name_char(c) for c in name) and (brace < 0 or name):
+            if all(is_tool_name_char(c) for c in name) and (brace < 0 or name):
                 if brace >= 0:
                     self._probe = None
                     self._open("", s, out)
