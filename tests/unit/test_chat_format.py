@@ -486,6 +486,17 @@ def test_images_come_in_placeholder_order():
     )
     got = render(messages, normalize_tools([NO_DESCRIPTION]))
     assert [im["path"] for im in got.images] == ["u.png", "tool.png", "own.png"]
+    # audio the same way, in its own list (the engine expands each kind in prompt order)
+    with_audio = normalize_messages(
+        [
+            {"role": "user", "content": [{"type": "audio", "path": "q.wav"}, {"type": "image", "path": "u.png"}]},
+            {"role": "assistant", "tool_calls": [_call("ping", "{}", "p")]},
+            {"role": "tool", "tool_call_id": "p", "content": [{"type": "input_audio", "path": "r.wav"}]},
+        ]
+    )
+    got = render(with_audio, normalize_tools([NO_DESCRIPTION]))
+    assert [a["path"] for a in got.audio] == ["q.wav", "r.wav"] and [im["path"] for im in got.images] == ["u.png"]
+    assert got.text.count("<|audio|>") == 2
 
 
 def test_thinking_after_a_tool_result_opens_the_thought_channel():

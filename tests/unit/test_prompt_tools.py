@@ -83,7 +83,7 @@ def test_tool_response_stops_by_its_text_not_its_id(tokenizer, tmp_path):
         ([{"role": "assistant", "tool_calls": [{"function": {}}]}], "message 1, tool call 1: needs function.name"),
         ([{"role": "tool"}], "message 1: has no content"),
         ([{"role": "tool", "content": "x", "tool_call_id": 7}], "message 1: tool_call_id must be a string"),
-        ([{"role": "tool", "content": [{"type": "audio"}]}], "item 1: type must be text or image"),
+        ([{"role": "tool", "content": [{"type": "video"}]}], "item 1: type must be text, image or audio"),
         ([{"role": "assistant", "tool_responses": [{"name": "f"}]}], "tool_responses must be a list of objects"),
         ([{"role": "assistant", "content": "x", "reasoning_content": 1}], "reasoning_content must be a string"),
     ],
