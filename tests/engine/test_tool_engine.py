@@ -191,3 +191,35 @@ def test_the_variant_follows_the_checkpoints_template(factory_checkpoints, token
     want = encode_chat(tokenizer, ASK, tools=[TIME], empty_thought=True).ids
     assert events[0].prompt_tokens == len(want)
     assert tokenizer._tokenizer.decode(want).endswith("<|turn>model\n<|channel>thought\n<channel|>")
+
+
+def test_audio_in_a_tool_result_reaches_the_model(tokenizer):
+    """A tool result's audio clip is expanded into its soft tokens in the canonical prompt, and the reply
+    is the same with the drafter as without."""
+    audio_target = PACK / "e-style-audio-target"
+    clip = "tests/data/pack/references/audio/inputs/sine_1s.pcm16.wav"
+    history = [
+        {"role": "user", "content": "Play the recording."},
+        {"role": "assistant", "tool_calls": [{"id": "r", "function": {"name": "get_current_time", "arguments": "{}"}}]},
+        {
+            "role": "tool",
+            "tool_call_id": "r",
+            "content": [{"type": "text", "text": "here"}, {"type": "audio", "path": clip}],
+        },
+    ]
+    ids = {}
+    for drafter in (None, str(PACK / "e-style-assistant")):
+        eng = Engine()
+        try:
+            eng.load(PairingSpec("audio", str(audio_target), drafter), None).result(timeout=120)
+            done, events = _chat(eng, history, [TIME], max_tokens=8, block_size=3)
+        finally:
+            eng.close()
+        assert done.error is None, done.error
+        chat = encode_chat(tokenizer, history, tools=[TIME])
+        assert len(chat.audio) == 1 and tokenizer._tokenizer.decode(chat.ids).endswith(
+            'response:get_current_time{value:<|"|>here<|"|>}<tool_response|><|audio|>'
+        )
+        assert events[0].prompt_tokens == len(chat.ids) - 1 + 2 + 25  # <|audio|> -> boa + 25 soft tokens (1 s) + eoa
+        ids[drafter is not None] = done.token_ids
+    assert ids[True] == ids[False]
