@@ -126,7 +126,11 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-draft", action="store_true", help="plain decoding: no drafter")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="the user message")
-    src.add_argument("--messages", metavar="FILE.json", help="a JSON list of chat messages ({role, content})")
+    src.add_argument(
+        "--messages",
+        metavar="FILE.json",
+        help="a JSON list of chat messages ({role, content}; assistant tool_calls and role 'tool' results too)",
+    )
     g.add_argument(
         "--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)"
     )
@@ -145,6 +149,11 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
         help="attach an audio clip (WAV, FLAC, OGG, MP3; E2B, E4B and 12B) to the prompt (repeatable)",
     )
     g.add_argument("--system", metavar="TEXT", help="system prompt")
+    g.add_argument(
+        "--tools",
+        metavar="FILE.json",
+        help="an OpenAI-style tools list the model may call; calls print as {'tool_call': ...} JSON",
+    )
     g.add_argument(
         "--block-size",
         type=_block_size,

@@ -5,12 +5,17 @@ One chat turn yields, in order:
   PrefillDone                      once, when the prompt is in the cache
   (TokenEvent* RoundEvent)*        per round: the round's emitted tokens, then its summary
   TurnDone                         once, with the turn's statistics (also after cancel or error)
+
+With tools, each TokenEvent is followed by the tool-call events its token completes
+(core.decode.tool_calls): ToolCallStarted, ToolCallDelta*, then ToolCall or ToolCallError; a call's
+own tokens carry no text. A malformed or unfinished call may end in ToolCallError just before TurnDone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,8 @@ class TurnStats:
     drafted: int = 0
     accepted: int = 0
     peak_memory_bytes: int = 0
-    stop_reason: str = ""  # "eos" | "max_tokens" | "context_full" | "cancelled" | "error"
+    # "eos" | "tool_calls" (ended on <|tool_response>) | "max_tokens" | "context_full" | "cancelled" | "error"
+    stop_reason: str = ""
     drafter_enabled: bool = True
     block_size_counts: dict[int, int] = field(default_factory=dict)
 
@@ -121,11 +127,53 @@ def reply_tokens(stats: dict) -> int:
 
 
 @dataclass(frozen=True)
+class ToolCallStarted:
+    """A call's name is complete; its arguments follow as ToolCallDelta."""
+
+    index: int  # the call's place in the reply (0, 1, ...), shared by all of its events
+    id: str  # "call_..." (OpenAI's tool_call id; a tool result answers it with tool_call_id)
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    index: int
+    arguments: str  # the next piece of the arguments' JSON text (provisional until ToolCall)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete, decoded call."""
+
+    index: int
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_json: str  # json.dumps(arguments): what the call's deltas concatenate to
+    raw: str  # the model's own text of the call, markers included
+
+    def openai(self) -> dict[str, Any]:
+        """As an OpenAI `tool_calls` item (also what `--messages` and the history take back)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
+
+
+@dataclass(frozen=True)
+class ToolCallError:
+    """A call that could not be decoded: "the model produced a malformed tool call: ..."."""
+
+    index: int
+    message: str
+    raw: str  # the model's text of the call, kept whole
+
+
+@dataclass(frozen=True)
 class TurnDone:
     stats: TurnStats
-    text: str  # the whole reply
+    text: str  # the whole reply (with tools: its content, the calls left out; thinking channels kept)
     token_ids: tuple[int, ...]
     error: str | None = None  # a clear message when stop_reason == "error"
+    tool_calls: tuple[ToolCall, ...] = ()  # the reply's decoded calls, in order
+    tool_errors: tuple[ToolCallError, ...] = ()  # the calls the model wrote malformed
 
 
 @dataclass(frozen=True)
@@ -146,4 +194,6 @@ class KernelProgress:
     error: str | None = None
 
 
-Event = TokenEvent | RoundEvent | PrefillDone | TurnDone | LoadProgress | KernelProgress
+ToolEvent = ToolCallStarted | ToolCallDelta | ToolCall | ToolCallError
+
+Event = TokenEvent | RoundEvent | PrefillDone | TurnDone | LoadProgress | KernelProgress | ToolEvent

@@ -8,6 +8,14 @@ token is decided ({"id", "text", "from_draft", "round"}), then {"stats": {...}};
 `--connect URL` runs the turn on a server instead (gemma-chat serve, vLLM or any OpenAI-compatible
 one; `--model` then names the server's model); over vLLM, tokens have no origin (`from_draft` null).
 
+`--tools FILE.json` (an OpenAI-style `tools` list) lets the model call them. A call is printed as one
+JSON line, `{"tool_call": {"index", "id", "name", "arguments": {...}}}`, among the token lines with
+`--json` and on its own line of the answer without; a call the model wrote malformed is
+`{"tool_call_error": {"index", "message", "raw"}}`. A reply that ends in calls has stop reason
+`tool_calls`, and `--json` then prints `{"messages": [...]}` before the stats: the assistant
+message(s) to append to `--messages`, followed by one `{"role": "tool", "tool_call_id", "content"}`
+per call, to continue the conversation.
+
 `--image PATH` (repeatable) puts the images before the prompt text in the user message, at
 `--image-budget` soft tokens each (default: the checkpoint's). `--audio FILE` (repeatable) puts audio
 clips there too (after the images): E2B and E4B hear the first 30 s of each (a note on stderr says when
@@ -39,12 +47,37 @@ MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds w
 def read_messages_file(path: str) -> list[dict]:
     """The --messages file, checked: a regular file (a FIFO or /dev/zero would block or never end),
     at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.decode.prompt.check_messages)."""
-    import os
-    import stat
-
     from core.decode.prompt import check_messages
 
     what = f"--messages {path}"
+    messages = _read_json_file(path, what)
+    try:
+        check_messages(messages)
+    except ValueError as e:
+        raise UsageError(f"{what}: {e}") from None
+    return messages
+
+
+def read_tools_file(path: str) -> list[dict]:
+    """The --tools file: an OpenAI-style tools list, checked as the engine will render it."""
+    from core.decode.chat_format import normalize_tools
+
+    what = f"--tools {path}"
+    tools = _read_json_file(path, what)
+    try:
+        normalize_tools(tools)
+        if not tools:
+            raise ValueError("the tools list is empty")
+    except ValueError as e:
+        raise UsageError(f"{what}: {e}") from None
+    return tools
+
+
+def _read_json_file(path: str, what: str):
+    """A JSON file given on the command line: a regular file of at most MESSAGES_MAX_BYTES, UTF-8, JSON."""
+    import os
+    import stat
+
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -69,11 +102,7 @@ def read_messages_file(path: str) -> list[dict]:
     except json.JSONDecodeError as e:
         raise UsageError(f"{what} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
     except RecursionError:
-        raise UsageError(f"{what} nests brackets too deeply to be a list of messages") from None
-    try:
-        check_messages(messages)
-    except ValueError as e:
-        raise UsageError(f"{what}: {e}") from None
+        raise UsageError(f"{what} nests brackets too deeply to be a list") from None
     return messages
 
 
@@ -132,27 +161,41 @@ def _summary(stats: dict) -> str:
 
 
 class _Output:
-    """What `generate` prints: the reply as text (plain) or one JSON line per token (--json), the summary
-    or the final stats line, and failures (exit status 1)."""
+    """What `generate` prints: the reply as text (plain) or one JSON line per token (--json), tool calls
+    as JSON lines in both, the summary or the final stats line, and failures (exit status 1)."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
         self.out = sys.stdout
+        self._mid_line = False  # plain mode: the answer's last character was not a newline
 
     def on_event(self, e: object) -> None:
-        from core.events import Notice, TokenEvent
+        from core.events import Notice, TokenEvent, ToolCall, ToolCallError
 
         if isinstance(e, Notice):  # stderr in both modes: --json stays one object per line
             print(f"note: {printable(e.text)}", file=sys.stderr, flush=True)
             return
-        if not isinstance(e, TokenEvent):
-            return
-        if self.as_json:
-            line = {"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}
-            self.out.write(json.dumps(line) + "\n")
+        if isinstance(e, TokenEvent):
+            if self.as_json:
+                line = {"id": e.id, "text": e.text, "from_draft": e.from_draft, "round": e.round}
+                self.out.write(json.dumps(line) + "\n")
+            elif e.text:
+                self.out.write(printable(e.text))  # model text must not drive the terminal
+                self._mid_line = not e.text.endswith("\n")
+        elif isinstance(e, ToolCall):
+            self._line({"tool_call": {"index": e.index, "id": e.id, "name": e.name, "arguments": e.arguments}})
+        elif isinstance(e, ToolCallError):
+            self._line({"tool_call_error": {"index": e.index, "message": e.message, "raw": e.raw}})
         else:
-            self.out.write(printable(e.text))  # model text must not drive the terminal
+            return
         self.out.flush()
+
+    def _line(self, obj: dict) -> None:
+        """One JSON object on a line of its own (ensure_ascii: no model text reaches the terminal raw)."""
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(json.dumps(obj) + "\n")
 
     def fail(self, message: str, *, mid_line: bool = False) -> int:
         if self.as_json:
@@ -164,15 +207,37 @@ class _Output:
             print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
-    def finished(self, stats: dict) -> int:
+    def finished(self, done: TurnDone, with_tools: bool) -> int:
+        stats = done.stats.as_dict()
         if self.as_json:
+            if with_tools:
+                self.out.write(json.dumps({"messages": reply_messages(done)}) + "\n")
             self.out.write(json.dumps({"stats": stats}) + "\n")
             self.out.flush()
         else:
-            self.out.write("\n")
+            if self._mid_line or not done.tool_calls:
+                self.out.write("\n")
             self.out.flush()
             print(_summary(stats), file=sys.stderr)
         return 0
+
+
+def reply_messages(done: TurnDone) -> list[dict]:
+    """The reply as messages for the next `--messages`: its text, then its calls in OpenAI's shape.
+
+    Text written before the calls is a message of its own: Gemma 4's template puts a message's content
+    after its calls and results, so one message would not render what the model wrote."""
+    from core.decode.prompt import ThinkingMarkers, split_thinking
+
+    thinking, answer = split_thinking(done.text, ThinkingMarkers("<|channel>", "<channel|>"))
+    out: list[dict] = []
+    if answer.strip() or not done.tool_calls:
+        out.append({"role": "assistant", "content": answer})
+    if done.tool_calls:
+        out.append({"role": "assistant", "content": None, "tool_calls": [c.openai() for c in done.tool_calls]})
+    if thinking:  # the template replays it while the turn goes on (after the last user message)
+        out[0]["reasoning_content"] = thinking
+    return out
 
 
 def _settings(args: argparse.Namespace) -> GenerationSettings:
@@ -215,7 +280,10 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--no-template takes --prompt text only (no --messages, --image or --audio)")
         if args.connect and args.no_template:
             raise UsageError("--no-template is local only (a server applies its own chat template)")
+        if args.no_template and args.tools:
+            raise UsageError("--no-template takes no --tools (the tools go into the chat template's system turn)")
         messages = None if args.no_template else _messages(args)
+        tools = read_tools_file(args.tools) if args.tools else None
         if args.connect:
             engine: ChatEngine = remote_engine(args)
             spec = PairingSpec(name="server", target=args.connect, drafter=None)
@@ -237,10 +305,10 @@ def run(args: argparse.Namespace) -> int:
         if messages is None:  # --no-template: BOS + the prompt's tokens (local only, checked above)
             future = local.complete(args.prompt or "", settings, output.on_event)
         else:
-            future = engine.chat(messages, settings, output.on_event)
+            future = engine.chat(messages, settings, output.on_event, tools=tools)
         done = _wait(engine, future)
         if done.error:
             return output.fail(done.error, mid_line=True)
-        return output.finished(done.stats.as_dict())
+        return output.finished(done, with_tools=bool(tools))
     finally:
         engine.close()

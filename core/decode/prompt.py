@@ -1,8 +1,8 @@
 """From chat messages to the target's token ids, and what of the cache a new prompt can reuse.
 
-- Rendering always uses the checkpoint's own chat template (the tokenizer's, or
-  `chat_template.jinja` in the checkpoint when the tokenizer has none); the template writes
-  `<bos>` itself, so the text is tokenised without special tokens (never a second `<bos>`).
+- Rendering uses the checkpoint's own chat template (the tokenizer's, or `chat_template.jinja` in
+  the checkpoint when the tokenizer has none), except for requests with tools (below); the template
+  writes `<bos>` itself, so the text is tokenised without special tokens (never a second `<bos>`).
 - Every special id is read from `config.json`, `generation_config.json` or the tokenizer.
 - Images and audio: the template writes one placeholder per image (audio clip); `expand_images`
   (`expand_media` for both kinds) turns each into `boi + image_token * n + eoi` (`boa + audio_token *
@@ -13,10 +13,13 @@
 - Cache reuse: `TokenLog` holds the ids committed to the target's cache for this conversation,
   with the images they contain; `plan_reuse` says how much of it a new prompt can keep.
 
-Messages: `[{"role": "system" | "user" | "assistant", "content": str | [item, ...]}]` with items
-`{"type": "text", "text": str}`, `{"type": "image", ...}` or `{"type": "audio", ...}` (the source keys
-are read by core.model.image and core.model.audio_input: a path, encoded bytes, or for audio raw
-samples with their `sample_rate`; extra keys are ignored here).
+Messages: `[{"role": "system" | "user" | "assistant" | "tool", "content": str | [item, ...]}]` with
+items `{"type": "text", "text": str}`, `{"type": "image", ...}` or `{"type": "audio", ...}` (the source
+keys are read by core.model.image and core.model.audio_input: a path, encoded bytes, or for audio raw
+samples with their `sample_rate`; extra keys are ignored here), and tool use in the OpenAI shape
+(`check_messages`). A request with tools (declared, or calls and results in the history) renders with
+Gemma 4's canonical format instead of the checkpoint's template (`encode_chat`, `core.decode.chat_format`
+says why).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import re
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.decode.tool_calls import ToolMarkers
 
 Message = dict[str, Any]
 # mlx-lm's TokenizerWrapper or the Hugging Face tokenizer inside it (neither is typed)
@@ -110,12 +116,72 @@ def encode_messages(
     return encode_rendered(tokenizer, render_messages(tokenizer, messages, thinking=thinking, template=template))
 
 
-ROLES = ("system", "user", "assistant")
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered chat turn: ids with one placeholder per image or audio clip, and those items in order."""
+
+    ids: list[int]
+    images: list[dict]
+    audio: list[dict]
+    ends_in_thought: bool = False  # the prompt ends inside an open thought channel (after a tool result)
+    canonical: bool = False  # rendered by core.decode.chat_format (the request uses tools)
+
+
+def empty_thought_prompt(tokenizer: Tokenizer, template: str | None = None) -> bool:
+    """Whether the checkpoint's template follows the generation prompt with an empty thought channel
+    when thinking is off (Gemma 4 12B/26B/31B do, E2B/E4B do not): the canonical variant to use."""
+    markers = thinking_markers(tokenizer)
+    if markers is None:
+        return False
+    try:
+        text = render_messages(tokenizer, [{"role": "user", "content": "x"}], thinking=False, template=template)
+    except Exception:  # a template that cannot render a plain turn has no say
+        return False
+    return text.endswith(f"{markers.start}thought\n{markers.end}")
+
+
+def encode_chat(
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[Message] | None = None,
+    thinking: bool = False,
+    empty_thought: bool = False,
+    template: str | None = None,
+) -> ChatPrompt:
+    """The prompt of a chat turn. With tools declared or tool calls/results in the history, Gemma 4's
+    canonical format (core.decode.chat_format; `empty_thought` picks the 12B/26B/31B variant), else
+    the checkpoint's own template. Raises ValueError for messages or tools it cannot render."""
+    from core.decode import chat_format
+
+    if not chat_format.uses_tools(messages, tools):
+        ids = encode_messages(tokenizer, messages, thinking=thinking, template=template)
+        return ChatPrompt(ids, media_items(messages, "image"), media_items(messages, "audio"))
+    rendered = chat_format.render(
+        chat_format.normalize_messages(messages),
+        chat_format.normalize_tools(list(tools) if tools is not None else None),
+        bos=getattr(_hf(tokenizer), "bos_token", None) or "",
+        empty_thought=empty_thought,
+        thinking=thinking,
+    )
+    ids = encode_rendered(tokenizer, rendered.text)
+    return ChatPrompt(ids, list(rendered.images), list(rendered.audio), rendered.ends_in_thought, True)
+
+
+ROLES = ("system", "user", "assistant", "tool")
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
 def check_messages(messages: Any) -> None:
     """Raise ValueError naming the first item that is not a chat message of the form above:
-    "message 2: role must be one of system, user, assistant, got 'bot'"."""
+    "message 2: role must be one of system, user, assistant, tool, got 'bot'".
+
+    Tool use in the OpenAI shape: an assistant message may carry `tool_calls` (then its content may
+    be null) with `function.arguments` a JSON object or its JSON text; a `role: "tool"` message
+    answers one (`tool_call_id`, optional `name`) with text or text and image items. The native
+    form (`tool_responses: [{name, response}]` on the assistant message) is taken too."""
+    from core.decode.chat_format import normalize_messages
+
     if not isinstance(messages, list):
         raise ValueError(f"expected a list of messages, got {type(messages).__name__}")
     if not messages:
@@ -127,30 +193,59 @@ def check_messages(messages: Any) -> None:
         role = m.get("role")
         if role not in ROLES:
             raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
-        if "content" not in m or m["content"] is None:
+        acts = _check_tool_fields(m, role, where)
+        if m.get("content") is None:
+            if acts:
+                continue
             raise ValueError(f"{where}: has no content")
-        content = m["content"]
-        if isinstance(content, str):
-            continue
-        if not isinstance(content, list):
-            raise ValueError(f"{where}: content must be a string or a list of items, got {type(content).__name__}")
-        for j, item in enumerate(content, 1):
-            at = f"{where}, item {j}"
-            if not isinstance(item, dict):
-                raise ValueError(f"{at}: expected an object with a type, got {type(item).__name__}")
-            kind = item.get("type")
-            if kind == "text":
-                if not isinstance(item.get("text"), str):
-                    raise ValueError(f'{at}: a text item needs "text": a string')
-            elif kind == "image":
-                source = item.get("path") or item.get("image") or item.get("url")
-                if not isinstance(source, str) or not source:
-                    raise ValueError(f'{at}: an image item needs "path": a file name')
-            elif kind == "audio":
-                if not _has_audio_source(item):
-                    raise ValueError(f'{at}: an audio item needs "path": a file name')
-            else:
-                raise ValueError(f"{at}: type must be text, image or audio, got {kind!r}")
+        _check_content(m["content"], where)
+    normalize_messages(messages)  # the calls' names and JSON arguments ("message 3, tool call 1: ...")
+
+
+def _check_tool_fields(m: dict, role: str, where: str) -> bool:
+    """The tool-use fields of one message; True if it carries calls or results (content may be null)."""
+    for name in ("tool_calls", "tool_responses"):
+        if m.get(name) is not None and role != "assistant":
+            raise ValueError(f"{where}: only an assistant message has {name}")
+    calls, results = m.get("tool_calls"), m.get("tool_responses")
+    if calls is not None:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise ValueError(f"{where}: tool_calls must be a list of objects {{id, type, function}}")
+        for j, call in enumerate(calls, 1):
+            if call.get("id") is not None and not isinstance(call["id"], str):
+                raise ValueError(f"{where}, tool call {j}: id must be a string")
+    if results is not None and (
+        not isinstance(results, list) or not all(isinstance(r, dict) and "response" in r for r in results)
+    ):
+        raise ValueError(f"{where}: tool_responses must be a list of objects {{name, response}}")
+    for name in ("tool_call_id", "name", *_REASONING_FIELDS):
+        if m.get(name) is not None and not isinstance(m[name], str):
+            raise ValueError(f"{where}: {name} must be a string")
+    return bool(calls) or bool(results)
+
+
+def _check_content(content: Any, where: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ValueError(f"{where}: content must be a string or a list of items, got {type(content).__name__}")
+    for j, item in enumerate(content, 1):
+        at = f"{where}, item {j}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{at}: expected an object with a type, got {type(item).__name__}")
+        kind = item.get("type")
+        if kind == "text":
+            if not isinstance(item.get("text"), str):
+                raise ValueError(f'{at}: a text item needs "text": a string')
+        elif kind == "image":
+            source = item.get("path") or item.get("image") or item.get("url")
+            if not isinstance(source, str) or not source:
+                raise ValueError(f'{at}: an image item needs "path": a file name')
+        elif kind == "audio":
+            if not _has_audio_source(item):
+                raise ValueError(f'{at}: an audio item needs "path": a file name')
+        else:
+            raise ValueError(f"{at}: type must be text, image or audio, got {kind!r}")
 
 
 def _has_audio_source(item: dict) -> bool:
@@ -290,7 +385,26 @@ def stop_ids(model_dir: str | Path, tokenizer: Tokenizer) -> set[int]:
             ids.update(_as_ids(section.get("eos_token_id")))
     ids.update(_as_ids(getattr(_hf(tokenizer), "eos_token_id", None)))
     ids.update(_as_ids(getattr(tokenizer, "eos_token_ids", None)))
+    ids.update(tool_stop_ids(tokenizer))
     return ids
+
+
+def tool_stop_ids(tokenizer: Tokenizer) -> set[int]:
+    """`<|tool_response>` by its text in the vocabulary: the model writes it after its calls, and a
+    reply that went on would invent the tool's answer. Real checkpoints list it in
+    generation_config.json too (50); conversions without that file still stop."""
+    id_ = _hf(tokenizer).get_vocab().get(TOOL_RESPONSE)
+    return {int(id_)} if id_ is not None else set()
+
+
+TOOL_RESPONSE = "<|tool_response>"
+
+
+def tool_markers(tokenizer: Tokenizer) -> ToolMarkers | None:
+    """The tool-call markers' ids (core.decode.tool_calls), or None: a vocabulary without tool calls."""
+    from core.decode.tool_calls import tool_markers as from_vocab
+
+    return from_vocab(_hf(tokenizer).get_vocab())
 
 
 def _as_ids(value: int | Iterable[int] | None) -> list[int]:

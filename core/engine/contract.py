@@ -75,6 +75,9 @@ class EngineFeatures:
     choose_pairing: bool = True
     images: bool = False  # the loaded pairing takes images
     audio: bool = False  # the loaded pairing takes audio clips (message items {"type": "audio", ...})
+    # `chat(..., tools=[...])` works: the prompt declares them and the reply's calls come as ToolCall
+    # events (core.events) and in TurnDone.tool_calls
+    tools: bool = False
 
 
 class ChatEngine(Protocol):
@@ -100,9 +103,17 @@ class ChatEngine(Protocol):
         ...
 
     def chat(
-        self, messages: list[dict], settings: GenerationSettings, on_event: Callable[[Any], None]
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        on_event: Callable[[Any], None],
+        tools: list[dict] | None = None,
     ) -> concurrent.futures.Future[TurnDone]:
-        """Generate the reply to `messages`; events stream to `on_event`, the future ends with TurnDone."""
+        """Generate the reply to `messages`; events stream to `on_event`, the future ends with TurnDone.
+
+        `tools` (OpenAI's `tools` list) may be given when `features.tools`; messages may then hold
+        assistant `tool_calls` and `role: "tool"` results. An engine without tools ends such a turn
+        with a TurnDone error saying so."""
         ...
 
     def cancel(self) -> None:

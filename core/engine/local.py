@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not i
 
     from core.decode.prompt import ImageSpan, TokenLog
     from core.decode.spec import Controls, Decoder
+    from core.decode.tool_calls import ReplySplitter, ToolMarkers
     from core.engine.kernels import KernelPreparer
     from core.model.audio import AudioEncoder, UnifiedAudioEncoder
     from core.model.audio_input import AudioSpec, PreparedAudio
@@ -65,6 +66,7 @@ class _TurnPrompt:
     images: list[tuple[PreparedImage | PreparedAudio, str]]
     spans: list[ImageSpan]  # where each one's soft tokens sit in `ids` (in the order of `images`)
     notices: list[str] = field(default_factory=list)  # for the user, before the turn runs (a clip was cut)
+    ends_in_thought: bool = False  # the prompt ends inside an open thought channel (after a tool result)
 
 
 @dataclass
@@ -80,6 +82,9 @@ class _Loaded:
     cache: TargetCache
     token_log: TokenLog
     target_dir: Path
+    tool_markers: ToolMarkers | None = None  # None: the vocabulary has no tool calls
+    tool_stops: frozenset[int] = frozenset()  # stop ids that end a reply in tool calls
+    empty_thought: bool = False  # the canonical format's 12B/26B/31B variant (core.decode.chat_format)
     image_config: ImageProcessorConfig | None = None
     audio: AudioEncoder | UnifiedAudioEncoder | None = None
     audio_spec: AudioSpec | None = None
@@ -121,23 +126,35 @@ class Engine:
 
     @property
     def features(self) -> EngineFeatures:
-        info = self._info
-        return EngineFeatures(images=info is not None and info.has_vision, audio=info is not None and info.has_audio)
+        info, st = self._info, self._state
+        return EngineFeatures(
+            images=info is not None and info.has_vision,
+            audio=info is not None and info.has_audio,
+            tools=info is not None and st is not None and st.tool_markers is not None,
+        )
 
     def load(
         self, spec: PairingSpec, on_event: Callable[[LoadProgress], None] | None
     ) -> concurrent.futures.Future[PairingInfo]:
         return self._submit("load", (spec, on_event))
 
-    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
-        """Render `messages` with the checkpoint's chat template and generate the reply."""
-        return self._submit("chat", (list(messages), settings, on_event), settings)
+    def chat(
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        on_event: Callable,
+        tools: list[dict] | None = None,
+    ) -> concurrent.futures.Future:
+        """Render `messages` and generate the reply. `tools`: an OpenAI-style tools list; with tools (or
+        tool calls/results in the messages) the prompt is Gemma 4's canonical format, and the reply's
+        calls come as ToolCallStarted / ToolCallDelta / ToolCall events and in TurnDone.tool_calls."""
+        return self._submit("chat", (list(messages), settings, on_event, tools), settings)
 
     def complete(
         self, prompt: str | list[int], settings: GenerationSettings, on_event: Callable
     ) -> concurrent.futures.Future:
         """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
-        return self._submit("complete", (prompt, settings, on_event), settings)
+        return self._submit("complete", (prompt, settings, on_event, None), settings)
 
     def warm_up(self, on_fraction: Callable[[float], None] | None = None) -> concurrent.futures.Future[None]:
         """Run every warm-up step (core.decode.warmup) now, compiled as the mode says: the job of the process
@@ -353,6 +370,7 @@ class Engine:
             cache=target.make_cache(),
             token_log=prompt_mod.TokenLog(),
             target_dir=target_dir,
+            **_tool_support(tokenizer, stops),
             audio=audio,
             audio_spec=audio_spec,
         )
@@ -405,7 +423,7 @@ class Engine:
 
     def _generate(self, req: _Request) -> TurnDone:
         t_start = time.perf_counter()
-        what, settings, on_event = req.args
+        what, settings, on_event, tools = req.args
         emit = lambda e: _safe_call(on_event, e)  # noqa: E731
         st = self._state
         try:
@@ -416,7 +434,7 @@ class Engine:
             if req.controls.cancelled:
                 done = TurnDone(TurnStats(stop_reason="cancelled"), "", ())
             else:
-                done = self._turn(st, req, what, settings, emit, t_start)
+                done = self._turn(st, req, what, tools, settings, emit, t_start)
         except Exception as e:
             from core.decode.spec import TurnError
 
@@ -435,25 +453,27 @@ class Engine:
         st: _Loaded,
         req: _Request,
         what: list[dict] | str | list[int],
+        tools: list[dict] | None,
         settings: GenerationSettings,
         emit: Callable[[Any], None],
         t_start: float,
     ) -> TurnDone:
         from core.decode.spec import Prompt, TurnError
 
-        tp = self._render(st, req.kind, what, settings)
+        tp = self._render(st, req.kind, what, tools, settings)
         for notice in tp.notices:
             emit(Notice(notice))
         keep = self._reuse_cache(st, tp)
         suffix = tp.ids[keep:]
         embeddings, mask, bidirectional = self._image_rows(st, tp, keep)
         prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
+        splitter = self._splitter(st, tools, tp, settings, emit)
         controls = req.controls
         done = (lambda: controls.prefilled) if controls is not None else None
         self.prefilling = PrefillStarted(len(tp.ids), len(suffix), time.monotonic(), done=done)
         try:
             result = st.decoder.run(
-                st.cache, prompt, settings, emit, req.controls, prompt_tokens=len(tp.ids), t_start=t_start
+                st.cache, prompt, settings, splitter or emit, req.controls, prompt_tokens=len(tp.ids), t_start=t_start
             )
         except TurnError:
             raise  # refused before touching the cache
@@ -469,11 +489,44 @@ class Engine:
         for k in list(st.soft_tokens):
             if k not in live:
                 del st.soft_tokens[k]
-        result.stats.tokens = len(result.token_ids)
-        return TurnDone(result.stats, result.text, tuple(result.token_ids))
+        return self._turn_done(st, result, splitter, emit)
+
+    def _splitter(
+        self, st: _Loaded, tools: list[dict] | None, tp: _TurnPrompt, settings: GenerationSettings, emit: Callable
+    ) -> ReplySplitter | None:
+        """With tools declared, the reply's calls are parsed out of its stream (core.decode.tool_calls)."""
+        if not tools or st.tool_markers is None:
+            return None
+        from core.decode.tool_calls import ReplySplitter, ToolCallParser
+
+        parser = ToolCallParser(st.tool_markers, starts_in_thought=tp.ends_in_thought)
+        return ReplySplitter(parser, emit, st.decoder.stop_ids, settings.max_tokens, settings.ignore_eos)
+
+    def _turn_done(self, st: _Loaded, result: Any, splitter: ReplySplitter | None, emit: Callable) -> TurnDone:
+        stats = result.stats
+        stats.tokens = len(result.token_ids)
+        if stats.stop_reason == "eos" and result.token_ids and result.token_ids[-1] in st.tool_stops:
+            stats.stop_reason = "tool_calls"  # the model ended its turn on <|tool_response>: it wants results
+        if splitter is None:
+            return TurnDone(stats, result.text, tuple(result.token_ids))
+        for e in splitter.finish(result.text):
+            emit(e)
+        parser = splitter.parser
+        return TurnDone(
+            stats,
+            parser.content,
+            tuple(result.token_ids),
+            tool_calls=tuple(parser.calls),
+            tool_errors=tuple(parser.errors),
+        )
 
     def _render(
-        self, st: _Loaded, kind: str, what: list[dict] | str | list[int], settings: GenerationSettings
+        self,
+        st: _Loaded,
+        kind: str,
+        what: list[dict] | str | list[int],
+        tools: list[dict] | None,
+        settings: GenerationSettings,
     ) -> _TurnPrompt:
         """The turn's prompt ids (images and audio clips expanded to their soft-token spans), checked
         against the context before any image or clip is encoded or the cache is touched."""
@@ -483,6 +536,7 @@ class Engine:
         images: list[tuple[PreparedImage | PreparedAudio, str]] = []
         spans: list[tuple[int, int]] = []
         notices: list[str] = []
+        ends_in_thought = False
         if kind == "complete":
             if isinstance(what, str):
                 bos = getattr(st.tokenizer, "bos_token_id", None)
@@ -494,22 +548,30 @@ class Engine:
             messages: list[dict] = [m for m in what if isinstance(m, dict)]
             if settings.system_prompt and not (messages and messages[0].get("role") == "system"):
                 messages = [{"role": "system", "content": settings.system_prompt}] + messages
-            ids, spans, images, notices = self._expand_media(st, messages, settings)
+            ids, spans, images, notices, ends_in_thought = self._expand_media(st, messages, tools, settings)
         if not ids:
             raise TurnError("empty prompt: nothing to generate from")
         if too_long := context_error(len(ids), st.target.context_length):
             raise TurnError(too_long)
         image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
-        return _TurnPrompt(ids, images, image_spans, notices)
+        return _TurnPrompt(ids, images, image_spans, notices, ends_in_thought)
 
-    def _expand_media(self, st: _Loaded, messages: list[dict], settings: GenerationSettings) -> tuple:
+    def _expand_media(
+        self, st: _Loaded, messages: list[dict], tools: list[dict] | None, settings: GenerationSettings
+    ) -> tuple:
         """(prompt ids with every image and audio placeholder expanded, the soft-token spans, per span its
-        (prepared input, key), notices): images first, then audio clips, each kind in prompt order."""
+        (prepared input, key), notices, whether it ends in an open thought): images first, then audio
+        clips, each kind in prompt order. With tools, the canonical format renders (encode_chat)."""
         from core.decode import prompt as prompt_mod
 
-        clips = self._prepare_audio(st, messages)  # refused first: it needs no decoding to know
-        images = self._prepare_images(st, messages, settings.image_budget)
-        ids = prompt_mod.encode_messages(st.tokenizer, messages, thinking=settings.thinking)
+        if tools and st.tool_markers is None:
+            raise _UserError("this model's vocabulary has no tool-call tokens: it cannot call tools")
+        chat = prompt_mod.encode_chat(
+            st.tokenizer, messages, tools=tools, thinking=settings.thinking, empty_thought=st.empty_thought
+        )
+        clips = self._prepare_audio(st, chat.audio)  # refused first: it needs no decoding to know
+        images = self._prepare_images(st, chat.images, settings.image_budget)
+        ids = chat.ids
         kinds: list = []
         if images:
             kinds.append((prompt_mod.image_token_ids(st.target_dir), [im.num_soft_tokens for im, _ in images]))
@@ -520,7 +582,7 @@ class Engine:
             ids, found = prompt_mod.expand_media(ids, kinds)
             spans = [s for kind_spans in found for s in kind_spans]
         notices = [c.notice for c, _ in clips if c.notice]
-        return ids, spans, [*images, *clips], notices
+        return ids, spans, [*images, *clips], notices, chat.ends_in_thought
 
     def _reuse_cache(self, st: _Loaded, tp: _TurnPrompt) -> int:
         """Keep the longest prefix of the cached conversation that the new prompt shares (the cache and
@@ -575,11 +637,8 @@ class Engine:
         assert st.vision is not None  # _prepare_images refuses images without a tower
         return st.vision.encode_image(item)
 
-    def _prepare_audio(self, st: _Loaded, messages: list[dict]) -> list[tuple[PreparedAudio, str]]:
+    def _prepare_audio(self, st: _Loaded, items: list[dict]) -> list[tuple[PreparedAudio, str]]:
         """(PreparedAudio, key) per audio item in prompt order; refused at once without an audio encoder."""
-        from core.decode import prompt as prompt_mod
-
-        items = prompt_mod.media_items(messages, "audio")
         if not items:
             return []
         if st.audio is None or st.audio_spec is None:
@@ -593,12 +652,10 @@ class Engine:
         return out
 
     def _prepare_images(
-        self, st: _Loaded, messages: list[dict], budget: int | None = None
+        self, st: _Loaded, items: list[dict], budget: int | None = None
     ) -> list[tuple[PreparedImage, str]]:
-        from core.decode import prompt as prompt_mod
-
-        n = prompt_mod.count_images(messages)
-        if not n:
+        """(PreparedImage, content key) for each image item, in prompt order."""
+        if not items:
             return []
         if st.vision is None:
             raise _UserError("this model does not take images (no vision tower loaded)")
@@ -608,19 +665,25 @@ class Engine:
             st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)
         config = st.image_config.with_max_soft_tokens(budget)  # the user's budget, else the checkpoint's
         out = []
-        for m in messages:
-            content = m.get("content")
-            if isinstance(content, str):
-                continue
-            for item in content or ():
-                if isinstance(item, dict) and item.get("type") == "image":
-                    source = item.get("path") or item.get("image") or item.get("url")
-                    if source is None:
-                        raise _UserError("an image item needs a 'path'")
-                    im = preprocess_image(source, config)
-                    key = hashlib.sha256(im.pixel_values[: im.num_patches].tobytes()).hexdigest()
-                    out.append((im, key))
+        for item in items:
+            source = item.get("path") or item.get("image") or item.get("url")
+            if source is None:
+                raise _UserError("an image item needs a 'path'")
+            im = preprocess_image(source, config)
+            key = hashlib.sha256(im.pixel_values[: im.num_patches].tobytes()).hexdigest()
+            out.append((im, key))
         return out
+
+
+def _tool_support(tokenizer: Any, stops: set[int]) -> dict[str, Any]:
+    """_Loaded's tool fields: the call markers' ids, which stops mean "tool calls", the format's variant."""
+    from core.decode import prompt as prompt_mod
+
+    return {
+        "tool_markers": prompt_mod.tool_markers(tokenizer),
+        "tool_stops": frozenset(prompt_mod.tool_stop_ids(tokenizer) & stops),
+        "empty_thought": prompt_mod.empty_thought_prompt(tokenizer),
+    }
 
 
 class _UserError(Exception):

@@ -195,14 +195,25 @@ class RemoteEngine:
     def load(self, spec, on_event: Callable | None) -> concurrent.futures.Future:
         return self._submit(self._load(spec, on_event), _Job(cancellable=False))
 
-    def chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+    def chat(
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        on_event: Callable,
+        tools: list[dict] | None = None,
+    ) -> concurrent.futures.Future:
+        if tools:  # features.tools is False: this client does not send tools or read streamed tool_calls yet
+            return self._refuse(on_event, "tools over --connect are not supported yet (they run locally)")
         job = _Job()
         messages = [dict(m) for m in messages]
         settings = GenerationSettings(**{f.name: getattr(settings, f.name) for f in fields(GenerationSettings)})
         return self._submit(self._chat(job, messages, settings, on_event), job)
 
     def complete(self, prompt, settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
-        done = TurnDone(TurnStats(stop_reason="error"), "", (), error="raw completion (no chat template) is local only")
+        return self._refuse(on_event, "raw completion (no chat template) is local only")
+
+    def _refuse(self, on_event: Callable, why: str) -> concurrent.futures.Future:
+        done = TurnDone(TurnStats(stop_reason="error"), "", (), error=why)
         _emit(on_event, done)
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(done)

@@ -136,7 +136,7 @@ def test_tui_fields_share_the_checks():
     "content, message",
     [
         ([{"role": "user", "content": 123}], "message 1: content must be a string or a list of items, got int"),
-        ([{"role": "bot", "content": "hi"}], "message 1: role must be one of system, user, assistant, got 'bot'"),
+        ([{"role": "bot", "content": "hi"}], "message 1: role must be one of system, user, assistant, tool, got 'bot'"),
         ([{"role": "user"}], "message 1: has no content"),
         ([{"role": "user", "content": None}], "message 1: has no content"),
         ([{"role": "user", "content": "a"}, "x"], "message 2: expected an object"),

@@ -84,6 +84,7 @@ class FakeEngine:
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
         self.chats: list[tuple[list[dict], GenerationSettings]] = []
+        self.tools: list[list[dict] | None] = []  # the tools of each chat call
         # everything emitted, for tests to compare the screen against
         self.tokens: list[TokenEvent] = []
         self.rounds: list[RoundEvent] = []
@@ -117,9 +118,14 @@ class FakeEngine:
         return fut
 
     def chat(
-        self, messages: list[dict], settings: GenerationSettings, on_event: Callable
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        on_event: Callable,
+        tools: list[dict] | None = None,  # recorded, not acted on: the script has no tool calls
     ) -> concurrent.futures.Future[TurnDone]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.tools.append(tools)
         self.chats.append(([dict(m) for m in messages], settings))
         with self._lock:
             self._gate = threading.Semaphore(0)  # drop permits left by a cancel while idle

@@ -114,8 +114,10 @@ def test_stop_ids(tokenizer, tmp_path):
     # union of the sources, int or list, each file optional
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"eos_token_id": 40}, "eos_token_id": 41}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [42, 41]}))
-    assert stop_ids(tmp_path, tokenizer) == {40, 41, 42, tokenizer.eos_token_id}
-    assert stop_ids(tmp_path / "missing", tokenizer._tokenizer) == {tokenizer.eos_token_id}
+    # plus <|tool_response> from the vocabulary (12 here): after its calls the model must stop
+    tool_response = tokenizer.convert_tokens_to_ids("<|tool_response>")
+    assert stop_ids(tmp_path, tokenizer) == {40, 41, 42, tokenizer.eos_token_id, tool_response}
+    assert stop_ids(tmp_path / "missing", tokenizer._tokenizer) == {tokenizer.eos_token_id, tool_response}
 
 
 def test_thinking_flag_and_template_sources(tokenizer, tmp_path):
