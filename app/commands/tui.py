@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from app.commands.common import UsageError, printable, remote_engine
 from core.engine.contract import PairingSpec
@@ -166,8 +166,9 @@ def run_app(
     notice: str | None = None,
     first_run: bool = False,
     offline: bool = False,
-) -> int:
-    """Run the chat app on `engine` until it quits; the exit status (128 + signal when one ended it)."""
+) -> NoReturn:
+    """Run the chat app on `engine` until it quits, then end the process: status 0, or 128 + the signal
+    that ended it."""
     from app.tui.app import GemmaChatApp
     from app.tui.widgets.thumbnail import prime_terminal_graphics
 
@@ -205,11 +206,12 @@ def run_app(
                 f"gemma-chat: {len(history.backlog)} change(s) could not be saved to the chat history; {where}",
                 file=sys.stderr,
             )
-    if app.quit_signal:  # ended by SIGTERM / SIGHUP / a lost terminal: the usual 128 + signal number
-        # and at once: the interpreter's own exit can wait on an engine thread still inside MLX (a kernel
-        # compile, a long prefill) for minutes; everything worth keeping is written by now
-        _hard_exit(_signal_status(app.quit_signal))
-    return 0
+    # Everything worth keeping is written by now, so the process ends here rather than through the
+    # interpreter's own exit, which is not safe with MLX on another thread: it can wait for minutes on an
+    # engine thread still inside MLX (a kernel compile, a long prefill), and with mlx 0.32 on Linux it
+    # aborts ("terminate called without an active exception", status 134) when the engine thread is mid-load
+    # as the app quits. A signal or a lost terminal ends it with the usual 128 + signal number.
+    _hard_exit(_signal_status(app.quit_signal) if app.quit_signal else 0)
 
 
 QUIT_SAVE_S = 4.0  # after a quit signal or a lost terminal: at most this for the reply to be handed over
@@ -222,7 +224,7 @@ def _signal_status(name: str) -> int:
     return 128 + int(getattr(signal, name))
 
 
-def _hard_exit(status: int) -> None:
+def _hard_exit(status: int) -> NoReturn:
     import logging
 
     for stream in (sys.stdout, sys.stderr):
