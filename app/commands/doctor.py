@@ -7,6 +7,7 @@ can show for images. Reads only; never touches the network; never loads textual.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -190,7 +191,7 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     return sections
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     for title, rows in gather():
         print(title)
         width = max((len(k) for k, _ in rows), default=0)

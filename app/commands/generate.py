@@ -106,7 +106,7 @@ def _read_json_file(path: str, what: str):
     return messages
 
 
-def _messages(args) -> list[dict]:
+def _messages(args: argparse.Namespace) -> list[dict]:
     if args.messages:
         messages = read_messages_file(args.messages)
     else:

@@ -6,11 +6,12 @@ textual. Exit codes: 0 done, 1 failed or refused, 2 unknown pairing name, 130 in
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from app.commands.common import printable
 from core.hub.download import looks_like_repo_id
@@ -19,9 +20,10 @@ from core.units import format_bytes
 
 if TYPE_CHECKING:
     from core.hub.catalog import Pairing
+    from core.hub.download import DownloadProgress
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     action = args.models_command
     if action == "list":
         return list_pairings(as_json=args.json)
@@ -127,12 +129,12 @@ def list_pairings(as_json: bool = False) -> int:
 class _Bar:
     """One self-rewriting line on stderr (a TTY), or a line every few seconds (a log)."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._last = 0.0
 
-    def show(self, ev) -> None:
+    def show(self, ev: DownloadProgress) -> None:
         now = time.monotonic()
         if not self.tty and now - self._last < 5 and ev.done_bytes < ev.total_bytes:
             return

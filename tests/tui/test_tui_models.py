@@ -87,7 +87,7 @@ async def until(pilot, predicate, timeout: float = 10.0) -> None:
 
 
 async def open_models(pilot, app) -> ModelsScreen:
-    await until(pilot, lambda: app.chat.loaded)
+    await until(pilot, lambda: app.session.loaded)
     await pilot.press("f2")
     await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
     return app.screen
@@ -259,11 +259,11 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         screen = await open_models(pilot, app)
         screen.select("e2b")
         await pilot.press("enter")  # not downloaded: says so, loads nothing
-        assert "not downloaded" in screen.message and app.chat.spec.name == "fake"
+        assert "not downloaded" in screen.message and app.session.spec.name == "fake"
         screen.select(NAME)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert app.chat.spec.name == NAME
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert app.session.spec.name == NAME
         assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
         # the pairing in use cannot be removed; and back to the demo, built on the spot
         await pilot.press("f2")
@@ -273,8 +273,8 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         assert "in use" in app.screen.message and target.is_dir()
         app.screen.select(DEMO_KEY)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
-        assert engine.info.demo and app.chat.spec.demo
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded, timeout=20)
+        assert engine.info.demo and app.session.spec.demo
     # remembered, the demo included: the next start opens the pairing used last
     assert load_config().default_pairing == DEMO_KEY
 
@@ -303,11 +303,11 @@ async def test_a_pairing_that_will_not_fit_asks_before_loading(cache):
         assert "will probably not fit" in app.screen.question and "1.0 GB" in app.screen.detail
         await pilot.press("n")
         await until(pilot, lambda: app.screen is screen)
-        assert app.chat.spec.name == "fake" and "Not loaded" in screen.message
+        assert app.session.spec.name == "fake" and "Not loaded" in screen.message
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
         assert engine.info.target_path == str(target)
 
 
@@ -351,8 +351,8 @@ async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
         assert screen.selected_key == DEMO_KEY
         assert "Press Enter to start the offline demo" in str(screen.query_one("#models-intro").content)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert engine.info.demo and app.chat.spec is spec
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert engine.info.demo and app.session.spec is spec
         await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
     # so the next plain start is no first run: it opens the demo, no welcome screen
     plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
@@ -395,10 +395,10 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
     try:
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot, app)
-            assert app.chat.spec.drafter is None
+            assert app.session.spec.drafter is None
             screen.select(NAME)
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=60)
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded, timeout=60)
             info = engine.info
             assert info.name == NAME and info.drafter_path is not None
             assert os.path.samefile(info.target_path, target) and os.path.samefile(info.drafter_path, drafter)
@@ -440,6 +440,6 @@ async def test_12b_4bit_shows_its_size_and_fit_and_loads_with_its_own_drafter(ca
         screen = await open_models(pilot, app)
         screen.select(name)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert app.chat.spec.name == name
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert app.session.spec.name == name
         assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)

@@ -30,14 +30,17 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
+from app.tui.messages import PairingFailed, PairingLoaded, PairingProgress
+from app.tui.session import ChatSession
 from core.hub.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
 from core.hub.fit import FIT_WORDS
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
 if TYPE_CHECKING:
+    from core.engine.contract import PairingSpec
     from core.hub.catalog import CatalogEntry, LocalCheckpoint
-    from core.hub.download import DownloadHandle, DownloadProgress
+    from core.hub.download import DownloadEvent, DownloadFailed, DownloadHandle, DownloadProgress
     from core.hub.fit import MachineMemory
 
 DEMO_KEY = "demo"
@@ -61,7 +64,7 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def progress_line(ev) -> str:
+def progress_line(ev: DownloadProgress) -> str:
     """One line for a DownloadProgress: bytes, rate, ETA, current file."""
     pct = 100.0 * ev.done_bytes / ev.total_bytes if ev.total_bytes else 100.0
     rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
@@ -134,7 +137,7 @@ def status_text(state: str, local_bytes: int = 0) -> Text:
     return Text(STATUS_WORDS["missing"], style="dim")
 
 
-def entry_state(entry) -> str:
+def entry_state(entry: CatalogEntry) -> str:
     if entry.status == "partial" and entry.local_bytes == 0:  # a folder left by a refused download
         return "missing"
     if entry.status == "partial" and entry.target.state == "missing" and entry.drafter.complete:
@@ -242,6 +245,7 @@ class ModelsScreen(Screen):
 
     def __init__(
         self,
+        session: ChatSession,
         options: ModelsOptions | None = None,
         *,
         highlight: str | None = None,
@@ -249,6 +253,7 @@ class ModelsScreen(Screen):
         close_keys: str = "f2",
     ) -> None:
         super().__init__()
+        self.session = session  # the app's: what is loaded, and where a Use loads
         self.options = options or ModelsOptions()
         self.highlight = highlight
         self.first_run = first_run
@@ -259,8 +264,8 @@ class ModelsScreen(Screen):
         self.download_handle: DownloadHandle | None = None
         self.download_name: str | None = None
         self.last_progress: DownloadProgress | None = None
-        self.download_result = None  # the last download's final event
-        self.pending_load = None  # the PairingSpec the chat screen is loading for us
+        self.download_result: DownloadEvent | None = None  # the last download's final event
+        self.pending_load: PairingSpec | None = None  # the pairing the session is loading for us
         self.message = ""
         self.table: DataTable[str | Text] = DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
         self.details = Static("", id="models-details")
@@ -283,6 +288,7 @@ class ModelsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.session.subscribe(self)
         for i, name in enumerate(COLUMNS):
             self.table.add_column(name, key=f"c{i}")
         self.bar.display = False
@@ -422,8 +428,6 @@ class ModelsScreen(Screen):
     def _tick(self) -> None:
         if self.download_handle is not None:
             self._drain_download()
-        if self.pending_load is not None:
-            self._watch_load()
 
     def _drain_download(self) -> None:
         from core.hub.download import (
@@ -452,7 +456,7 @@ class ModelsScreen(Screen):
                 self._download_ended(ev)
                 return
 
-    def _download_ended(self, ev) -> None:
+    def _download_ended(self, ev: DownloadEvent) -> None:
         from core.hub.download import DownloadCancelled, DownloadFailed, DownloadFinished
 
         name = self.download_name
@@ -476,10 +480,6 @@ class ModelsScreen(Screen):
         self.refresh_rows()
 
     # -- use / load ------------------------------------------------------------------------------
-    @property
-    def chat(self):
-        return getattr(self.app, "chat", None)
-
     def action_use(self) -> None:
         row = self.selected
         if row is None:
@@ -511,20 +511,18 @@ class ModelsScreen(Screen):
         # the demo is remembered too (default_pairing = "demo"): the next start opens it, no welcome
         self._load(spec, row.key if row.kind in ("pairing", "demo") else None)
 
-    def _confirmed_load(self, spec, name: str, yes: bool | None) -> None:
+    def _confirmed_load(self, spec: PairingSpec, name: str, yes: bool | None) -> None:
         if yes:
             self._load(spec, name)
         else:
             self.say(f"Not loaded: {name} would not fit.")
 
-    def _spec_for(self, row: Row):
+    def _spec_for(self, row: Row) -> PairingSpec | None:
         from core.engine.pairings import catalogue_spec, demo_spec, snapshot_spec
 
         if row.kind == "demo":
-            current = getattr(self.chat, "spec", None)
-            if current is not None and getattr(current, "demo", False):
-                return current
-            return demo_spec()
+            current = self.session.spec
+            return current if current.demo else demo_spec()
         if row.kind == "other":
             st = row.other.status
             if is_drafter(row.other.model_type):
@@ -542,25 +540,20 @@ class ModelsScreen(Screen):
             return None
         return catalogue_spec(row.key, cache_dir=self.options.cache_dir)
 
-    def _load(self, spec, catalogue_name: str | None) -> None:
-        chat = self.chat
-        if chat is None:
-            self.say("No chat screen to load into.", "error")
-            return
-        same = chat.spec is not None and (chat.spec.target, chat.spec.drafter) == (spec.target, spec.drafter)
-        if same and chat.load_error is None:
-            spec = chat.spec  # already loaded (or loading): wait for it and go back
-        elif not chat.switch_pairing(spec):
-            if not chat.engine.features.choose_pairing:
-                self.say("Connected to a server (--connect): the model is chosen on the server.", "warning")
-                return
-            self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")
+    def _load(self, spec: PairingSpec, catalogue_name: str | None) -> None:
+        session = self.session
+        current = session.spec
+        if (current.target, current.drafter) == (spec.target, spec.drafter) and session.load_error is None:
+            spec = current  # already loaded (or loading): wait for it and go back
+        elif (refused := session.switch(spec)) is not None:
+            self.say(refused, "warning")
             return
         self.pending_load = spec
-        self.say(f"Loading {spec.name}…")
+        self.say(f"Loading {spec.name}… {session.load_stage}".rstrip())
         if catalogue_name and self.options.remember:
             self._remember(catalogue_name)
-        self._watch_load()
+        if session.loaded:  # it was already
+            self._loaded(spec)
 
     @work(thread=True, group="models-config")
     def _remember(self, name: str) -> None:
@@ -572,23 +565,24 @@ class ModelsScreen(Screen):
         except (ConfigError, OSError) as e:
             self.app.call_from_thread(self.app.notify, f"Could not save the default pairing: {e}", severity="warning")
 
-    def _watch_load(self) -> None:
-        chat = self.chat
-        spec = self.pending_load
-        if chat is None or spec is None or chat.spec is not spec:  # someone else switched meanwhile
+    # the session's load, as it goes (a load someone else started meanwhile is not ours to report)
+    def on_pairing_progress(self, message: PairingProgress) -> None:
+        if message.spec is self.pending_load:
+            self.say(f"Loading {message.spec.name}… {message.stage}")
+
+    def on_pairing_loaded(self, message: PairingLoaded) -> None:
+        if message.spec is self.pending_load:
+            self._loaded(message.spec)
+
+    def on_pairing_failed(self, message: PairingFailed) -> None:
+        if message.spec is self.pending_load:
             self.pending_load = None
-            return
-        if chat.load_error is not None:
-            self.pending_load = None
-            self.say(f"Could not load {spec.name}: {chat.load_error}", "error")
-            return
-        if chat.loaded:
-            self.pending_load = None
-            self.app.notify(f"Now chatting with {spec.name}")
-            self.dismiss()
-            return
-        stage = getattr(chat, "load_stage", "")
-        self.say(f"Loading {spec.name}… {stage}".rstrip())
+            self.say(f"Could not load {message.spec.name}: {message.error}", "error")
+
+    def _loaded(self, spec: PairingSpec) -> None:
+        self.pending_load = None
+        self.app.notify(f"Now chatting with {spec.name}")
+        self.dismiss()
 
     # -- remove ----------------------------------------------------------------------------------
     def action_remove(self) -> None:
@@ -610,12 +604,8 @@ class ModelsScreen(Screen):
         if not doomed:
             self.say(f"{row.key}: nothing to remove (not in the cache).")
             return
-        chat = self.chat
-        in_use = (
-            chat is not None
-            and chat.spec is not None
-            and any(repo_in_path(r, p) for r in doomed for p in (chat.spec.target, chat.spec.drafter or ""))
-        )
+        spec = self.session.spec
+        in_use = any(repo_in_path(r, p) for r in doomed for p in (spec.target, spec.drafter or ""))
         if in_use:
             self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
             return
@@ -661,6 +651,7 @@ class ModelsScreen(Screen):
         self.dismiss()
 
     def on_unmount(self) -> None:
+        self.session.unsubscribe(self)
         self._stop_download()
 
     def _stop_download(self) -> None:
@@ -671,7 +662,7 @@ class ModelsScreen(Screen):
             threading.Thread(target=handle.wait, args=(10,), name="download-reap", daemon=True).start()
 
 
-def failure_text(ev) -> str:
+def failure_text(ev: DownloadFailed) -> str:
     """The core's message, with what to do for the kinds people hit most."""
     hints = {
         "gated": "",  # the core's message already says: accept the terms, then HF_TOKEN / hf auth login

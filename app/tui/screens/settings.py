@@ -7,6 +7,7 @@ with the field's name and nothing is written; dismisses with the new Config, or 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ class SettingsScreen(FormScreen[Config | None]):
             "default_pairing": shown(config.default_pairing),
             "block_size": shown(config.block_size),
             "system_prompt": shown(config.system_prompt),
-            **{name: shown(getattr(config.sampling, name)) for name in SAMPLING_FIELDS},
+            **{name: shown(value) for name, value in asdict(config.sampling).items() if name in SAMPLING_FIELDS},
         }
         for name, value in values.items():
             self.query_one(f"#set-{name}", Input).value = value
@@ -143,8 +144,9 @@ class SettingsScreen(FormScreen[Config | None]):
             "image_budget": self.query_one("#set-image_budget", Select).value,
         }
         new_sampling = {name: parse_field(name, text(name)) for name in SAMPLING_FIELDS}
-        out: dict[str, Any] = {k: v for k, v in new_top.items() if v != getattr(old, k)}
-        sampling = {k: v for k, v in new_sampling.items() if v != getattr(old.sampling, k)}
+        old_top, old_sampling = asdict(old), asdict(old.sampling)
+        out: dict[str, Any] = {k: v for k, v in new_top.items() if v != old_top[k]}
+        sampling = {k: v for k, v in new_sampling.items() if v != old_sampling[k]}
         if sampling:
             out["sampling"] = sampling
         return out
