@@ -117,7 +117,18 @@ Row = DemoRow | PairingRow | OtherRow
 
 # -- rows ------------------------------------------------------------------------------------------
 
-COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "Block", "Repo name")
+# (key, title): whether a pairing fits this machine comes right after its name, so it is in view at
+# 80 columns without scrolling the table sideways; each row's cells are in this order.
+COLUMNS = (
+    ("pairing", "Pairing"),
+    ("fit", "Fit"),
+    ("memory", "Memory"),
+    ("status", "Status"),
+    ("download", "Download"),
+    ("vision", "Vision"),
+    ("block", "Block"),
+    ("repo", "Repo name"),
+)
 
 _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
 _FIT_TEXT = FIT_WORDS  # one wording with the CLI
@@ -145,13 +156,19 @@ def entry_state(entry: CatalogEntry) -> str:
     return entry.status
 
 
-def demo_row() -> Row:
+DEFAULT_MARK = "  *"  # the pairing a plain start opens (the config's default_pairing)
+
+
+def demo_row(default: str | None = None) -> Row:
+    label = Text("demo  tiny trained model, offline", style="bold")
+    if default == DEMO_KEY:
+        label.append(DEFAULT_MARK)
     cells = (
-        Text("demo — tiny trained model, offline", style="bold"),
+        label,
+        Text("ok", style="green"),
+        "< 0.1 GB",
         Text("ready", style="green"),
         "—",
-        "< 0.1 GB",
-        Text("ok", style="green"),
         "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
         "auto",
         "shipped",
@@ -159,15 +176,20 @@ def demo_row() -> Row:
     return DemoRow(DEMO_KEY, cells)
 
 
+def short_label(label: str) -> str:
+    """A catalogue label without the "Gemma 4 " every one of them starts with (the table is narrow)."""
+    return label.removeprefix("Gemma 4 ")
+
+
 def pairing_row(entry: CatalogEntry, default: str | None = None) -> PairingRow:
     p = entry.pairing
-    label = f"{p.name}  {p.label}" + ("  *" if p.name == default else "")
+    label = f"{p.name}  {short_label(p.label)}" + (DEFAULT_MARK if p.name == default else "")
     cells = (
         label,
+        Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
+        gb(entry.memory.total_bytes),
         status_text(entry_state(entry), entry.local_bytes),
         gb(p.download_bytes),
-        gb(entry.memory.total_bytes),
-        Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
         "yes" if p.vision else "no",
         str(p.block_size),
         "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
@@ -180,10 +202,10 @@ def other_row(ckpt: LocalCheckpoint) -> OtherRow:
     kind = "?" if ckpt.model_type is None else ("drafter" if is_drafter(ckpt.model_type) else "target")
     cells = (
         f"{st.repo_id}  ({kind})",
+        "—",
+        "—",
         status_text("ready" if st.complete else "partial", st.size_on_disk),
         gb(st.size_on_disk),
-        "—",
-        "—",
         "—",
         "—",
         "in cache",
@@ -289,8 +311,8 @@ class ModelsScreen(Screen):
 
     def on_mount(self) -> None:
         self.session.subscribe(self)
-        for i, name in enumerate(COLUMNS):
-            self.table.add_column(name, key=f"c{i}")
+        for key, title in COLUMNS:
+            self.table.add_column(title, key=key)
         self.bar.display = False
         self.progress.display = False
         self.table.focus()
@@ -307,13 +329,17 @@ class ModelsScreen(Screen):
         machine = self.options.machine or fit.machine_memory()
         entries = catalog.list_entries(cache_dir=self.options.cache_dir, machine=machine)
         others = catalog.other_local_checkpoints(cache_dir=self.options.cache_dir)
-        default = catalog.load_catalog().default
-        rows: list[Row] = [demo_row(), *(pairing_row(e, default) for e in entries), *(other_row(c) for c in others)]
+        default = configured_pairing()
+        rows: list[Row] = [
+            demo_row(default),
+            *(pairing_row(e, default) for e in entries),
+            *(other_row(c) for c in others),
+        ]
         budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
         context = entries[0].memory.context if entries else 0
         line = (
             f"Usable memory here: {budget}, {machine.note} · Memory = weights + K/V cache at {context} tokens "
-            f"+ overhead · * default · unconfirmed repo name: see its details"
+            f"+ overhead · * opens at start · unconfirmed repo name: see its details"
         )
         self.app.call_from_thread(self._show_rows, rows, line)
 
@@ -416,7 +442,7 @@ class ModelsScreen(Screen):
         if name is None or self.row(name) is None:
             return
         label = "downloading" if pct is None else f"downloading {pct:.0f}%"
-        self.table.update_cell(name, "c1", Text(label, style="cyan"))
+        self.table.update_cell(name, "status", Text(label, style="cyan"))
 
     def action_cancel_download(self) -> None:
         if self.download_handle is None:
@@ -660,6 +686,16 @@ class ModelsScreen(Screen):
             handle.cancel()
             # reap the child off the UI thread
             threading.Thread(target=handle.wait, args=(10,), name="download-reap", daemon=True).start()
+
+
+def configured_pairing() -> str | None:
+    """The config's default_pairing (what a plain `gemma-chat` opens); None when unset or unreadable."""
+    from core.user.config import ConfigError, load_config
+
+    try:
+        return load_config().default_pairing
+    except (ConfigError, OSError):
+        return None
 
 
 def failure_text(ev: DownloadFailed) -> str:

@@ -54,8 +54,8 @@ class SettingsScreen(FormScreen[Config | None]):
             with VerticalScroll(id="settings-form"):
                 yield form_row(
                     "Default pairing",
-                    Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
-                    'opened at start (the one used last); "demo" for the demo',
+                    Input(id="set-default_pairing", placeholder="e.g. demo, e4b-4bit", compact=True),
+                    'what a plain start opens (* in the models list); "demo" for the demo',
                 )
                 yield form_row("Block size", Input(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
