@@ -370,7 +370,8 @@ class DraftSwitches:
     A switch reaches the engine from its next round, while rounds decided before it are still coming
     in, so a press is settled by the rounds that follow it: the first round that drafts after a switch
     on (a round with the drafter off drafts nothing), the first plain round after a switch off. When
-    none does (auto kept to plain rounds), the first round after the press stands for it."""
+    none does (auto kept to plain rounds; another press came first), the first round after the press
+    stands for it."""
 
     def __init__(self, drafter_on: bool) -> None:
         self.drafter_on = drafter_on  # as the reply's rounds run now
@@ -379,6 +380,8 @@ class DraftSwitches:
         self._fallback: int | None = None  # the first token of the first round after the press
 
     def pressed(self, on: bool) -> None:
+        if self._pending is not None and self._fallback is not None:
+            self._settle(self._fallback, self._pending)  # rounds ran since the last press: it happened
         self._pending = None if on == self.drafter_on else on
         self._fallback = None
 
@@ -389,8 +392,7 @@ class DraftSwitches:
             return False
         if self._fallback is None:
             self._fallback = first_token
-        drafting = ev.drafted > 0
-        if drafting != pending or (not pending and ev.auto):
+        if (ev.drafted > 0) != pending:
             return False
         self._settle(first_token, pending)
         return True
