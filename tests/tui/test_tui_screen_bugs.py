@@ -302,3 +302,33 @@ async def test_a_failed_first_send_leaves_no_empty_chat_in_the_list(tmp_path):
     with Store(db) as store:
         [summary] = store.list_chats()
         assert summary.message_count == 2
+
+
+# -- one default pairing, shown the same everywhere -------------------------------------------------
+
+
+async def test_the_default_pairing_is_the_configs_on_the_models_screen_and_in_models_list(tmp_path, capsys):
+    import os
+
+    from app.commands.models import list_pairings
+    from app.tui.screens.models import DEMO_KEY, ModelsOptions, ModelsScreen
+    from core.hub import fit
+    from core.user.config import DEFAULT_CONFIG_TEXT, save_config
+
+    config = save_config({"default_pairing": "demo"}, os.environ["GEMMA_CHAT_CONFIG"])
+    assert config.default_pairing == "demo"
+    assert 'default_pairing = "e2b"' not in DEFAULT_CONFIG_TEXT  # the template named a third one
+    list_pairings()
+    listed = capsys.readouterr().out
+    starred = [line.split()[0] for line in listed.splitlines() if line.split()[1:2] == ["*"]]
+    assert starred == ["demo"], listed
+    assert "built" not in listed and "shipped" in listed
+    machine = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")
+    app = make_app(models_options=ModelsOptions(cache_dir=str(tmp_path), machine=machine))
+    async with app.run_test(size=LARGE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        screen = app.screen
+        marked = [r.key for r in screen.rows if str(r.cells[0]).rstrip().endswith("*")]
+        assert marked == [DEMO_KEY]
