@@ -212,7 +212,7 @@ async def test_settings_fit_80x24_with_buttons_and_whole_hints(tmp_path):
 def test_models_screen_says_the_demo_takes_images():
     from app.tui.screens.models import COLUMNS, demo_row
 
-    assert str(demo_row().cells[COLUMNS.index("Vision")]) == "yes"
+    assert str(demo_row().cells[[key for key, _ in COLUMNS].index("vision")]) == "yes"
 
 
 # -- 80x24: compact panel, F10, a footer that fits ----------------------------------------------------------
