@@ -235,7 +235,7 @@ async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_a
             await until(pilot, lambda: isinstance(app.screen, CommandPalette))
             await pilot.press(*"models", "enter")
             await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
-            assert cell(app.screen, NAME, 1).startswith("partial")
+            assert cell(app.screen, NAME, "status").startswith("partial")
 
 
 async def test_offline_refuses_to_download(cache):
