@@ -12,8 +12,12 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.hub.catalog import CatalogEntry
 
 PACKAGES = (
     "mlx",
@@ -96,7 +100,7 @@ def demo_state() -> str:
         return f"always available offline (gemma-chat --demo); damaged: {type(e).__name__}: {e}"
 
 
-def audio_support(entries) -> str:
+def audio_support(entries: list[CatalogEntry]) -> str:
     """Which catalogue families take audio, and what decodes it here."""
     families: dict[str, bool] = {}
     for e in entries:
