@@ -722,3 +722,32 @@ def test_sparkline_rows_scale_to_the_largest_round_and_keep_the_latest():
     assert spark_rows([4.0, 2.0, 1.0], 10, 3) == ["█  ", "█▄ ", "██▆"]
     # wider than the panel: the most recent rounds, the newest on the right
     assert spark_rows([1.0, 8.0, 8.0, 4.0], 2, 1) == ["█▄"]
+
+
+class KernelsEngine(FakeEngine):
+    """A fake whose load is followed by the kernel preparation's progress, on the load's listener (as the
+    real engine's background preparation sends it), until `finish_kernels`."""
+
+    def _load(self, spec, on_event):
+        from core.events import KernelProgress
+
+        info = super()._load(spec, on_event)
+        self._kernel_listener = on_event
+        on_event(KernelProgress(0.25))
+        return info
+
+    def finish_kernels(self) -> None:
+        from core.events import KernelProgress
+
+        self._kernel_listener(KernelProgress(1.0, done=True))
+
+
+async def test_the_status_says_while_kernels_are_prepared_and_stops_saying_it():
+    app, engine = make_app(KernelsEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        status = app.chat.panel.status
+        await until(pilot, lambda: "preparing kernels for this machine, first run only… 25%" in text_of(status))
+        assert text_of(status).startswith("ready · ")
+        engine.finish_kernels()
+        await until(pilot, lambda: text_of(status) == "ready")
