@@ -75,9 +75,9 @@ async def ui_run(engine, spec, settings) -> tuple[float, float, float]:
     counts: list[int] = []
     async with app.run_test(headless=True, size=(120, 40)) as pilot:
         chat = app.chat
-        while not chat.loaded:
-            if chat.load_error:
-                raise RuntimeError(chat.load_error)
+        while not app.session.loaded:
+            if app.session.load_error:
+                raise RuntimeError(app.session.load_error)
             await pilot.pause(0.05)
         original = chat._append
         pushed: list[float] = []
@@ -177,7 +177,7 @@ async def ui_cost_run(tokens: int, round_s: float, size: tuple[int, int]) -> tup
     try:
         async with app.run_test(headless=True, size=size):
             chat = app.chat
-            while not chat.loaded:
+            while not app.session.loaded:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             cpu0, wall0 = time.thread_time(), time.perf_counter()

@@ -15,8 +15,9 @@ async def until(pilot, predicate, timeout: float = 5.0) -> None:
 
 
 async def ready(pilot, app) -> None:
-    """Wait until the chat screen's pairing has loaded."""
-    await until(pilot, lambda: app.chat.loaded)
+    """Wait until the session's pairing has loaded and the screens have taken the news."""
+    await until(pilot, lambda: app.session.loaded)
+    await pilot.pause()
 
 
 def make_app(
@@ -65,7 +66,7 @@ def make_app(
 async def turn(pilot, text: str) -> None:
     """Send `text` from the prompt once the chat is idle, and wait for its reply to finish."""
     app = pilot.app
-    await until(pilot, lambda: app.chat.loaded and not app.chat.generating)
+    await until(pilot, lambda: app.session.loaded and not app.chat.generating)
     n = len(app.chat.history)
     app.chat.prompt.focus()
     app.chat.prompt.text = text

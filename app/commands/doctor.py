@@ -7,12 +7,17 @@ can show for images. Reads only; never touches the network; never loads textual.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from core.units import format_bytes
+
+if TYPE_CHECKING:
+    from core.hub.catalog import CatalogEntry
 
 PACKAGES = (
     "mlx",
@@ -95,7 +100,7 @@ def demo_state() -> str:
         return f"always available offline (gemma-chat --demo); damaged: {type(e).__name__}: {e}"
 
 
-def audio_support(entries) -> str:
+def audio_support(entries: list[CatalogEntry]) -> str:
     """Which catalogue families take audio, and what decodes it here."""
     families: dict[str, bool] = {}
     for e in entries:
@@ -190,7 +195,7 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
     return sections
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     for title, rows in gather():
         print(title)
         width = max((len(k) for k, _ in rows), default=0)

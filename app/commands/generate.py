@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
 
 if TYPE_CHECKING:
-    from core.engine.contract import ChatEngine
+    from core.engine.contract import ChatEngine, PairingSpec
     from core.events import TurnDone
     from core.settings import GenerationSettings
 
@@ -106,7 +106,7 @@ def _read_json_file(path: str, what: str):
     return messages
 
 
-def _messages(args) -> list[dict]:
+def _messages(args: argparse.Namespace) -> list[dict]:
     if args.messages:
         messages = read_messages_file(args.messages)
     else:
@@ -124,7 +124,7 @@ def _messages(args) -> list[dict]:
     return messages
 
 
-def _check_audio(spec, messages: list[dict] | None, connect: bool) -> None:
+def _check_audio(spec: PairingSpec, messages: list[dict] | None, connect: bool) -> None:
     """Refuse audio before the model loads: over --connect, on a pairing that takes none, or a clip
     that cannot be used."""
     from core.decode.prompt import media_items

@@ -6,11 +6,12 @@ textual. Exit codes: 0 done, 1 failed or refused, 2 unknown pairing name, 130 in
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from app.commands.common import printable
 from core.hub.download import looks_like_repo_id
@@ -19,9 +20,10 @@ from core.units import format_bytes
 
 if TYPE_CHECKING:
     from core.hub.catalog import Pairing
+    from core.hub.download import DownloadProgress
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     action = args.models_command
     if action == "list":
         return list_pairings(as_json=args.json)
@@ -31,6 +33,22 @@ def run(args) -> int:
         return remove_pairing(args.name, yes=args.yes)
     print(f"unknown action {action!r}", file=sys.stderr)
     return 2
+
+
+def configured_pairing() -> str | None:
+    """The config's default_pairing; None when unset, or when the config cannot be read."""
+    from core.user.config import ConfigError, load_config
+
+    try:
+        return load_config().default_pairing
+    except (ConfigError, OSError):
+        return None
+
+
+def config_file() -> str:
+    from core.user import paths
+
+    return str(paths.config_file())
 
 
 def _gb(n: float) -> str:
@@ -52,11 +70,11 @@ def list_pairings(as_json: bool = False) -> int:
 
     machine = fit.machine_memory()
     entries = catalog.list_entries(machine=machine)
-    cat = catalog.load_catalog()
+    default = configured_pairing()
     if as_json:
         payload = {
             "cache_dir": default_cache_dir(),
-            "default": cat.default,
+            "default": default,  # the config's default_pairing: what a plain `gemma-chat` opens (None: unset)
             "machine": {
                 "total_bytes": machine.total_bytes,
                 "budget_bytes": machine.budget_bytes,
@@ -78,14 +96,17 @@ def list_pairings(as_json: bool = False) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     rows = [("NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "AUDIO", "BLOCK", "TARGET")]
-    # the offline demo pairing, always there (built into gemma-chat's cache on first use)
-    rows.append(("demo", "ready", "—", "< 0.1 GB", "ok", "yes", "no", "auto", "built locally: gemma-chat --demo"))
+    # the offline demo pairing, always there (shipped in the package, checked against its sha256)
+    demo = "demo" + (" *" if default == "demo" else "")
+    rows.append(
+        (demo, "ready", "—", "< 0.1 GB", "ok", "yes", "no", "auto", "shipped with gemma-chat: gemma-chat --demo")
+    )
     for e in entries:
         p = e.pairing
         status = catalog.STATUS_WORDS.get(e.status, e.status)
         if e.status == "partial":
             status = f"partial ({_gb(e.local_bytes)})"
-        name = p.name + (" *" if p.name == cat.default else "") + ("" if p.confirmed else " ?")
+        name = p.name + (" *" if p.name == default else "") + ("" if p.confirmed else " ?")
         rows.append(
             (
                 name,
@@ -110,8 +131,10 @@ def list_pairings(as_json: bool = False) -> int:
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
     print(
-        f"\n* default pairing   ? {catalog.UNCONFIRMED_NOTE}\n"
-        f"demo: a tiny Gemma 4 pair built on this machine, offline; shows the engine and the panels "
+        f"\n* the pairing a plain `gemma-chat` opens (default_pairing in {config_file()})\n"
+        f"? {catalog.UNCONFIRMED_NOTE}\n"
+        f"demo: a tiny trained Gemma 4 pair shipped with gemma-chat (checked against its sha256 when it "
+        f"loads), offline; short answers on a few topics, real speculative decoding "
         f"(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)\n"
         f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
         f"usable here: {budget} ({machine.note}); BLOCK = the suggested block size\n"
@@ -127,12 +150,12 @@ def list_pairings(as_json: bool = False) -> int:
 class _Bar:
     """One self-rewriting line on stderr (a TTY), or a line every few seconds (a log)."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._last = 0.0
 
-    def show(self, ev) -> None:
+    def show(self, ev: DownloadProgress) -> None:
         now = time.monotonic()
         if not self.tty and now - self._last < 5 and ev.done_bytes < ev.total_bytes:
             return

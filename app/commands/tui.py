@@ -44,14 +44,14 @@ DEMO_KEY = "demo"  # default_pairing's value for the demo pairing (the models sc
 
 def pairing_spec(args: argparse.Namespace, default_pairing: str | None = None) -> tuple[PairingSpec, str | None]:
     """(spec, notice): the pairing to open and, when it is a fallback, why."""
-    if getattr(args, "demo", False):
+    if args.demo:
         return demo_spec(), None
-    if getattr(args, "model", None):
+    if args.model:
         name = Path(args.model.rstrip("/")).name or args.model
         return checkpoint_spec(args.model, args.drafter or None, name=name), None
-    if getattr(args, "drafter", None):
+    if args.drafter:
         raise PairingError("--drafter needs --model (the target it drafts for)")
-    if getattr(args, "pairing", None):
+    if args.pairing:
         return catalogue_spec(args.pairing), None
     if default_pairing == DEMO_KEY:
         return demo_spec(), None
@@ -67,7 +67,7 @@ def pairing_spec(args: argparse.Namespace, default_pairing: str | None = None) -
 
 def is_first_run(args: argparse.Namespace, default_pairing: str | None) -> bool:
     """Nothing asked for on the command line and no default pairing configured."""
-    asked = any(getattr(args, a, None) for a in ("demo", "model", "drafter", "pairing"))
+    asked = any((args.demo, args.model, args.drafter, args.pairing))
     return not asked and not default_pairing
 
 
@@ -87,9 +87,8 @@ def cli_settings(args: argparse.Namespace, settings: GenerationSettings) -> Gene
     """`settings` with the command line's chat flags applied; ValueError says which one is bad."""
     import dataclasses
 
-    changes = {
-        field: getattr(args, flag) for flag, field in CLI_SETTINGS.items() if getattr(args, flag, None) is not None
-    }
+    given = vars(args)
+    changes = {field: given[flag] for flag, field in CLI_SETTINGS.items() if given.get(flag) is not None}
     settings = dataclasses.replace(settings, **changes)
     settings.validate()
     return settings
@@ -98,7 +97,7 @@ def cli_settings(args: argparse.Namespace, settings: GenerationSettings) -> Gene
 def remember_pairing(args: argparse.Namespace, config: Config) -> None:
     """A pairing asked for by name (--demo, --pairing) becomes the one the next plain start opens,
     as choosing it in the models screen does."""
-    name = DEMO_KEY if getattr(args, "demo", False) else getattr(args, "pairing", None)
+    name = DEMO_KEY if args.demo else args.pairing
     if not name or name == config.default_pairing:
         return
     from core.user.config import ConfigError, save_config
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     kernels = kernel_cache.active()
     if kernels is not None and kernels.folder is None and kernels.problem:  # a refused kernel cache
         notice = f"{notice} {kernels.problem}" if notice else kernels.problem
-    offline = bool(getattr(args, "offline", False) or config.offline)
+    offline = bool(args.offline or config.offline)
     return run_app(engine, spec, settings, config, notice=notice, first_run=first, offline=offline)
 
 
@@ -221,7 +220,7 @@ QUIT_EXIT_S = (3.0, 0.2)  # then this for the app's own exit (restoring the term
 def _signal_status(name: str) -> int:
     import signal
 
-    return 128 + int(getattr(signal, name))
+    return 128 + int(signal.Signals[name])
 
 
 def _hard_exit(status: int) -> NoReturn:

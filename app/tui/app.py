@@ -1,15 +1,25 @@
-"""The Textual application: one chat screen over one engine."""
+"""The Textual application: one chat session (app.tui.session) over one engine, its chat screen,
+and the models screen over it."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 from textual.binding import Binding
 
+from app.tui.bridge import DRAIN_HZ
+from app.tui.live_stats import LiveControls
 from app.tui.screens.chat import ChatScreen
 from app.tui.screens.models import ModelsCommands, ModelsOptions
+from app.tui.session import ChatSession
 from core.settings import GenerationSettings
 
 if TYPE_CHECKING:
@@ -23,6 +33,15 @@ class GemmaChatApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
     COMMANDS = App.COMMANDS | {ModelsCommands}
+    # Notifications go to the top right: at the bottom they covered the prompt while typing (and the
+    # chat list's key hints); up there they cover the legend and the conversation's first lines.
+    CSS = """
+    ToastRack {
+        dock: top;
+        align: right top;
+        margin-bottom: 0;
+    }
+    """
     # The models screen: how it reaches the Hub and the cache (app.tui.screens.models.ModelsOptions),
     # its key, and whether it opens over the chat at start (nothing configured yet).
     models_options: ModelsOptions | None = None
@@ -42,27 +61,30 @@ class GemmaChatApp(App[None]):
         config: Config | None = None,
     ) -> None:
         super().__init__()
-        import threading
-
         self.quit_saved = threading.Event()  # set once a quit has handed the reply to the history
-        self.engine = engine
-        self.spec = spec
+        settings = settings or GenerationSettings()
+        self.session = ChatSession(engine, spec, LiveControls(settings.block_size, settings.drafter_enabled))
         # chat history (app.tui.history.HistoryRecorder; None: nothing is saved) and the config file
         self.history = history
         self.config = config
-        self.config_path = config.path if config is not None else None
         self.chat = ChatScreen(
-            engine,
-            spec,
+            self.session,
             settings,
             key_overrides,
             recorder=history,
             on_config=self.apply_config,
             open_models=self.action_models,
+            config_path=config.path if config is not None else None,
         )
         self._notice = notice
+        self._signals_installed: list[signal.Signals] = []
+        self.quit_signal: str | None = None  # the signal that ended the app, if one did
         if theme and theme in self.available_themes:
             self.theme = theme
+
+    @property
+    def engine(self) -> ChatEngine:
+        return self.session.engine
 
     def apply_config(self, config: Config) -> None:
         """The settings screen saved `config`: keep it and apply its theme."""
@@ -76,11 +98,13 @@ class GemmaChatApp(App[None]):
         if self.history is not None:
             if self.history.on_error is None:
                 self.history.on_error = self._history_error
-            if getattr(self.history, "on_recovered", None) is None:
+            if self.history.on_recovered is None:
                 self.history.on_recovered = self._history_recovered
             # writes kept while the history was unusable are retried on a timer, not only at the next message
             self.set_interval(self.history.RETRY_S, self.history.retry)
         self.push_screen(self.chat)
+        self.session.load()
+        self.set_interval(1 / DRAIN_HZ, self.session.poll, name="session")
         if self._notice:
             self.notify(self._notice, timeout=10)
 
@@ -90,10 +114,8 @@ class GemmaChatApp(App[None]):
     def _history_recovered(self, message: str) -> None:
         self._notify_from_thread(message, severity="information")
 
-    def _notify_from_thread(self, message: str, **kwargs) -> None:
+    def _notify_from_thread(self, message: str, **kwargs: Any) -> None:
         # called on the history writer thread; the loop may be gone when the app is closing
-        from functools import partial
-
         loop = self._loop
         if loop is None:
             return
@@ -111,7 +133,8 @@ class GemmaChatApp(App[None]):
         from app.tui.screens.models import ModelsScreen
 
         if not isinstance(self.screen, ModelsScreen):
-            self.push_screen(ModelsScreen(self.models_options, first_run=first_run, close_keys=self.models_key))
+            screen = ModelsScreen(self.session, self.models_options, first_run=first_run, close_keys=self.models_key)
+            self.push_screen(screen)
 
     async def action_quit(self) -> None:
         # Quitting mid-reply keeps the partial reply, marked stopped, as Esc does (and saves it);
@@ -128,13 +151,9 @@ class GemmaChatApp(App[None]):
     QUIT_SIGNALS = ("SIGTERM", "SIGHUP")
 
     def _install_signal_handlers(self) -> None:
-        import asyncio
-        import signal
-
-        self._signals_installed: list = []
         loop = asyncio.get_running_loop()
         for name in self.QUIT_SIGNALS:
-            sig = getattr(signal, name, None)
+            sig = signal.Signals.__members__.get(name)  # SIGHUP is POSIX only
             if sig is None:
                 continue
             try:
@@ -171,16 +190,12 @@ class GemmaChatApp(App[None]):
     on_quit_signal: Callable[[str], None] | None = None
 
     def on_unmount(self) -> None:
-        import asyncio
-
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        for sig in getattr(self, "_signals_installed", ()):
+        for sig in self._signals_installed:
             loop.remove_signal_handler(sig)
-
-    quit_signal: str | None = None  # the signal that ended the app, if one did
 
 
 _TERMINAL_FD: list[int | None] = []  # the controlling terminal's fd as first seen (None: not a terminal)
@@ -189,9 +204,6 @@ _TERMINAL_FD: list[int | None] = []  # the controlling terminal's fd as first se
 def terminal_fd() -> int | None:
     """The fd of the terminal the app runs in (its stdin), when it started as one."""
     if not _TERMINAL_FD:
-        import os
-        import sys
-
         try:
             fd = sys.__stdin__.fileno() if sys.__stdin__ is not None else -1
         except (OSError, ValueError):
@@ -202,8 +214,6 @@ def terminal_fd() -> int | None:
 
 def terminal_lost() -> bool:
     """The app's terminal is gone (hung up: its ioctls fail), though it was one."""
-    import os
-
     fd = terminal_fd()
     if fd is None:
         return False

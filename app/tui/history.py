@@ -23,22 +23,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
-from textual.widgets import Collapsible, Static
 
 from app.tui.widgets.conversation import (
     ReplyView,
     UserMessage,
+    Variant,
     displayable,
     origin_runs,
     text_with_origins,
 )
 from core.decode.prompt import ThinkingMarkers, split_thinking
-from core.events import TurnDone, TurnStats
 from core.settings import GenerationSettings
 from core.user.store import Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
     from core.engine.contract import PairingSpec
+    from core.user.store import Store
 
 # Gemma 4's channel markers; the engine keeps them in reply text (core.decode.detok) so they can be split here.
 THINKING_MARKERS = ThinkingMarkers("<|channel>", "<channel|>")
@@ -47,10 +47,12 @@ CHAT_PARAMS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "thinking"
 
 
 def chat_params(settings: GenerationSettings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in CHAT_PARAMS}
+    return {name: value for name, value in dataclasses.asdict(settings).items() if name in CHAT_PARAMS}
 
 
-def settings_for_chat(base: GenerationSettings, params: dict, system_prompt: str | None) -> GenerationSettings:
+def settings_for_chat(
+    base: GenerationSettings, params: dict[str, Any], system_prompt: str | None
+) -> GenerationSettings:
     """`base` (the config's defaults) with a stored chat's parameters on top; unknown keys ignored."""
     from core.settings import SAMPLING_CHECKS, BadValue
 
@@ -84,6 +86,15 @@ def message_parts(content: Any) -> tuple[str, list[str]]:
     return "\n".join(texts), images
 
 
+@dataclass(frozen=True)
+class PairingIdentity:
+    """The pairing a chat's messages are sent to, as the store records it."""
+
+    pairing: str | None
+    target_id: str | None
+    drafter_id: str | None
+
+
 @dataclass
 class ChatRef:
     """The chat being recorded. `id` is filled in on the writer thread when its first message is
@@ -91,11 +102,14 @@ class ChatRef:
 
     id: int | None = None
     count: int = 0  # messages saved (or queued) in it: the next message's seq
-    pairing: str | None = None
-    target_id: str | None = None
-    drafter_id: str | None = None
-    params: dict = field(default_factory=dict)
+    identity: PairingIdentity = PairingIdentity(None, None, None)
+    params: dict[str, Any] = field(default_factory=dict)
     system_prompt: str | None = None
+    created: bool = False  # this recorder created its row (with its first message)
+
+
+# What the writer runs: a function of the Store (its result is the future's).
+StoreCall = Callable[..., Any]
 
 
 @dataclass
@@ -103,8 +117,8 @@ class PendingWrite:
     """One recorded change waiting for the store: the function the writer runs, and what it saves
     (for the recovery file when the history never comes back)."""
 
-    fn: Callable
-    record: dict | None = None
+    fn: Callable[[Store], None]
+    record: dict[str, Any] | None = None
 
 
 class HistoryRecorder:
@@ -112,7 +126,7 @@ class HistoryRecorder:
 
     def __init__(
         self,
-        store=None,
+        store: Store | None = None,
         *,
         path: str | Path | None = None,
         on_error: Callable[[str], None] | None = None,
@@ -134,7 +148,7 @@ class HistoryRecorder:
 
     # -- the writer thread ------------------------------------------------------------------------
     @property
-    def store(self):
+    def store(self) -> Store:
         """The Store, opened on first use (call only on the writer thread). A failed open is retried
         at the next use: the user may have fixed the file meanwhile."""
         if self._store is None:
@@ -143,11 +157,11 @@ class HistoryRecorder:
             self._store = Store(self._path)
         return self._store
 
-    def submit(self, fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
+    def submit(self, fn: StoreCall, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         """Run `fn(store, *args)` on the writer thread; a failure is the future's (the caller says it)."""
         return self._pool.submit(self._run, fn, args, kwargs)
 
-    def _run(self, fn: Callable, args: tuple, kwargs: dict):
+    def _run(self, fn: StoreCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return fn(self.store, *args, **kwargs)
         except Exception as e:
@@ -164,11 +178,13 @@ class HistoryRecorder:
                 pass
             self._store = None  # reopened at the next use
 
-    async def call(self, fn: Callable, *args, **kwargs):
+    async def call(self, fn: StoreCall, *args: Any, **kwargs: Any) -> Any:
         """Await `fn(store, *args)` without blocking the UI."""
         return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
 
-    def write(self, fn: Callable, record: dict | None = None) -> concurrent.futures.Future:
+    def write(
+        self, fn: Callable[[Store], None], record: dict[str, Any] | None = None
+    ) -> concurrent.futures.Future[None]:
         """Queue a recorded change. When the store fails it is kept, with everything after it, in
         order, and written when the store works again (the next write, `retry`, or `close`)."""
         return self._pool.submit(self._queue_write, PendingWrite(fn, record))
@@ -177,7 +193,7 @@ class HistoryRecorder:
         self.backlog.append(pending)
         self._drain()
 
-    def retry(self) -> concurrent.futures.Future | None:
+    def retry(self) -> concurrent.futures.Future[bool] | None:
         """Try the kept writes again (the app calls it on a timer while `failed`)."""
         return self._pool.submit(self._drain) if self.failed else None
 
@@ -279,53 +295,39 @@ class HistoryRecorder:
         return None
 
     # -- recording the current chat (UI thread) ----------------------------------------------------
-    def start_chat(
-        self,
-        *,
-        pairing: str | None,
-        target_id: str | None,
-        drafter_id: str | None,
-        params: dict,
-        system_prompt: str | None,
-    ) -> ChatRef:
+    def start_chat(self, identity: PairingIdentity, params: dict[str, Any], system_prompt: str | None) -> ChatRef:
         """Forget the current chat; the next user message creates a new one with these values."""
-        self.current = ChatRef(None, 0, pairing, target_id, drafter_id, dict(params), system_prompt)
+        self.current = ChatRef(None, 0, identity, dict(params), system_prompt)
         return self.current
 
-    def adopt(self, chat) -> ChatRef:
-        """Continue a stored chat (a core.user.store.Chat)."""
-        self.current = ChatRef(
-            chat.id,
-            len(chat.messages),
-            chat.pairing,
-            chat.target_id,
-            chat.drafter_id,
-            dict(chat.params),
-            chat.system_prompt,
-        )
+    def adopt(self, chat: Chat) -> ChatRef:
+        """Continue a stored chat."""
+        identity = PairingIdentity(chat.pairing, chat.target_id, chat.drafter_id)
+        self.current = ChatRef(chat.id, len(chat.messages), identity, dict(chat.params), chat.system_prompt)
         return self.current
 
-    def record_user(self, text: str, images: list[str], identity: dict | None = None) -> None:
-        """A user message. `identity` (pairing, target_id, drafter_id): the pairing it is sent to; a
-        chat continued on another pairing records the new one."""
+    def record_user(self, text: str, images: list[str], identity: PairingIdentity | None = None) -> None:
+        """A user message. `identity`: the pairing it is sent to; a chat continued on another pairing
+        records the new one."""
         ref = self.current
         ref.count += 1
-        moved = identity is not None and identity != {k: getattr(ref, k) for k in identity}
-        if identity is not None and moved:
-            for k, v in identity.items():
-                setattr(ref, k, v)
+        moved = identity is not None and identity != ref.identity
+        if identity is not None:
+            ref.identity = identity
 
-        def write(store):
+        def write(store: Store) -> None:
+            who = ref.identity
             if ref.id is not None and moved:
-                store.update_chat(ref.id, pairing=ref.pairing, target_id=ref.target_id, drafter_id=ref.drafter_id)
+                store.update_chat(ref.id, pairing=who.pairing, target_id=who.target_id, drafter_id=who.drafter_id)
             if ref.id is None:
                 ref.id = store.create_chat(
-                    pairing=ref.pairing,
-                    target_id=ref.target_id,
-                    drafter_id=ref.drafter_id,
+                    pairing=who.pairing,
+                    target_id=who.target_id,
+                    drafter_id=who.drafter_id,
                     params=ref.params,
                     system_prompt=ref.system_prompt,
                 )
+                ref.created = True
             store.append_user_message(ref.id, text, attachments=[p for p in images if Path(p).is_file()])
 
         self.write(write, {"role": "user", "content": text, "images": list(images)})
@@ -333,10 +335,11 @@ class HistoryRecorder:
     def record_reply(
         self, text: str, *, thinking: str | None, stats: Any, stopped: bool, origins: str | None = None
     ) -> None:
+        """A reply; `stats`: a TurnStats or its dict (a reply's record, app.tui.widgets.conversation)."""
         ref = self.current
         ref.count += 1
 
-        def write(store):
+        def write(store: Store) -> None:
             if ref.id is not None:
                 store.append_assistant_message(
                     ref.id, text, thinking=thinking or None, stats=stats, stopped=stopped, origins=origins
@@ -345,25 +348,32 @@ class HistoryRecorder:
         self.write(write, {"role": "assistant", "content": text, "thinking": thinking or None, "stopped": stopped})
 
     def drop_last(self) -> None:
-        """The last message (a reply being regenerated, or a user message whose turn failed) is gone."""
+        """The last message (a reply being regenerated, or a user message whose turn failed) is gone.
+        A chat this recorder created that is left with no message is deleted: a first message whose
+        turn failed (a server that cannot be reached) leaves no empty chat in the list."""
         ref = self.current
         if ref.count == 0:
             return
         ref.count -= 1
         seq = ref.count
 
-        def write(store):
-            if ref.id is not None:
-                store.truncate_chat(ref.id, seq)
+        def write(store: Store) -> None:
+            if ref.id is None:
+                return
+            if seq == 0 and ref.created:
+                store.delete_chat(ref.id)
+                ref.id, ref.created = None, False  # the next message creates it again
+                return
+            store.truncate_chat(ref.id, seq)
 
         self.write(write, {"drop_from": seq})
 
-    def update_params(self, params: dict, system_prompt: str | None) -> None:
+    def update_params(self, params: dict[str, Any], system_prompt: str | None) -> None:
         ref = self.current
         ref.params = dict(params)
         ref.system_prompt = system_prompt
 
-        def write(store):
+        def write(store: Store) -> None:
             if ref.id is not None:  # not saved yet: create_chat will take them
                 store.update_chat(ref.id, params=ref.params, system_prompt=ref.system_prompt)
 
@@ -374,12 +384,16 @@ class HistoryRecorder:
         ref = self.current
         return self._pool.submit(lambda: ref.id).result(10.0)
 
+    def recent_user_texts(self) -> concurrent.futures.Future[list[str]]:
+        """The user's messages of every chat, newest first (the prompt's Up/Down recall)."""
+        return self.submit(lambda store: store.recent_user_messages())
 
-def same_pairing(chat, spec) -> bool:
+
+def same_pairing(chat: Chat, spec: PairingSpec) -> bool:
     if not chat.pairing and not chat.target_id:
         return True  # nothing recorded: any pairing will do
     if chat.target_id:
-        return (chat.target_id, chat.drafter_id) == (getattr(spec, "target", None), getattr(spec, "drafter", None))
+        return (chat.target_id, chat.drafter_id) == (spec.target, spec.drafter)
     return chat.pairing == spec.name
 
 
@@ -405,12 +419,6 @@ def pairing_spec_for(chat: Chat) -> PairingSpec | None:
 
 
 # --- replies with thinking, and replies restored from the history -------------------------------------
-def thinking_section(thinking: str) -> Collapsible:
-    """The model's thinking, folded away above its answer (Enter or a click opens it)."""
-    body = Static(thinking, markup=False, classes="thinking-text")
-    return Collapsible(body, title="thinking", collapsed=True, classes="thinking")
-
-
 def answer_spans(text: str, markers: ThinkingMarkers) -> list[tuple[int, int]]:
     """Where split_thinking's answer lies in `text`: the (start, end) pieces outside the channels,
     leading whitespace of the whole answer left out (as split_thinking does)."""
@@ -447,12 +455,7 @@ def show_thinking(reply: ReplyView, thinking: str, answer: str) -> None:
             kept.append_text(full[a:b])
     if kept.plain != displayable(answer):  # the view and the text disagree: the answer, uncoloured
         kept = Text(displayable(answer))
-    reply.tokens.set_text(kept)
-    reply.thinking_text = thinking or None
-    reply.chunks = [answer]
-    reply._markdown_dirty = True
-    if thinking:
-        reply.mount(thinking_section(thinking), before=reply.tokens)
+    reply.show_answer(kept, answer, thinking or None)
 
 
 def reply_origins(reply: ReplyView, answer: str) -> str | None:
@@ -474,15 +477,15 @@ class RestoredReply(ReplyView):
         text: str,
         *,
         thinking: str | None = None,
-        stats: dict | None = None,
+        stats: dict[str, Any] | None = None,
         stopped: bool = False,
         origins: str | None = None,
     ) -> None:
         super().__init__()
         self.restored_text = text
         self.restored_thinking = thinking
-        self.restored_stats = stats
         self.restored_origins = decode_origins(origins, len(text))
+        self.record = stats
         self.stopped = stopped
         self.chunks = [text]
 
@@ -490,16 +493,14 @@ class RestoredReply(ReplyView):
         from core.user.export import stats_line
 
         # set_text, not an append: a finished reply keeps no blank rows reserved for streaming
-        self.tokens.set_text(text_with_origins(displayable(self.restored_text), self.restored_origins))
-        self.header.update("gemma  ■ stopped" if self.stopped else "gemma")
+        tokens = text_with_origins(displayable(self.restored_text), self.restored_origins)
+        self.show_answer(tokens, self.restored_text, self.restored_thinking)
+        self.set_header("gemma  ■ stopped" if self.stopped else "gemma")
         self.set_class(self.stopped, "-stopped")
-        line = stats_line(self.restored_stats) if self.restored_stats else ""
+        line = stats_line(self.record) if self.record else ""
         if self.restored_origins is None and self.restored_text:
             line = f"{line} · token colours not recorded" if line else "token colours not recorded"
-        self.summary.update(line or "(from history)")
-        self._markdown_dirty = True
-        if self.restored_thinking:
-            self.mount(thinking_section(self.restored_thinking), before=self.tokens)
+        self.set_summary(line or "(from history)")
 
     @property
     def streaming(self) -> bool:
@@ -507,9 +508,9 @@ class RestoredReply(ReplyView):
 
 
 # --- the chat screen's side -----------------------------------------------------------------------------
-def chat_identity(spec: PairingSpec) -> dict[str, str | None]:
+def chat_identity(spec: PairingSpec) -> PairingIdentity:
     """The pairing a chat's messages are sent to, as the store records it."""
-    return {"pairing": spec.name, "target_id": spec.target, "drafter_id": spec.drafter}
+    return PairingIdentity(spec.name, spec.target, spec.drafter)
 
 
 class ChatLog:
@@ -523,9 +524,7 @@ class ChatLog:
 
     def start_chat(self, spec: PairingSpec, settings: GenerationSettings) -> None:
         if self.recorder is not None:
-            self.recorder.start_chat(
-                **chat_identity(spec), params=chat_params(settings), system_prompt=settings.system_prompt
-            )
+            self.recorder.start_chat(chat_identity(spec), chat_params(settings), settings.system_prompt)
 
     def user_sent(self, content: Any, spec: PairingSpec) -> None:
         if self.recorder is not None:
@@ -537,8 +536,9 @@ class ChatLog:
         if self.recorder is not None:
             self.recorder.drop_last()
 
-    def reply_done(self, reply: ReplyView, done: TurnDone) -> str:
-        """The reply's answer (what goes back into the conversation); saves it with its thinking."""
+    def reply_done(self, reply: ReplyView) -> str:
+        """The finished reply's answer (what goes back into the conversation); saves it with its
+        thinking and its record (the figures, and the drafter switches of a live A/B)."""
         thinking, answer = split_thinking(reply.plain, THINKING_MARKERS)
         if thinking or answer != reply.plain:
             show_thinking(reply, thinking, answer)
@@ -546,20 +546,22 @@ class ChatLog:
             self.recorder.record_reply(
                 answer,
                 thinking=thinking or None,
-                stats=done.stats,
-                stopped=done.stats.stop_reason == "cancelled",
+                stats=reply.record,
+                stopped=reply.stopped,
                 origins=reply_origins(reply, answer),
             )
         return answer
 
-    def variant_shown(
-        self, reply: ReplyView, text: str, *, thinking: str | None, stats: TurnStats | None, stopped: bool
-    ) -> None:
+    def variant_shown(self, reply: ReplyView, variant: Variant) -> None:
         """Another variant of the last reply is now the reply: it replaces the saved one."""
         if self.recorder is not None:
             self.recorder.drop_last()
             self.recorder.record_reply(
-                text, thinking=thinking, stats=stats, stopped=stopped, origins=reply_origins(reply, text)
+                variant.text,
+                thinking=variant.thinking,
+                stats=variant.record,
+                stopped=variant.stopped,
+                origins=reply_origins(reply, variant.text),
             )
 
     def params_changed(self, settings: GenerationSettings) -> None:
@@ -567,7 +569,7 @@ class ChatLog:
             self.recorder.update_params(chat_params(settings), settings.system_prompt)
 
 
-def user_texts(history: list[dict]) -> list[str]:
+def user_texts(history: list[dict[str, Any]]) -> list[str]:
     """The user's messages in a conversation, oldest first (the prompt's Up/Down recall)."""
     return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 

@@ -3,10 +3,10 @@
 Two kinds of key:
   scope "app"   (ctrl+r, ctrl+t, escape, f1...) always work, even while the prompt has focus and holds
                 text: they are bound with priority, so the prompt's own bindings never shadow them.
-  scope "chat"  plain keys (`+ - a d`, plus `?` for help) that act when the conversation has focus,
-                and in the prompt while it is empty: symbols (`+ - ?`) always, letters (`a d`) only while
-                a reply is streaming (many messages start with a or d). Once anything is typed they
-                are just characters in the message.
+  scope "chat"  plain keys (`+ - a d y c`, plus `?` for help) that act only while the conversation has
+                focus (Tab to it; the footer then lists them). In the prompt every key types, and any
+                other printable key typed in the conversation goes to the prompt, so they never eat
+                typing.
 Every chat-scope tuning action also gets an always-working F-key (f5..f8) that the keymap leaves free,
 so tuning works mid-typing too; an extra is dropped if the user's keymap binds that key elsewhere.
 """
@@ -70,7 +70,7 @@ class ScreenKey:
     label: str  # footer label
     description: str  # help / palette text
     always: str  # comma-separated keys bound with priority ("" if none)
-    quick: str  # comma-separated plain keys: conversation focus or empty prompt ("" if none)
+    quick: str  # comma-separated plain keys: while the conversation has focus ("" if none)
     show: bool = True  # in the footer
 
 
@@ -96,9 +96,9 @@ def screen_keys(overrides: Mapping[str, str] | None = None) -> tuple[ScreenKey, 
     return tuple(out)
 
 
-def quick_actions(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Textual key name -> action, for the prompt to hand over while it is empty."""
-    return {k: sk.action for sk in screen_keys(overrides) for k in sk.quick.split(",") if k}
+def quick_keys(keys: tuple[ScreenKey, ...]) -> set[str]:
+    """The plain keys bound to actions (Textual key names): the conversation keeps these."""
+    return {k for sk in keys for k in sk.quick.split(",") if k}
 
 
 def prompt_keys(overrides: Mapping[str, str] | None = None) -> list[tuple[str, str]]:

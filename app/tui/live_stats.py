@@ -18,13 +18,34 @@ _AUTO = AutoBlockConfig()  # the engine's auto block size rules (core.decode.aut
 SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
 
 
-@dataclass
-class LiveStats:
-    # the user's setting and what the engine last did with it
-    block_setting: int | str = "auto"
+@dataclass(frozen=True)
+class LiveControls:
+    """The controls that change a reply while it streams (from the engine's next round); the app's
+    session (app.tui.session) holds the one current value."""
+
+    block_size: int | str = "auto"  # core.limits: K in MIN_BLOCK_SIZE..MAX_BLOCK_SIZE, or "auto"
+    drafter_enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the panels say about the tuning: the session's live controls (app.tui.session) and what
+    the loaded pairing and engine allow."""
+
+    block_size: int | str = "auto"
     drafter_enabled: bool = True
     has_drafter: bool = True  # False: the pairing has no drafter, plain decoding only
-    block_by_server: bool = False  # a remote server fixes the block size (vLLM): the keys do nothing
+    by_server: bool = False  # a remote server fixes the block size (vLLM): the keys do nothing
+
+    @property
+    def drafting(self) -> bool:
+        """The drafter is there and on."""
+        return self.has_drafter and self.drafter_enabled
+
+
+@dataclass
+class LiveStats:
+    # what the engine last did with the block size
     last_block_size: int | None = None
     last_auto: bool = False
     # this turn (or the last finished one)
@@ -33,7 +54,7 @@ class LiveStats:
     emitted: int = 0  # tokens on screen (the first comes from the prefill, outside any round)
     round_tokens: int = 0  # tokens the rounds emitted (RoundEvent.emitted; TurnStats.decode_tokens)
     rounds: int = 0
-    recent_per_round: deque = field(default_factory=lambda: deque(maxlen=SPARK_ROUNDS))
+    recent_per_round: deque[float] = field(default_factory=lambda: deque(maxlen=SPARK_ROUNDS))
     decode_tps: float | None = None
     prefill_tps: float | None = None
     ttft_s: float | None = None
@@ -41,7 +62,6 @@ class LiveStats:
     # live timing (monotonic seconds)
     sent_at: float | None = None
     first_token_at: float | None = None
-    last_token_at: float | None = None
     dirty: bool = True
     # auto block size, as the engine's AutoBlock plays it (core.decode.autoblock): plain rounds since it last
     # drafted, the wait before its next probe, and how the recent drafting rounds went
@@ -57,7 +77,7 @@ class LiveStats:
         self.decode_tps = None
         self.ttft_s = None
         self.sent_at = now
-        self.first_token_at = self.last_token_at = None
+        self.first_token_at = None
         self.dirty = True
 
     def clear(self) -> None:
@@ -81,7 +101,6 @@ class LiveStats:
             self.first_token_at = first_t
             if self.sent_at is not None:
                 self.ttft_s = first_t - self.sent_at
-        self.last_token_at = last_t
         self.emitted += count
         if self.emitted > 1 and last_t > self.first_token_at:
             self.decode_tps = (self.emitted - 1) / (last_t - self.first_token_at)
@@ -128,9 +147,9 @@ class LiveStats:
         self.recent_drafted = self.recent_drafted * _AUTO.alpha_decay + ev.drafted
         self.recent_accepted = self.recent_accepted * _AUTO.alpha_decay + ev.accepted
 
-    def auto_note(self) -> str | None:
+    def auto_note(self, tuning: Tuning) -> str | None:
         """Why auto block size chose what it did, in words, or None when it is not choosing."""
-        if self.block_setting != "auto" or not self.has_drafter or not self.drafter_enabled:
+        if tuning.block_size != "auto" or not tuning.drafting:
             return None
         k = self.last_block_size
         if k is None:
@@ -149,14 +168,6 @@ class LiveStats:
     @property
     def tokens_per_round(self) -> float | None:
         return self.round_tokens / self.rounds if self.rounds else None
-
-
-def summary_line(stats: TurnStats) -> str:
-    """The one-line summary under a finished reply: the same line a reopened reply shows
-    (core.user.export.stats_line; TurnStats.tokens, the prefill's first token included, as everywhere)."""
-    from core.user.export import stats_line
-
-    return stats_line(stats.as_dict())
 
 
 def format_bytes(n: int | None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
@@ -141,7 +140,3 @@ def remove_spans(text: str, spans: list[tuple[int, int]]) -> str:
     out.append(text[pos:])
     rest = "".join(out)
     return "" if not rest.strip() else rest
-
-
-def display_name(path: str) -> str:
-    return Path(path).name or path

@@ -559,6 +559,35 @@ def machine_info() -> dict:
     return info
 
 
+# An efficiency above 1 is a run faster than its own bound: the bound's costs (or the run) were
+# measured within timing noise. Such a figure is printed marked, with the note below.
+NOISE_MARK = "*"
+
+
+def efficiency_text(efficiency: float | None) -> str:
+    """'0.912', or '1.171*' for a figure above its bound (noise-bound; see noise_notes)."""
+    if efficiency is None:
+        return "-"
+    return f"{efficiency:.3f}{NOISE_MARK if efficiency > 1.0 else ''}"
+
+
+def noise_notes(report: BenchReport) -> list[str]:
+    """What the table's figures cannot tell apart from timing noise: efficiencies above their own
+    bound, and any figure of a single repeat."""
+    notes = []
+    if any(c.efficiency is not None and c.efficiency > 1.0 for c in report.configs):
+        notes.append(
+            f"{NOISE_MARK} efficiency above 1 is noise-bound: faster than its own bound, so that bound's measured"
+            " costs are within timing noise; more --repeats narrow it"
+        )
+    if report.repeats < 2:
+        notes.append(
+            "one repeat: every tok/s, bound and efficiency here is a single measurement, noise-bound"
+            " (--repeats 3 or more for figures to compare)"
+        )
+    return notes
+
+
 def format_markdown(report: BenchReport) -> str:
     """A Markdown report to paste into an issue: machine, MLX device, pairing, tok/s per config, ratios."""
     m = report.machine
@@ -590,7 +619,7 @@ def format_markdown(report: BenchReport) -> str:
         vs_off = c.tps / off.tps if off and off.tps and c.config != "mlx-lm" else None
         lines.append(
             f"| {c.config} | {c.tps:.1f} | {num(c.vs_baseline, '.3f')} | {num(vs_off, '.3f')} "
-            f"| {num(c.acceptance, '.0%')} | {num(c.tokens_per_round, '.2f')} | {num(c.efficiency, '.3f')} "
+            f"| {num(c.acceptance, '.0%')} | {num(c.tokens_per_round, '.2f')} | {efficiency_text(c.efficiency)} "
             f"| {'yes' if c.matches_teacher else 'no'} |"
         )
     lines += _prefill_lines(report, markdown=True)
@@ -598,6 +627,7 @@ def format_markdown(report: BenchReport) -> str:
         "",
         "efficiency = tok/s over the bound tokens-per-round / (verify(K) + draft chain(K-1)) from measured costs;"
         " same output = identical to plain greedy decoding by the target.",
+        *(f"\n{note}." for note in noise_notes(report)),
     ]
     return "\n".join(lines) + "\n"
 
@@ -623,7 +653,7 @@ def format_table(report: BenchReport) -> str:
         lines.append(
             f"{c.config:<8} {c.tps:>8.1f} {num(c.vs_baseline, '.3f'):>9} "
             f"{num(c.acceptance, '.0%') if c.acceptance is not None else '-':>7} {num(c.tokens_per_round, '.2f'):>8} "
-            f"{num(c.bound_tps, '.1f'):>8} {num(c.efficiency, '.3f'):>6} {same:>5}"
+            f"{num(c.bound_tps, '.1f'):>8} {efficiency_text(c.efficiency):>6} {same:>5}"
         )
     d = report.decode_step_s
     costs = "  ".join(f"K={k} {v / d:.2f}" for k, v in sorted(report.verify_s.items()) if k > 1)
@@ -649,6 +679,7 @@ def format_table(report: BenchReport) -> str:
         speedup = f" ({best.tps / off.tps:.2f}x drafter off)" if off and off.tps else ""
         lines.append(f"best block size: {best.config} at {best.tps:.1f} tok/s{speedup}")
     lines.append("same: output identical to plain greedy decoding by the target")
+    lines += noise_notes(report)
     return "\n".join(lines)
 
 

@@ -82,7 +82,6 @@ class Pairing:
 @dataclass(frozen=True)
 class Catalog:
     pairings: tuple[Pairing, ...]
-    default: str
 
     def names(self) -> list[str]:
         return [p.name for p in self.pairings]
@@ -143,10 +142,7 @@ def parse_catalog(text: str) -> Catalog:
     names = [p.name for p in pairings]
     if len(set(names)) != len(names):
         raise ValueError("catalogue: duplicate pairing names")
-    default = data.get("default", names[0])
-    if default not in names:
-        raise ValueError(f"catalogue default {default!r} is not a pairing")
-    return Catalog(tuple(pairings), default)
+    return Catalog(tuple(pairings))
 
 
 @lru_cache(maxsize=1)

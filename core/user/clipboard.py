@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping
 ESC = "\x1b"
 BEL = "\x07"
 ST = ESC + "\\"
-# Many terminals cap an OSC 52 payload (xterm and tmux at ~100 kB of base64); longer text may be dropped.
-OSC52_SAFE_BYTES = 74_000
 
 
 def osc52(text: str, *, tmux: bool | None = None) -> str:

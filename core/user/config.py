@@ -43,7 +43,7 @@ class SamplingConfig:
 
 @dataclass
 class Config:
-    default_pairing: str | None = None  # a catalogue name; None = ask / the first one available
+    default_pairing: str | None = None  # a catalogue name or "demo"; None: the first start opens the models screen
     block_size: int | str = "auto"  # core.limits: 1..16 or "auto"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     system_prompt: str | None = None
@@ -307,8 +307,9 @@ def _keys_template() -> str:
 DEFAULT_CONFIG_TEXT = """\
 # gemma-chat settings. Every key is here with its default; delete a line to get the default back.
 
-# default_pairing = "e2b"        # the pairing to open at start ("demo", or see `gemma-chat models list`);
-                                 # gemma-chat sets it to the pairing you used last
+# default_pairing = "demo"       # the pairing a plain `gemma-chat` opens ("demo", or a name from
+                                 # `gemma-chat models list`, where * marks it); unset: the first start
+                                 # shows the models screen. Choosing a pairing by name sets it.
 block_size = "auto"              # tokens verified per round (drafts + 1): 1..16, or "auto"
 thinking = false                 # let the model think before answering (where it can)
 theme = "textual-dark"

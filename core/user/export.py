@@ -85,8 +85,25 @@ def _link_target(path: str) -> str:
     return f"<{path}>" if any(c in path for c in " ()<>") else path
 
 
+# A reply's record may carry, next to TurnStats.as_dict(), the drafter switches made while it streamed
+# (the live A/B): [[token, on], ...], `token` being the first token (1-based, as `tokens` counts) of
+# the first round that ran with the new setting.
+DRAFTER_SWITCHES = "drafter_switches"
+
+
+def switches_text(switches: Any) -> str:
+    """'drafter on from token 31', 'drafter off from token 12, on from token 40' ("" for anything else:
+    a damaged record shows without it)."""
+    try:
+        steps = [f"{'on' if on else 'off'} from token {int(token)}" for token, on in switches]
+    except (TypeError, ValueError):
+        return ""
+    return "drafter " + ", ".join(steps) if steps else ""
+
+
 def stats_line(stats: dict) -> str:
-    """'42 tokens · 31.5 tok/s · TTFT 0.21 s · acceptance 72% · 2.40 tokens/round' from TurnStats.as_dict()."""
+    """'42 tokens · 31.5 tok/s · TTFT 0.21 s · acceptance 72% · 2.40 tokens/round' from TurnStats.as_dict()
+    (and the drafter switches of a live A/B, DRAFTER_SWITCHES)."""
     parts: list[str] = []
     if "tokens" in stats or "decode_tokens" in stats:
         parts.append(f"{reply_tokens(stats)} tokens")
@@ -94,11 +111,14 @@ def stats_line(stats: dict) -> str:
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
     if stats.get("ttft_s"):
         parts.append(f"TTFT {stats['ttft_s']:.2f} s")
-    if stats.get("drafter_enabled", True) and stats.get("drafted"):
+    switches = stats.get(DRAFTER_SWITCHES) or []
+    if (switches or stats.get("drafter_enabled", True)) and stats.get("drafted"):
         parts.append(f"acceptance {stats.get('acceptance', 0.0):.0%}")
         if stats.get("tokens_per_round"):
             parts.append(f"{stats['tokens_per_round']:.2f} tokens/round")
-    if stats.get("drafter_enabled") is False:
+    if switches_text(switches):
+        parts.append(switches_text(switches))
+    elif stats.get("drafter_enabled") is False:
         parts.append("drafter off")
     if stats.get("stop_reason") and stats["stop_reason"] not in ("eos", "cancelled"):
         parts.append(f"stop: {stats['stop_reason']}")

@@ -5,8 +5,8 @@ separated by commas ("shift+enter,ctrl+j"), as Textual's Binding does.
 
 Scope says where a binding should live:
   "app"   works everywhere, even while the prompt box has focus (bind with priority)
-  "chat"  single keys that would otherwise type into the prompt: active only while the prompt box
-          does not have focus (e.g. the transcript is focused, or a reply is streaming)
+  "chat"  single keys that would otherwise type into the prompt: active only while the conversation
+          has focus (Tab to it); in the prompt they are text
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ ACTIONS: tuple[KeyAction, ...] = (
         "regenerate",
         "ctrl+r",
         "Generate the last reply again",
-        palette=("Regenerate the last reply", "drop the last reply and generate it again"),
+        palette=("Regenerate the last reply", "a new variant; the earlier ones are kept (Alt+←/→)"),
     ),
     KeyAction(
         "prev_variant",

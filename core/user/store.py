@@ -642,6 +642,16 @@ class Store:
                     hits[chat_id] = SearchHit(self._summary(row), snip, seq)
         return list(hits.values())[:limit]
 
+    def recent_user_messages(self, limit: int = 1000) -> list[str]:
+        """The user's messages of every chat, newest first, each text once (a shell-like input history)."""
+        with self._read() as con:
+            rows = con.execute(
+                "SELECT content FROM messages WHERE role = 'user' AND content != ''"
+                " GROUP BY content ORDER BY MAX(created_at) DESC, MAX(id) DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [r["content"] for r in rows]
+
     def load_chat(self, chat_id: int) -> Chat:
         with self._read():
             row = self._con.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()

@@ -136,7 +136,7 @@ async def test_quit_signal_keeps_the_partial_reply_as_stopped(tmp_path, signame)
     app = make_app(db, step=True)
     async with app.run_test(size=SIZE) as pilot:
         engine = app.engine
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         app.chat.prompt.text = "go"
         await pilot.press("enter")
         engine.allow(2)
@@ -204,7 +204,7 @@ async def test_a_long_prefill_is_shown_with_tokens_and_an_estimate(tmp_path):
     )
     async with app.run_test(size=SIZE) as pilot:
         engine = app.engine
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         app.chat.prompt.text = "short"
         await pilot.press("enter")
         await until(pilot, lambda: "prefill" in app.chat.panel.status_text)

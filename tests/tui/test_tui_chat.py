@@ -254,7 +254,7 @@ async def test_failed_send_keeps_the_prompt_text():
     # engine failed to load: nothing is sent, the text stays
     app, engine = make_app(FakeEngine(load_error="no weights here"))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.chat.load_error is not None)
+        await until(pilot, lambda: app.session.load_error is not None)
         await send(pilot, app, "keep me")
         await pilot.pause(0.1)
         assert app.chat.prompt.text == "keep me"
@@ -278,7 +278,7 @@ async def test_send_while_loading_keeps_the_prompt_text():
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "early")
         await pilot.pause(0.05)
-        assert not app.chat.loaded and app.chat.prompt.text == "early" and engine.chats == []
+        assert not app.session.loaded and app.chat.prompt.text == "early" and engine.chats == []
         assert "loading" in text_of(app.chat.panel.status)
         engine.release_load()
         await ready(pilot, app)
@@ -306,7 +306,8 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         assert engine.rounds[1].auto
         auto_k = engine.rounds[1].block_size
         assert chat.prompt.has_focus and chat.prompt.text == ""
-        await pilot.press("plus")  # empty prompt: a tuning key
+        chat.conversation.focus()  # Tab to it: the plain keys act there
+        await pilot.press("plus")
         call = engine.calls[-1]
         assert (call.name, call.arg, call.rounds_done) == ("set_block_size", auto_k + 1, 2)
         await rounds(1)
@@ -328,17 +329,19 @@ async def test_tuning_keys_reach_the_engine_mid_generation():
         await pilot.press("d")
         await rounds(1)
         assert engine.rounds[5].auto and engine.rounds[5].drafted > 0
-        # while typing, the same keys are text; the F-keys still act
-        await pilot.press("x", "plus", "minus", "a", "d")
-        assert chat.prompt.text == "x+-ad"
+        # in the prompt the same keys are text, even while it is empty; the F-keys still act
+        chat.prompt.focus()
+        n_calls = len(engine.calls)
+        await pilot.press("plus", "minus", "a", "d")
+        assert chat.prompt.text == "+-ad" and len(engine.calls) == n_calls
         n_calls = len(engine.calls)
         await pilot.press("f6")
         assert len(engine.calls) == n_calls + 1 and engine.calls[-1].name == "set_block_size"
         await pilot.press("f8")
         assert engine.calls[-1].name == "set_drafter_enabled" and engine.calls[-1].arg is False
-        assert chat.prompt.text == "x+-ad"
+        assert chat.prompt.text == "+-ad"
         await pilot.press("enter")  # a reply is streaming: not sent, the text stays
-        assert chat.prompt.text == "x+-ad" and len(engine.chats) == 1
+        assert chat.prompt.text == "+-ad" and len(engine.chats) == 1
         engine.allow(1000)
         await until(pilot, lambda: chat.reply is None)
         await until(pilot, lambda: "Drafter     off" in text_of(chat.panel.tuning))  # panels refresh at 4 Hz
@@ -378,13 +381,14 @@ async def test_help_screen_from_f1_and_question_mark():
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
         assert app.screen is app.chat
-        app.chat.prompt.focus()
-        await pilot.press("question_mark")  # empty prompt
+        app.chat.conversation.focus()
+        await pilot.press("question_mark")  # a plain key of the focused conversation
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("q")
         assert app.screen is app.chat
-        await pilot.press("w", "h", "y", "question_mark")  # typing: just a character
-        assert app.chat.prompt.text == "why?" and app.screen is app.chat
+        app.chat.prompt.focus()
+        await pilot.press("question_mark", "w", "h", "y", "question_mark")  # in the prompt: just a character
+        assert app.chat.prompt.text == "?why?" and app.screen is app.chat
 
 
 async def test_palette_commands():
@@ -427,20 +431,24 @@ async def test_quit_mid_generation_is_prompt():
     assert not engine._thread.is_alive()
 
 
-async def test_letters_type_into_an_idle_empty_prompt_symbols_tune():
+async def test_plain_keys_type_in_the_prompt_and_act_in_the_focused_conversation():
     app, engine = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         app.chat.prompt.focus()
-        await pilot.press("plus")  # a symbol on an empty prompt: tunes
+        await pilot.press("plus", "d", "a", "minus")  # in the prompt, empty or not, every key types
+        assert app.chat.prompt.text == "+da-" and engine.calls == []
+        # with the conversation focused (Tab) the plain keys act, and the footer says so
+        await pilot.press("tab")
+        assert app.chat.conversation.has_focus and app.chat.key_hints.focused
+        await pilot.press("plus")
         assert [(c.name, c.arg) for c in engine.calls] == [("set_block_size", 5)]
-        await pilot.press("d", "a", "plus")  # a letter starts a message; then + is text
-        assert app.chat.prompt.text == "da+"
-        assert len(engine.calls) == 1
-        # with the conversation focused the letters act
-        app.chat.conversation.focus()
         await pilot.press("d")
         assert (engine.calls[-1].name, engine.calls[-1].arg) == ("set_drafter_enabled", False)
+        # any other printable key goes on into the prompt, where the focus returns
+        await pilot.press("x")
+        assert app.chat.prompt.has_focus and app.chat.prompt.text == "+da-x" and len(engine.calls) == 2
+        assert not app.chat.key_hints.focused
 
 
 # -- the real engine on a factory pairing ---------------------------------------------------------
@@ -476,8 +484,8 @@ async def test_real_engine_send_stream_stop(factory_checkpoints):
     app = shared_make_app(engine, spec=RealSpec("factory e-style", str(target), str(drafter)), settings=settings)
     async with app.run_test(size=SIZE) as pilot:
         chat = app.chat
-        await until(pilot, lambda: chat.loaded or chat.load_error, timeout=60)
-        assert chat.load_error is None
+        await until(pilot, lambda: app.session.loaded or app.session.load_error, timeout=60)
+        assert app.session.load_error is None
         await send(pilot, app, "hello")
         await until(pilot, lambda: chat.last_reply is not None, timeout=60)
         reply = chat.last_reply
@@ -581,8 +589,9 @@ async def test_control_characters_never_reach_the_terminal():
 
 
 def test_live_stats_fold_events_then_take_the_engine_figures():
-    from app.tui.live_stats import LiveStats, summary_line
+    from app.tui.live_stats import LiveStats
     from core.events import PrefillDone, TurnStats
+    from core.user.export import stats_line
 
     s = LiveStats()
     s.start_turn(now=10.0)
@@ -612,9 +621,9 @@ def test_live_stats_fold_events_then_take_the_engine_figures():
     )
     s.on_done(stats)
     assert (s.decode_tps, s.ttft_s, s.prefill_tps, s.peak_memory_bytes) == (10.0, 0.45, 160.0, 2 << 20)
-    assert summary_line(stats) == "6 tokens · 10.0 tok/s · TTFT 0.45 s · acceptance 50% · 2.50 tokens/round"
+    assert stats_line(stats.as_dict()) == "6 tokens · 10.0 tok/s · TTFT 0.45 s · acceptance 50% · 2.50 tokens/round"
     off = TurnStats(tokens=5, decode_tokens=4, decode_s=1.0, rounds=4, drafter_enabled=False)
-    assert summary_line(off) == "5 tokens · 4.0 tok/s · drafter off"
+    assert stats_line(off.as_dict()) == "5 tokens · 4.0 tok/s · drafter off"
 
 
 async def _finished_reply(pilot, app, prompt: str):
@@ -713,3 +722,32 @@ def test_sparkline_rows_scale_to_the_largest_round_and_keep_the_latest():
     assert spark_rows([4.0, 2.0, 1.0], 10, 3) == ["█  ", "█▄ ", "██▆"]
     # wider than the panel: the most recent rounds, the newest on the right
     assert spark_rows([1.0, 8.0, 8.0, 4.0], 2, 1) == ["█▄"]
+
+
+class KernelsEngine(FakeEngine):
+    """A fake whose load is followed by the kernel preparation's progress, on the load's listener (as the
+    real engine's background preparation sends it), until `finish_kernels`."""
+
+    def _load(self, spec, on_event):
+        from core.events import KernelProgress
+
+        info = super()._load(spec, on_event)
+        self._kernel_listener = on_event
+        on_event(KernelProgress(0.25))
+        return info
+
+    def finish_kernels(self) -> None:
+        from core.events import KernelProgress
+
+        self._kernel_listener(KernelProgress(1.0, done=True))
+
+
+async def test_the_status_says_while_kernels_are_prepared_and_stops_saying_it():
+    app, engine = make_app(KernelsEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        status = app.chat.panel.status
+        await until(pilot, lambda: "preparing kernels for this machine, first run only… 25%" in text_of(status))
+        assert text_of(status).startswith("ready · ")
+        engine.finish_kernels()
+        await until(pilot, lambda: text_of(status) == "ready")

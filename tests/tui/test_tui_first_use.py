@@ -212,7 +212,7 @@ async def test_settings_fit_80x24_with_buttons_and_whole_hints(tmp_path):
 def test_models_screen_says_the_demo_takes_images():
     from app.tui.screens.models import COLUMNS, demo_row
 
-    assert str(demo_row().cells[COLUMNS.index("Vision")]) == "yes"
+    assert str(demo_row().cells[[key for key, _ in COLUMNS].index("vision")]) == "yes"
 
 
 # -- 80x24: compact panel, F10, a footer that fits ----------------------------------------------------------
@@ -249,23 +249,24 @@ async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_
 
 # -- auto block size explains itself; the sparkline is scaled to the block size; context use -----------
 def test_auto_note_explains_plain_decoding_and_counts_down_to_the_next_try():
-    from app.tui.live_stats import LiveStats
+    from app.tui.live_stats import LiveStats, Tuning
     from core.events import RoundEvent
 
+    auto = Tuning("auto")
     s = LiveStats()
     s.on_round(RoundEvent(1, 3, 0, 4, True, 1))  # drafting, nothing accepted
     for i in range(5):
         s.on_round(RoundEvent(2 + i, 0, 0, 1, True, 1))
-    assert s.auto_note() == "auto → 1: drafts not paying, 0 % accepted; trying again in 11 rounds"
+    assert s.auto_note(auto) == "auto → 1: drafts not paying, 0 % accepted; trying again in 11 rounds"
     for i in range(11):
         s.on_round(RoundEvent(10 + i, 0, 0, 1, True, 1))
     s.on_round(RoundEvent(30, 1, 0, 2, True, 1))  # the probe: nothing accepted, the wait doubles
     s.on_round(RoundEvent(31, 0, 0, 1, True, 1))
-    assert s.auto_note().endswith("trying again in 31 rounds")
+    assert s.auto_note(auto).endswith("trying again in 31 rounds")
     s.on_round(RoundEvent(32, 3, 3, 4, True, 4))
-    assert s.auto_note().startswith("auto → 4: drafting pays")
-    s.block_setting = 3
-    assert s.auto_note() is None
+    assert s.auto_note(auto).startswith("auto → 4: drafting pays")
+    assert s.auto_note(Tuning(3)) is None
+    assert s.auto_note(Tuning("auto", drafter_enabled=False)) is None
 
 
 def test_sparkline_is_scaled_to_the_block_size():

@@ -13,7 +13,7 @@ from pilot import texts, turn, until
 from support.fake_engine import FakeEngine
 
 from app.tui.app import GemmaChatApp
-from app.tui.history import HistoryRecorder, RestoredReply
+from app.tui.history import HistoryRecorder, PairingIdentity, RestoredReply
 from app.tui.screens.chat_params import ChatParamsScreen
 from app.tui.screens.chats import ChatListScreen, RenameScreen
 from app.tui.screens.confirm import ConfirmScreen
@@ -71,7 +71,7 @@ async def test_turns_are_saved_and_restored_after_a_restart(tmp_path):
     engine = FakeEngine(replies=["third answer"])
     app2 = make_app(db, engine)
     async with app2.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app2.chat.loaded)
+        await until(pilot, lambda: app2.session.loaded)
         assert texts(app2) == []  # a new app opens a new chat
         screen = await open_list(pilot)
         assert listed(screen) == ["hello there"]
@@ -100,7 +100,7 @@ async def test_stopped_reply_is_saved_as_stopped(tmp_path):
     app = make_app(db, step=True)
     async with app.run_test(size=SIZE) as pilot:
         engine = app.engine
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         app.chat.prompt.text = "go"
         await pilot.press("enter")
         engine.allow(2)
@@ -259,7 +259,7 @@ async def test_params_dialog_sets_the_next_turns_settings_and_is_saved(tmp_path)
     engine2 = FakeEngine(replies=["r3"])
     app2 = make_app(db, engine2)
     async with app2.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app2.chat.loaded)
+        await until(pilot, lambda: app2.session.loaded)
         assert app2.chat.settings.temperature == 0.0
         await open_list(pilot)
         await pilot.press("enter")
@@ -280,7 +280,7 @@ async def test_thinking_is_collapsed_saved_apart_and_not_sent_back(tmp_path):
     app = make_app(db, replies=[THOUGHT_REPLY, "fine"])
     async with app.run_test(size=SIZE) as pilot:
         engine = app.engine
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         engine._info = dataclasses.replace(engine.info, supports_thinking=True)
         await pilot.press("f4")
         assert app.chat.settings.thinking is True
@@ -380,7 +380,7 @@ async def test_image_attachments_are_saved_by_path_and_restored(tmp_path):
     image = str((assets_dir() / "images" / "chart.png").resolve())
     db = tmp_path / "h.sqlite3"
     recorder = HistoryRecorder(path=db)
-    recorder.start_chat(pairing="fake", target_id=None, drafter_id=None, params={}, system_prompt=None)
+    recorder.start_chat(PairingIdentity("fake", None, None), params={}, system_prompt=None)
     recorder.record_user("what is this?", [image])
     recorder.record_reply("a chart", thinking=None, stats=None, stopped=False)
     recorder.flush()
@@ -407,7 +407,7 @@ async def test_palette_opens_the_chat_list(tmp_path):
 
     app = make_app(tmp_path / "h.sqlite3")
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         await pilot.press("ctrl+p")
         await until(pilot, lambda: isinstance(app.screen, CommandPalette))
         app.screen.query_one(Input).value = "chats: history"
@@ -431,17 +431,17 @@ async def test_reopening_a_chat_loads_its_pairing(tmp_path):
         store.append_user_message(other, "hello")
     app = make_app(db)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         screen = await open_list(pilot)
         assert listed(screen)[0] == "on the other pairing"
         await pilot.press("enter")
-        await until(pilot, lambda: app.chat.spec.name == "other" and app.chat.loaded)
+        await until(pilot, lambda: app.session.spec.name == "other" and app.session.loaded)
         assert app.engine.info.target_path == str(other_target)
         # a pairing that is not there any more: the chat opens on the loaded one, with a notice
         await open_list(pilot)
         await pilot.press("down", "enter")
         await until(pilot, lambda: texts(app) == ["U:hi"])
-        assert app.chat.spec.name == "other"
+        assert app.session.spec.name == "other"
         assert any("not available" in n.message for n in app._notifications)
         # continued there, the chat now records the pairing it runs on
         await turn(pilot, "still there?")

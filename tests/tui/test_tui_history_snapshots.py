@@ -82,7 +82,7 @@ async def _until(pilot, predicate, timeout: float = 5.0) -> None:
 
 def test_chat_list(snap_compare, tmp_path, utc):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.loaded)
+        await _until(pilot, lambda: pilot.app.session.loaded)
         await pilot.press("ctrl+l")
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatListScreen) and pilot.app.screen.loaded)
         _no_blink(pilot.app.screen)
@@ -96,7 +96,7 @@ def test_chat_list(snap_compare, tmp_path, utc):
 
 def test_chat_list_search(snap_compare, tmp_path, utc):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.loaded)
+        await _until(pilot, lambda: pilot.app.session.loaded)
         await pilot.press("ctrl+l")
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatListScreen) and pilot.app.screen.loaded)
         await pilot.press(*"struct")
@@ -112,7 +112,7 @@ def test_chat_list_search(snap_compare, tmp_path, utc):
 
 def test_settings_screen(snap_compare, tmp_path):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.loaded)
+        await _until(pilot, lambda: pilot.app.session.loaded)
         await pilot.press("f3")
         await _until(
             pilot, lambda: isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.config is not None
@@ -133,7 +133,7 @@ def test_settings_screen(snap_compare, tmp_path):
 
 def test_chat_params_dialog(snap_compare, tmp_path):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.loaded)
+        await _until(pilot, lambda: pilot.app.session.loaded)
         await pilot.press("f9")
         await _until(pilot, lambda: isinstance(pilot.app.screen, ChatParamsScreen))
         _no_blink(pilot.app.screen)

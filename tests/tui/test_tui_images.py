@@ -391,8 +391,8 @@ async def test_real_engine_answers_a_message_with_an_image(factory_checkpoints):
     app = shared_make_app(engine, spec=spec, settings=GenerationSettings(max_tokens=5, temperature=0.0))
     try:
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.chat.loaded or app.chat.load_error, timeout=60)
-            assert app.chat.load_error is None
+            await until(pilot, lambda: app.session.loaded or app.session.load_error, timeout=60)
+            assert app.session.load_error is None
             assert engine.info.has_vision
             app.chat.attachments.attach([str(SAMPLES / "icon_rgba.png")])
             await until(pilot, lambda: chips(app) == ["icon_rgba.png"])

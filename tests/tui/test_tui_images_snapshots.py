@@ -42,7 +42,7 @@ def test_image_thumbnail_in_conversation_and_chip(snap_compare, monkeypatch):
 
     async def run_before(pilot):
         app = pilot.app
-        await _until(pilot, lambda: app.chat.loaded)
+        await _until(pilot, lambda: app.session.loaded)
         app.chat.attachments.attach([str(SAMPLES / "landscape.jpg")])
         await _until(pilot, lambda: app.chat.attachments.images)
         app.chat.prompt.text = "What is in this picture?"
@@ -63,7 +63,7 @@ def test_file_picker_preview(snap_compare, monkeypatch):
 
     async def run_before(pilot):
         app = pilot.app
-        await _until(pilot, lambda: app.chat.loaded)
+        await _until(pilot, lambda: app.session.loaded)
         app.push_screen(FilePicker("images", app.engine.info))
         await _until(pilot, lambda: isinstance(app.screen, FilePicker))
         picker = app.screen

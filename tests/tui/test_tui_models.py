@@ -87,14 +87,14 @@ async def until(pilot, predicate, timeout: float = 10.0) -> None:
 
 
 async def open_models(pilot, app) -> ModelsScreen:
-    await until(pilot, lambda: app.chat.loaded)
+    await until(pilot, lambda: app.session.loaded)
     await pilot.press("f2")
     await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
     return app.screen
 
 
-def cell(screen: ModelsScreen, key: str, column: int) -> str:
-    value = screen.table.get_cell(key, f"c{column}")
+def cell(screen: ModelsScreen, key: str, column: str) -> str:
+    value = screen.table.get_cell(key, column)
     return value if isinstance(value, str) else value.plain
 
 
@@ -116,16 +116,16 @@ async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_models(pilot, app)
         keys = [r.key for r in screen.rows]
-        assert keys[0] == DEMO_KEY and "demo — tiny trained model, offline" in cell(screen, DEMO_KEY, 0)
+        assert keys[0] == DEMO_KEY and "demo  tiny trained model, offline" in cell(screen, DEMO_KEY, "pairing")
         assert keys[1 : 1 + len(catalog.load_catalog().pairings)] == catalog.load_catalog().names()
-        assert cell(screen, NAME, 1) == "ready"
-        assert cell(screen, "e4b-4bit", 1).startswith("partial")
-        assert cell(screen, "e2b", 1) == "drafter only"  # the drafter came with e2b-4bit
-        assert cell(screen, "26b-a4b", 1) == "not downloaded"
-        assert cell(screen, "31b", 4) == "won't fit" and cell(screen, NAME, 4) == "ok"
-        assert cell(screen, NAME, 5) == "yes" and cell(screen, NAME, 6) == str(PAIRING.block_size)
-        assert cell(screen, NAME, 2) == f"{PAIRING.download_bytes / 1e9:.1f} GB"
-        assert "unconfirmed" in cell(screen, "31b-8bit", 7) and cell(screen, NAME, 7) == "confirmed"
+        assert cell(screen, NAME, "status") == "ready"
+        assert cell(screen, "e4b-4bit", "status").startswith("partial")
+        assert cell(screen, "e2b", "status") == "drafter only"  # the drafter came with e2b-4bit
+        assert cell(screen, "26b-a4b", "status") == "not downloaded"
+        assert cell(screen, "31b", "fit") == "won't fit" and cell(screen, NAME, "fit") == "ok"
+        assert cell(screen, NAME, "vision") == "yes" and cell(screen, NAME, "block") == str(PAIRING.block_size)
+        assert cell(screen, NAME, "download") == f"{PAIRING.download_bytes / 1e9:.1f} GB"
+        assert "unconfirmed" in cell(screen, "31b-8bit", "repo") and cell(screen, NAME, "repo") == "confirmed"
         assert "other:someone/gemma-4-custom-it" in keys
         screen.select(NAME)
         await pilot.pause()
@@ -142,14 +142,14 @@ async def test_download_shows_progress_to_100_percent_and_the_row_becomes_ready(
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot, app)
             screen.select(NAME)
-            assert cell(screen, NAME, 1) == "not downloaded"
+            assert cell(screen, NAME, "status") == "not downloaded"
             result = await download(pilot, screen)
             assert isinstance(result, dl.DownloadFinished), screen.message
             last = screen.last_progress
             assert last.done_bytes == last.total_bytes > BIG and last.files_done == last.files_total == 6
             assert screen.bar.percentage == 1.0
             assert "100%" in str(screen.progress.content)
-            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+            await until(pilot, lambda: cell(screen, NAME, "status") == "ready")
             assert "downloaded" in screen.message
     assert catalog.resolve_pairing(NAME, cache_dir=cache).target_path.is_dir()
 
@@ -177,14 +177,14 @@ async def test_cancel_mid_download_then_resume_to_completion(cache):
             await until(pilot, lambda: screen.download_result is not None)
             assert isinstance(screen.download_result, dl.DownloadCancelled)
             assert "d resumes" in screen.message
-            await until(pilot, lambda: cell(screen, NAME, 1).startswith("partial"))
+            await until(pilot, lambda: cell(screen, NAME, "status").startswith("partial"))
 
             hub.throttle_s = 0.0
             result = await download(pilot, screen)
             assert isinstance(result, dl.DownloadFinished), screen.message
             # The second run asked only for the missing tail of the big file.
             assert hub.file_gets("model.safetensors")[-1].startswith("bytes=")
-            await until(pilot, lambda: cell(screen, NAME, 1) == "ready")
+            await until(pilot, lambda: cell(screen, NAME, "status") == "ready")
     snap = catalog.resolve_pairing(NAME, cache_dir=cache).target_path
     assert (snap / "model.safetensors").read_bytes() == hub.repos[PAIRING.target_repo].files["model.safetensors"]
 
@@ -200,7 +200,7 @@ async def test_download_errors_are_shown_gated_repo(cache):
             assert "is gated" in screen.message and "HF_TOKEN" in screen.message
             assert screen.notice.has_class("-error")
             assert not screen.bar.display
-            await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+            await until(pilot, lambda: cell(screen, NAME, "status") == "not downloaded")
 
 
 async def test_download_errors_are_shown_no_network(cache):
@@ -235,7 +235,7 @@ async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_a
             await until(pilot, lambda: isinstance(app.screen, CommandPalette))
             await pilot.press(*"models", "enter")
             await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
-            assert cell(app.screen, NAME, 1).startswith("partial")
+            assert cell(app.screen, NAME, "status").startswith("partial")
 
 
 async def test_offline_refuses_to_download(cache):
@@ -259,11 +259,11 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         screen = await open_models(pilot, app)
         screen.select("e2b")
         await pilot.press("enter")  # not downloaded: says so, loads nothing
-        assert "not downloaded" in screen.message and app.chat.spec.name == "fake"
+        assert "not downloaded" in screen.message and app.session.spec.name == "fake"
         screen.select(NAME)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert app.chat.spec.name == NAME
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert app.session.spec.name == NAME
         assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)
         # the pairing in use cannot be removed; and back to the demo, built on the spot
         await pilot.press("f2")
@@ -273,8 +273,8 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         assert "in use" in app.screen.message and target.is_dir()
         app.screen.select(DEMO_KEY)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=20)
-        assert engine.info.demo and app.chat.spec.demo
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded, timeout=20)
+        assert engine.info.demo and app.session.spec.demo
     # remembered, the demo included: the next start opens the pairing used last
     assert load_config().default_pairing == DEMO_KEY
 
@@ -296,18 +296,18 @@ async def test_a_pairing_that_will_not_fit_asks_before_loading(cache):
     app, engine = make_app(cache, machine=TINY_MACHINE)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_models(pilot, app)
-        assert cell(screen, NAME, 4) == "won't fit"
+        assert cell(screen, NAME, "fit") == "won't fit"
         screen.select(NAME)
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         assert "will probably not fit" in app.screen.question and "1.0 GB" in app.screen.detail
         await pilot.press("n")
         await until(pilot, lambda: app.screen is screen)
-        assert app.chat.spec.name == "fake" and "Not loaded" in screen.message
+        assert app.session.spec.name == "fake" and "Not loaded" in screen.message
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
         assert engine.info.target_path == str(target)
 
 
@@ -324,7 +324,7 @@ async def test_remove_asks_then_deletes_from_the_cache(cache):
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         assert PAIRING.target_repo in app.screen.detail
         await pilot.press("y")
-        await until(pilot, lambda: cell(screen, NAME, 1) == "not downloaded")
+        await until(pilot, lambda: cell(screen, NAME, "status") == "not downloaded")
         assert "Removed" in screen.message
     assert not (cache / ("models--" + PAIRING.target_repo.replace("/", "--"))).exists()
 
@@ -351,8 +351,8 @@ async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
         assert screen.selected_key == DEMO_KEY
         assert "Press Enter to start the offline demo" in str(screen.query_one("#models-intro").content)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert engine.info.demo and app.chat.spec is spec
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert engine.info.demo and app.session.spec is spec
         await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
     # so the next plain start is no first run: it opens the demo, no welcome screen
     plain = argparse.Namespace(demo=False, model=None, drafter=None, pairing=None)
@@ -395,10 +395,10 @@ async def test_use_switches_the_real_engine_to_a_downloaded_pairing(cache, facto
     try:
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot, app)
-            assert app.chat.spec.drafter is None
+            assert app.session.spec.drafter is None
             screen.select(NAME)
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded, timeout=60)
+            await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded, timeout=60)
             info = engine.info
             assert info.name == NAME and info.drafter_path is not None
             assert os.path.samefile(info.target_path, target) and os.path.samefile(info.drafter_path, drafter)
@@ -421,11 +421,11 @@ async def test_12b_4bit_shows_its_size_and_fit_and_loads_with_its_own_drafter(ca
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_models(pilot, app)
         screen.select(name)
-        assert cell(screen, name, 0).startswith("12b-4bit  Gemma 4 12B (unified) 4bit")
-        assert cell(screen, name, 1) == "not downloaded" and cell(screen, name, 2) == "7.8 GB"
-        assert cell(screen, name, 3) == "9.2 GB" and cell(screen, name, 4) == "ok"
-        assert cell(screen, name, 5) == "yes" and cell(screen, name, 7) == "unconfirmed"
-        assert cell(screen, "12b", 4) == "won't fit"
+        assert cell(screen, name, "pairing").startswith("12b-4bit  12B (unified) 4bit")
+        assert cell(screen, name, "status") == "not downloaded" and cell(screen, name, "download") == "7.8 GB"
+        assert cell(screen, name, "memory") == "9.2 GB" and cell(screen, name, "fit") == "ok"
+        assert cell(screen, name, "vision") == "yes" and cell(screen, name, "repo") == "unconfirmed"
+        assert cell(screen, "12b", "fit") == "won't fit"
         await pilot.pause()
         details = str(screen.details.content)
         assert (
@@ -440,6 +440,6 @@ async def test_12b_4bit_shows_its_size_and_fit_and_loads_with_its_own_drafter(ca
         screen = await open_models(pilot, app)
         screen.select(name)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.chat.loaded)
-        assert app.chat.spec.name == name
+        await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded)
+        assert app.session.spec.name == name
         assert engine.info.target_path == str(target) and engine.info.drafter_path == str(drafter)

@@ -56,7 +56,7 @@ def test_models_screen_with_a_pairing_selected(snap_compare, cache):
 
     async def run_before(pilot):
         app = pilot.app
-        await _until(pilot, lambda: app.chat.loaded)
+        await _until(pilot, lambda: app.session.loaded)
         await pilot.press("f2")
         await _until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
         app.screen.select("e4b-4bit")

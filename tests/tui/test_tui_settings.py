@@ -40,7 +40,7 @@ def make_app(tmp_path, text: str = CONFIG_TEXT):
 
 
 async def open_settings(pilot) -> SettingsScreen:
-    await until(pilot, lambda: pilot.app.chat.loaded)
+    await until(pilot, lambda: pilot.app.session.loaded)
     await pilot.press("f3")
     await until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.config is not None)
     return pilot.app.screen
@@ -60,7 +60,7 @@ async def test_settings_save_keeps_comments_and_applies(tmp_path):
         await pilot.press("ctrl+s")
         await until(pilot, lambda: pilot.app.screen is app.chat)
         assert app.theme == "nord"
-        assert app.chat.stats.block_setting == "auto"
+        assert app.session.controls.block_size == "auto"
         assert app.engine.calls_named("set_block_size")[-1].arg == "auto"
         # a new chat takes the new defaults
         await pilot.press("ctrl+n")
@@ -103,7 +103,7 @@ async def test_settings_shows_a_broken_file_instead_of_overwriting_it(tmp_path):
     app, path = make_app(tmp_path, CONFIG_TEXT)
     path.write_text("temperature = 0.5\n")  # wrong place: [sampling].temperature
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.chat.loaded)
+        await until(pilot, lambda: app.session.loaded)
         await pilot.press("f3")
         await until(
             pilot,

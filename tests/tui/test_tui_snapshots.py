@@ -38,7 +38,7 @@ async def _settle(pilot) -> None:
 
 async def _one_turn(pilot) -> None:
     app = pilot.app
-    await _until(pilot, lambda: app.chat.loaded)
+    await _until(pilot, lambda: app.session.loaded)
     app.chat.prompt.text = "What does speculative decoding do?"
     await pilot.press("enter")
     await _until(pilot, lambda: app.chat.last_reply is not None)
@@ -65,7 +65,7 @@ def test_chat_demo_stopped_reply(snap_compare):
         app = pilot.app
         engine = app.engine
         engine.step = True
-        await _until(pilot, lambda: app.chat.loaded)
+        await _until(pilot, lambda: app.session.loaded)
         app.chat.prompt.text = "Tell me a story"
         await pilot.press("enter")
         engine.allow(3)
@@ -80,7 +80,7 @@ def test_chat_demo_stopped_reply(snap_compare):
 
 def test_help_screen(snap_compare):
     async def run_before(pilot):
-        await _until(pilot, lambda: pilot.app.chat.loaded)
+        await _until(pilot, lambda: pilot.app.session.loaded)
         await pilot.press("f1")
         await pilot.pause(0.1)
 

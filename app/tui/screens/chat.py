@@ -1,4 +1,10 @@
-"""The chat screen: conversation, prompt, live panels, keyboard tuning."""
+"""The chat screen: conversation, prompt, live panels, keyboard tuning.
+
+The pairing's load state and the live controls are the app's session (app.tui.session): this
+screen reads them there, changes the controls through it, and follows it by its messages. The
+turn being generated is this screen's: its events come from the engine thread through an
+EventBridge, drained on one timer with the panels' repaint.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from textual import events
 from textual.app import ComposeResult
+from textual.binding import BindingsMap
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
@@ -26,35 +34,47 @@ from app.tui.history import (
     restored_widgets,
     same_pairing,
     settings_for_chat,
-    thinking_section,
     user_texts,
 )
 from app.tui.live_stats import LiveStats
-from app.tui.messages import ImagesPasted, PromptSubmitted, QuickKey
+from app.tui.messages import (
+    ControlsChanged,
+    ImagesPasted,
+    KernelsPreparing,
+    PairingFailed,
+    PairingLoaded,
+    PairingLoading,
+    PairingProgress,
+    PromptSubmitted,
+)
 from app.tui.screens.chat_images import ChatImages
+from app.tui.session import ChatSession
 from app.tui.widgets.attachments import AttachmentBar, user_content
-from app.tui.widgets.conversation import ReplyView, UserMessage, Variant, legend
-from app.tui.widgets.key_hints import KeyHints, hints_for
-from app.tui.widgets.panel import StatsPanel
-from app.tui.widgets.prompt import PromptArea
-from core.events import KernelProgress, LoadProgress, PrefillDone, RoundEvent, TokenEvent, TurnDone, TurnStats
-from core.limits import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from app.tui.widgets.conversation import Conversation, ReplyView, UserMessage, Variant, legend
+from app.tui.widgets.key_hints import KeyHints, conversation_hints, hints_for
+from app.tui.widgets.panel import PanelText, StatsPanel
+from app.tui.widgets.prompt import InputHistory, PromptArea
+from core.events import PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.settings import GenerationSettings
 from core.user import keymap
 
 if TYPE_CHECKING:
-    from core.engine.contract import ChatEngine, PairingInfo, PairingSpec
+    from core.engine.contract import PairingSpec
     from core.user.config import Config
     from core.user.store import Chat, Store
-
-MAX_BLOCK = MAX_BLOCK_SIZE
 
 
 # Below this many columns the side panel gives way to a one-line summary under the conversation.
 COMPACT_BELOW = 100
 
+# What F4 (or the chat parameters) says when thinking goes on for the demo pairing.
+DEMO_THINKING_NOTE = (
+    "The demo was not trained to think: with thinking on, its replies turn into word salad. "
+    "F4 turns it off again; the real pairings (F2) think."
+)
 
-def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
+
+def bind_keys(bindings: BindingsMap, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
     """Add the chat actions to a BindingsMap (per screen instance: config overrides differ)."""
     for sk in screen_keys:
         if sk.always:
@@ -64,7 +84,7 @@ def bind_keys(bindings, screen_keys: tuple[keys.ScreenKey, ...]) -> None:
             bindings.bind(sk.quick, sk.action, sk.label, show=sk.show and not sk.always)
 
 
-def prompt_placeholder(overrides=None) -> str:
+def prompt_placeholder(overrides: dict[str, str] | None = None) -> str:
     from core.user.keymap import resolve_keys
 
     resolved = resolve_keys(overrides)
@@ -82,10 +102,10 @@ class ChatCommands(Provider):
     def _commands(self) -> tuple[tuple[str, str, str], ...]:
         return keymap.PALETTE  # the action table (core.user.keymap) that the keys and the help screen read too
 
-    def _run(self, action: str) -> None:
+    async def _run(self, action: str) -> None:
         screen = self.screen
         if isinstance(screen, ChatScreen):
-            screen.run_named_action(action)
+            await screen.run_action(action)
 
     async def discover(self) -> Hits:
         for name, action, help_text in self._commands():
@@ -99,65 +119,63 @@ class ChatCommands(Provider):
                 yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text)
 
 
-class ChatScreen(Screen):
+class ChatScreen(Screen[None]):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
 
     def __init__(
         self,
-        engine: ChatEngine,
-        spec: PairingSpec,
+        session: ChatSession,
         settings: GenerationSettings | None = None,
         key_overrides: dict[str, str] | None = None,
         *,
         recorder: HistoryRecorder | None = None,
         on_config: Callable[[Config], None] | None = None,
         open_models: Callable[[], None] | None = None,
+        config_path: Path | None = None,
     ) -> None:
         super().__init__()
+        self.session = session
         self.on_config = on_config  # called with the config the settings screen saved
         self.open_models = open_models  # the app's models screen (F2, the palette's "models")
+        self.config_path = config_path  # the settings screen's file (None: the default place)
         self.screen_keys = keys.screen_keys(key_overrides)
         bind_keys(self._bindings, self.screen_keys)
-        self.engine = engine
-        self.spec = spec
+        # This chat's parameters (sampling, system prompt, thinking). Their block size and drafter
+        # switch are never read: a turn takes the session's live controls (ChatSession.turn_settings).
         self.settings = settings or GenerationSettings()
         self.base_settings = dataclasses.replace(self.settings)  # the config's defaults, for new chats
         self.bridge = EventBridge()
-        self.stats = LiveStats(block_setting=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled)
+        self.stats = LiveStats()
         self.history: list[dict] = []
         self.view_mode = "tokens"
         self.turn = 0
         self.reply: ReplyView | None = None  # the reply being streamed
         self.last_reply: ReplyView | None = None
         self._carry_variants: list[Variant] = []  # the earlier variants of a reply being regenerated
-        self.load_error: str | None = None
-        self.loaded = False
-        self.load_stage = ""  # the latest LoadProgress (the models screen shows it)
-        self._load_future: Future[PairingInfo] | None = None
-        self._turn_future: Future[Any] | None = None
+        self._turn_future: Future[TurnDone] | None = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
-        # (tokens, start, tokens done so far) while a prompt prefills
-        self._prefill: tuple[int, float, Callable[[], int] | None] | None = None
+        self._prefill: PrefillStarted | None = None  # the prompt being prefilled, while it is shown
         self._status_before_prefill = ""
         self._awaiting_prefill = False  # a turn was sent and its PrefillDone has not come yet
-        self.kernel_note = ""  # while the engine prepares this machine's kernels (KernelProgress), what it says
         self._last_markdown = 0.0
         self._ticks = 0
-        self.prompt = PromptArea(quick=keys.quick_actions(key_overrides), id="prompt")
+        self.prompt = PromptArea(id="prompt")
         self.prompt.placeholder = prompt_placeholder(key_overrides)
-        self.attachments = AttachmentBar(lambda: self.engine.info, self.prompt.focus, id="attachments")
-        self.conversation = VerticalScroll(id="conversation")
-        self.panel = StatsPanel(id="panel")
-        self.compact_panel = Static("", id="compact-panel", markup=False)
-        self.panel.compact = self.compact_panel
+        self.input_history = InputHistory()
+        self.attachments = AttachmentBar(lambda: self.session.info, self.prompt.focus, id="attachments")
+        self.conversation = Conversation(keys.quick_keys(self.screen_keys), self.prompt.type_text, id="conversation")
+        self.compact_panel = PanelText("", id="compact-panel")
+        self.panel = StatsPanel(self.compact_panel, id="panel")
         self.panel_hidden = False  # the user's choice (F10)
         self.legend = Static(legend(), id="legend")
-        self.key_hints = KeyHints(hints_for(self.screen_keys, key_overrides), id="key-hints")
-        self.images = ChatImages(self, self.attachments, self.conversation, self.prompt, lambda: self.engine.info)
+        self.key_hints = KeyHints(
+            hints_for(self.screen_keys, key_overrides), conversation_hints(self.screen_keys), id="key-hints"
+        )
+        self.images = ChatImages(self, self.attachments, self.conversation, self.prompt, lambda: self.session.info)
         self.chat_log = ChatLog(recorder)
-        self.prompt.recall_source = lambda: user_texts(self.history)
-        self.chat_log.start_chat(self.spec, self.settings)
+        self.prompt.recall_source = lambda: self.input_history.entries(user_texts(self.history))
+        self.chat_log.start_chat(self.session.spec, self.settings)
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -174,15 +192,18 @@ class ChatScreen(Screen):
     def on_mount(self) -> None:
         self._place_panel()
         self.conversation.anchor()
-        self.panel.show_pairing(self.spec.name, self.spec.demo)
-        self.panel.show_status("loading…")
-        self.panel.show(self.stats)
-        self._load_future = self.engine.load(self.spec, self.bridge.listener(0))
+        self.session.subscribe(self)
+        self._show_session()
+        self.panel.show(self.stats, self.session.tuning())
         # One timer for everything that repaints while a reply streams: each screen update costs
         # about the same however little changed (Textual re-composites every widget whose clip
         # meets the changed rows), so the panels ride on a drain tick rather than adding frames.
         self.set_interval(1 / DRAIN_HZ, self._tick, name="drain")
         self.prompt.focus()
+        self._load_input_history()
+
+    def on_unmount(self) -> None:
+        self.session.unsubscribe(self)
 
     def on_resize(self) -> None:
         self._place_panel()
@@ -198,6 +219,79 @@ class ChatScreen(Screen):
         self.panel_hidden = not self.panel_hidden
         self._place_panel()
         self._refresh_panels()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        # the focused conversation takes plain keys: the footer says which, and where typing goes
+        self.key_hints.show_focused(event.widget is self.conversation)
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        if event.widget is self.conversation:
+            self.key_hints.show_focused(False)
+
+    # -- the session (the pairing's load state, the live controls) ----------------------------------
+    def _show_session(self) -> None:
+        """The panel as the session is now (the screen may mount after its load started or ended)."""
+        session = self.session
+        info = session.info
+        if info is not None:
+            self._show_loaded()
+        else:
+            self.panel.show_pairing(session.spec.name, session.spec.demo)
+            if session.load_error is not None:
+                self.panel.show_status(f"load failed: {session.load_error}")
+            else:
+                self.panel.show_status("loading…")
+
+    def on_pairing_loading(self, message: PairingLoading) -> None:
+        self.panel.show_pairing(message.spec.name, message.spec.demo)
+        self.panel.show_status("loading…")
+        self.stats.dirty = True
+
+    def on_pairing_progress(self, message: PairingProgress) -> None:
+        if message.spec is self.session.spec and not self.session.loaded:
+            self.panel.show_status(f"loading {message.stage}")
+
+    def on_pairing_loaded(self, message: PairingLoaded) -> None:
+        if message.spec is self.session.spec:
+            self._show_loaded()
+
+    def on_pairing_failed(self, message: PairingFailed) -> None:
+        if message.spec is not self.session.spec:
+            return
+        self.panel.show_status(f"load failed: {message.error}")
+        self.notify(f"Could not load the model: {message.error}", severity="error", timeout=10)
+
+    def _show_loaded(self) -> None:
+        info = self.session.info
+        if info is None:
+            return
+        self.legend.update(legend(origin_known=self.session.engine.features.token_origins))
+        self.stats.context_length = info.context_length or None
+        self.stats.dirty = True
+        self.panel.show_pairing(info.name, info.demo)
+        if not self.generating:
+            self.show_ready()
+
+    def on_kernels_preparing(self, message: KernelsPreparing) -> None:
+        """The engine builds this machine's compiled kernels in the background (replies work meanwhile,
+        slower): the status says so."""
+        if self.reply is None and self.session.loaded:
+            self.show_ready()
+        elif self.reply is not None and self._prefill is None:
+            self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
+
+    def _with_kernels(self, text: str) -> str:
+        note = self.session.kernel_note
+        return f"{text} · {note}" if note else text
+
+    def on_controls_changed(self, message: ControlsChanged) -> None:
+        self.stats.dirty = True  # the panel shows the controls: no toast over the prompt
+
+    def show_ready(self) -> None:
+        info = self.session.info
+        self.panel.show_status(
+            self._with_kernels("ready" + ("" if info is None or info.drafter_path else " (no drafter)"))
+        )
 
     # -- sending ----------------------------------------------------------------------------------
     @property
@@ -215,9 +309,9 @@ class ChatScreen(Screen):
         """Why a turn cannot start now, or None."""
         if self.generating:
             return "a reply is still streaming (Esc stops it)"
-        if self.load_error is not None:
-            return f"the model failed to load: {self.load_error}"
-        if not self.loaded or self.engine.info is None:
+        if self.session.load_error is not None:
+            return f"the model failed to load: {self.session.load_error}"
+        if self.session.info is None:
             return "the model is still loading"
         return None
 
@@ -230,7 +324,8 @@ class ChatScreen(Screen):
         images = self.images.take()  # their thumbnails go above the message
         content = user_content(text, images)
         self.history.append({"role": "user", "content": content})
-        self.chat_log.user_sent(content, self.spec)
+        self.chat_log.user_sent(content, self.session.spec)
+        self.input_history.sent(text)
         user = UserMessage(text)
         user.set_class(bool(images), "-with-images")
         self.conversation.mount(user)
@@ -240,40 +335,30 @@ class ChatScreen(Screen):
 
     def _start_turn(self) -> None:
         self.turn += 1
-        reply = ReplyView()
+        session = self.session
+        reply = ReplyView(drafter_on=session.has_drafter and session.controls.drafter_enabled)
         self.reply = reply
-        self.prompt.live = True
+        session.streaming = True
         self.prompt.cursor_blink = False  # a blinking cursor repaints twice a second while the reply streams
         self.conversation.mount(reply)
         self.conversation.anchor()
         self.stats.start_turn(time.monotonic())
         self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
         self._awaiting_prefill = True
-        settings = dataclasses.replace(
-            self.settings, block_size=self.stats.block_setting, drafter_enabled=self.stats.drafter_enabled
-        )
+        settings = session.turn_settings(self.settings)
         try:
-            self._turn_future = self.engine.chat(list(self.history), settings, self.bridge.listener(self.turn))
+            self._turn_future = session.engine.chat(list(self.history), settings, self.bridge.listener(self.turn))
         except Exception as e:  # the contract says it does not raise; a broken engine must not kill the UI
             stats = TurnStats(stop_reason="error")
             self._finish(TurnDone(stats, "", (), error=f"{type(e).__name__}: {e}"))
 
     # -- events from the engine -------------------------------------------------------------------
     def _drain(self) -> None:
-        items = self.bridge.drain()
         tokens: list[TokenEvent] = []
         first_t = last_t = 0.0
-        for item in items:
-            ev = item.event
-            if isinstance(ev, LoadProgress):
-                self.load_stage = f"{ev.stage} {ev.fraction:.0%}"
-                if not self.loaded and self.load_error is None:
-                    self.panel.show_status(f"loading {ev.stage} {ev.fraction:.0%}")
-                continue
-            if isinstance(ev, KernelProgress):
-                self._on_kernels(ev)
-                continue
-            if item.turn != self.turn or self.reply is None:
+        for item in self.bridge.drain():
+            ev, reply = item.event, self.reply
+            if item.turn != self.turn or reply is None:
                 continue  # a late event of a finished turn
             if isinstance(ev, TokenEvent):
                 if not tokens:
@@ -288,6 +373,8 @@ class ChatScreen(Screen):
                 tokens = []
             if isinstance(ev, RoundEvent):
                 self.stats.on_round(ev)
+                # its tokens are the last ev.emitted ones so far (1-based, the prefill's first is token 1)
+                reply.on_round(ev, reply.token_count + len(tokens) - ev.emitted + 1)
             elif isinstance(ev, PrefillDone):
                 self._prefill_over()
                 self.stats.on_prefill(ev)
@@ -295,10 +382,6 @@ class ChatScreen(Screen):
                 self._finish(ev)
         if tokens:
             self._append(tokens, first_t, last_t)
-        # after the events: the load's last progress event must not overwrite its outcome
-        if self._load_future is not None and self._load_future.done():
-            self._on_loaded(self._load_future)
-            self._load_future = None
         # A TurnDone that never came as an event still ends the turn, through the future.
         fut = self._turn_future
         if self.reply is not None and fut is not None and fut.done() and self.bridge.pending() == 0:
@@ -313,86 +396,21 @@ class ChatScreen(Screen):
         self.reply.append_tokens(tokens)
         self.stats.on_tokens(len(tokens), first_t, last_t)
 
-    def _on_loaded(self, fut) -> None:
-        try:
-            info = fut.result()
-        except Exception as e:
-            self.load_error = f"{type(e).__name__}: {e}" if not str(e) else str(e)
-            self.panel.show_status(f"load failed: {self.load_error}")
-            self.notify(f"Could not load the model: {self.load_error}", severity="error", timeout=10)
-            return
-        self.loaded = True
-        features = self.engine.features
-        if not features.token_origins:  # a server that does not say (vLLM)
-            self.legend.update(legend(origin_known=False))
-        self.stats.has_drafter = info.drafter_path is not None
-        self.stats.block_by_server = not features.live_controls
-        self.stats.context_length = info.context_length or None
-        self.stats.dirty = True
-        self.panel.show_pairing(info.name, bool(info.demo))
-        if not self.generating:
-            self.show_ready()
-
-    def show_ready(self) -> None:
-        info = self.engine.info
-        self.panel.show_status(
-            self._with_kernels("ready" + ("" if info is None or info.drafter_path else " (no drafter)"))
-        )
-
-    def _on_kernels(self, ev: KernelProgress) -> None:
-        """The engine builds this machine's compiled kernels in the background (replies work meanwhile,
-        slower): say so, with the real share of the preparation done."""
-        self.kernel_note = "" if ev.done else f"preparing kernels for this machine, first run only… {ev.fraction:.0%}"
-        if self.reply is None and self.loaded:
-            self.show_ready()
-        elif self.reply is not None and self._prefill is None:
-            self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
-
-    def _with_kernels(self, text: str) -> str:
-        return f"{text} · {self.kernel_note}" if self.kernel_note else text
-
-    def switch_pairing(self, spec) -> bool:
-        """Load another pairing into the running engine (the models screen's Use). The conversation
-        stays; the next turn is prefilled on the new model. False, doing nothing, while a reply streams."""
-        if self.generating:
-            return False
-        if not self.engine.features.choose_pairing:  # --connect: the server chose the model
-            self.notify("Connected to a server (--connect): the model is chosen there", severity="warning")
-            return False
-        self.spec = spec
-        self.loaded = False
-        self.load_error = None
-        self.load_stage = ""
-        self.panel.show_pairing(spec.name, spec.demo)
-        self.panel.show_status("loading…")
-        self._load_future = self.engine.load(spec, self.bridge.listener(0))
-        return True
-
     def _show_prefill(self) -> None:
         """While a prompt prefills: how many tokens, for how long so far, and about how long in all at
         the last measured prefill rate (a 100 KB paste takes minutes on a small machine)."""
         if self._prefill is None:
-            started = self.engine.prefilling
+            if not self.session.engine.features.prefill_progress:
+                return
+            started = self.session.engine.prefilling
             if started is None or self.reply is None or self.reply.plain or not self._awaiting_prefill:
                 return
             self._status_before_prefill = self.panel.status_text
-            self._prefill = (started.prefill_tokens, started.started, started.done)
-        n, t0, progress = self._prefill
-        elapsed = max(0.0, time.monotonic() - t0)
-        done = min(progress(), n) if progress is not None else 0
-        if done > 0:  # tokens done so far, and the rate this prefill is actually running at
-            text = f"prefill {done:,}/{n:,} tokens · {_clock(elapsed)}"
-            rate: float | None = done / elapsed if elapsed > 0 else None
-            left = n - done
-        else:
-            text = f"prefill {n:,} tokens · {_clock(elapsed)}"
-            rate, left = self.stats.prefill_tps, n
-        if rate:
-            text += f" · ETA ~{_clock(max(0.0, left / rate - (elapsed if done == 0 else 0.0)))}"
-        text = self._with_kernels(text)
+            self._prefill = started
+        text = self._with_kernels(prefill_text(self._prefill, self.stats.prefill_tps))
         self.panel.show_status(text)
         if self.reply is not None:
-            self.reply.summary.update(f"reading the prompt: {text}…")
+            self.reply.set_summary(f"reading the prompt: {text}…")
 
     def _prefill_over(self) -> None:
         self._awaiting_prefill = False
@@ -400,7 +418,7 @@ class ChatScreen(Screen):
             self._prefill = None
             self.panel.show_status(self._status_before_prefill)
             if self.reply is not None:
-                self.reply.summary.update("streaming…")
+                self.reply.set_summary("streaming…")
 
     def _finish(self, done: TurnDone) -> None:
         reply = self.reply
@@ -408,87 +426,48 @@ class ChatScreen(Screen):
             return
         self._prefill_over()  # a turn that ended (failed, stopped) during its prefill
         self.reply = None
-        self.prompt.live = False
+        self.session.streaming = False
         self.prompt.cursor_blink = True
         self._turn_future = None
         reply.finish(done)
         self.stats.on_done(done.stats)
-        if self.loaded:
+        if self.session.loaded:
             self.show_ready()
         user = self._turn_user
         self._turn_user = None
         self.images.turn_done(failed=done.stats.stop_reason == "error")
         if done.stats.stop_reason == "error":
-            # The turn never happened: take the user's message back out of the history and, if
-            # the prompt is still empty, give the text back to the prompt.
-            if self.history and self.history[-1]["role"] == "user":
-                self.history.pop()
-                self.chat_log.drop_last()
-            if user is not None:
-                user[1].remove()
-                if not self.prompt.text:
-                    self.prompt.text = user[0]
-                    self.prompt.move_cursor(self.prompt.document.end)
-            self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
+            self._turn_failed(reply, user)
             return
-        answer = self.chat_log.reply_done(reply, done)
+        answer = self.chat_log.reply_done(reply)
         self.history.append({"role": "assistant", "content": answer})
         self.last_reply = reply
-        self._keep_variant(reply, done)
+        earlier, self._carry_variants = self._carry_variants, []
+        if reply.keep_variant(earlier, greedy=self.settings.temperature == 0):
+            self.notify(
+                "Same reply: at temperature 0 (greedy) every variant is identical. Raise the "
+                "temperature (F9, chat parameters) for a different one.",
+                severity="warning",
+                timeout=8,
+                markup=False,
+            )
         if self.view_mode == "rendered":
             reply.flush_markdown()
+
+    def _turn_failed(self, reply: ReplyView, user: tuple[str, UserMessage] | None) -> None:
+        """The turn never happened: take the user's message back out of the history and, if the
+        prompt is still empty, give the text back to the prompt."""
+        if self.history and self.history[-1]["role"] == "user":
+            self.history.pop()
+            self.chat_log.drop_last()
+        if user is not None:
+            user[1].remove()
+            if not self.prompt.text:
+                self.prompt.text = user[0]
+                self.prompt.move_cursor(self.prompt.document.end)
+        self.notify(f"Generation failed: {reply.error}", severity="error", timeout=8)
 
     # -- variants of the last reply (regenerate keeps the earlier ones) -----------------------------
-    def _keep_variant(self, reply: ReplyView, done: TurnDone) -> None:
-        earlier, self._carry_variants = self._carry_variants, []
-        thinking = reply.thinking_text
-        variant = Variant(
-            text=reply.plain,
-            tokens=reply.tokens.text.copy(),
-            summary=str(reply.summary.render()),
-            header=str(reply.header.render()),
-            stopped=reply.stopped,
-            thinking=str(thinking) if thinking else None,
-            stats=done.stats,
-        )
-        reply.variants = [*earlier, variant]
-        reply.variant_index = len(reply.variants) - 1
-        if earlier:
-            same = earlier[-1].text == variant.text
-            greedy = self.settings.temperature == 0
-            if same and greedy:
-                variant.header += "  (identical: temperature 0 is greedy)"
-                self.notify(
-                    "Same reply: at temperature 0 (greedy) every variant is identical. Raise the "
-                    "temperature (F9, chat parameters) for a different one.",
-                    severity="warning",
-                    timeout=8,
-                    markup=False,
-                )
-            self._show_variant(reply, reply.variant_index, record=False)
-
-    def _show_variant(self, reply: ReplyView, index: int, record: bool = True) -> None:
-        v = reply.variants[index]
-        reply.variant_index = index
-        reply.tokens.set_text(v.tokens)
-        reply.chunks = [v.text]
-        reply._markdown_dirty = True
-        if self.view_mode == "rendered":
-            reply.flush_markdown()
-        n = len(reply.variants)
-        keys_hint = f"  ◀ {index + 1}/{n} ▶" if n > 1 else ""
-        reply.header.update(v.header + keys_hint)
-        reply.summary.update(v.summary)
-        reply.stopped = v.stopped
-        reply.set_class(v.stopped, "-stopped")
-        for old in reply.query(".thinking"):
-            old.remove()
-        if v.thinking:
-            reply.mount(thinking_section(v.thinking), before=reply.tokens)
-        if record:
-            self.history[-1] = {"role": "assistant", "content": v.text}
-            self.chat_log.variant_shown(reply, v.text, thinking=v.thinking, stats=v.stats, stopped=v.stopped)
-
     def _step_variant(self, step: int) -> None:
         reply = self.last_reply
         if self.generating or reply is None or len(reply.variants) < 2:
@@ -497,7 +476,11 @@ class ChatScreen(Screen):
         index = reply.variant_index + step
         if not 0 <= index < len(reply.variants):
             return
-        self._show_variant(reply, index)
+        variant = reply.show_variant(index)
+        if self.view_mode == "rendered":
+            reply.flush_markdown()
+        self.history[-1] = {"role": "assistant", "content": variant.text}
+        self.chat_log.variant_shown(reply, variant)
 
     def action_prev_variant(self) -> None:
         self._step_variant(-1)
@@ -516,26 +499,19 @@ class ChatScreen(Screen):
         if self.view_mode == "rendered" and self.reply is not None and now - self._last_markdown >= 1 / MARKDOWN_HZ:
             self._last_markdown = now
             self.reply.flush_markdown()
-        elif self.view_mode == "rendered" and self.last_reply is not None and self.last_reply._markdown_dirty:
+        elif self.view_mode == "rendered" and self.last_reply is not None and self.last_reply.markdown_stale:
             # the final flush at the end of a reply is skipped while a render is still running
             self.last_reply.flush_markdown()
 
     def _refresh_panels(self) -> None:
         if self.stats.dirty:
             self.stats.dirty = False
-            self.panel.show(self.stats)
+            self.panel.show(self.stats, self.session.tuning())
 
     # -- actions ----------------------------------------------------------------------------------
-    def run_named_action(self, action: str) -> None:
-        getattr(self, f"action_{action}")()
-
-    def on_quick_key(self, message: QuickKey) -> None:
-        message.stop()
-        self.run_named_action(message.action)
-
     def action_stop(self) -> None:
         if self.reply is not None:
-            self.engine.cancel()
+            self.session.engine.cancel()
 
     async def stop_and_keep(self, timeout_s: float = 1.0) -> None:
         """Stop a streaming reply and keep what it said, marked stopped (quitting mid-reply): the
@@ -544,7 +520,7 @@ class ChatScreen(Screen):
 
         if self.reply is None:
             return
-        self.engine.cancel()
+        self.session.engine.cancel()
         deadline = time.monotonic() + timeout_s
         while self.reply is not None and time.monotonic() < deadline:
             self._drain()
@@ -560,7 +536,7 @@ class ChatScreen(Screen):
             rounds=self.stats.rounds,
             drafted=self.stats.drafted,
             accepted=self.stats.accepted,
-            drafter_enabled=self.stats.drafter_enabled,
+            drafter_enabled=self.session.controls.drafter_enabled,
         )
         self._finish(TurnDone(stats, reply.plain, ()))
 
@@ -592,42 +568,26 @@ class ChatScreen(Screen):
             for reply in self.conversation.query(ReplyView):
                 reply.flush_markdown()
 
-    def _fixed_by_server(self) -> bool:
-        """A remote server that takes no live block-size or drafter changes says so (no effect)."""
-        features = self.engine.features
-        if features.live_controls:
-            return False
-        self.notify(f"Not changed: {features.controls_note or 'the server fixes them'}", severity="warning")
-        return True
-
-    def _set_block(self, k: int | str) -> None:
-        if self._fixed_by_server():
-            return
-        self.stats.block_setting = k
-        self.stats.dirty = True
-        self.engine.set_block_size(k)
-
-    def _current_k(self) -> int:
-        if isinstance(self.stats.block_setting, int):
-            return self.stats.block_setting
-        return self.stats.last_block_size or 4
+    def _tuned(self, refused: str | None) -> None:
+        """A tuning key's outcome: the panel shows a change; a server that fixes the controls says so."""
+        if refused is not None:
+            self.notify(f"Not changed: {refused}", severity="warning")
 
     def action_block_size_up(self) -> None:
-        self._set_block(min(self._current_k() + 1, MAX_BLOCK))
+        self._tuned(self.session.step_block_size(+1, self.stats.last_block_size))
 
     def action_block_size_down(self) -> None:
-        self._set_block(max(self._current_k() - 1, MIN_BLOCK_SIZE))
+        self._tuned(self.session.step_block_size(-1, self.stats.last_block_size))
 
     def action_toggle_auto(self) -> None:
-        self._set_block(self._current_k() if self.stats.block_setting == "auto" else "auto")
+        self._tuned(self.session.toggle_auto(self.stats.last_block_size))
 
     def action_toggle_drafter(self) -> None:
-        if self._fixed_by_server():
-            return
-        on = not self.stats.drafter_enabled
-        self.stats.drafter_enabled = on
-        self.stats.dirty = True
-        self.engine.set_drafter_enabled(on)  # the panel shows the state; no toast over the prompt
+        on = not self.session.controls.drafter_enabled
+        refused = self.session.set_drafter_enabled(on)
+        if refused is None and self.reply is not None and self.session.has_drafter:
+            self.reply.draft_switches.pressed(on)  # the reply's record says from which token
+        self._tuned(refused)
 
     def action_models(self) -> None:
         if self.open_models is not None:
@@ -664,20 +624,30 @@ class ChatScreen(Screen):
         self.last_reply = None
         # the panel's figures were the previous chat's last turn
         self.stats.clear()
-        self.panel.show(self.stats)
+        self.panel.show(self.stats, self.session.tuning())
+        self._load_input_history()  # the chat left behind is one of the others now
 
-    def _with_live_controls(self, settings: GenerationSettings) -> GenerationSettings:
-        """`settings` with this screen's block size and drafter switch (live controls, not chat parameters)."""
-        return dataclasses.replace(
-            settings, block_size=self.settings.block_size, drafter_enabled=self.settings.drafter_enabled
-        )
+    def _load_input_history(self) -> None:
+        """Every chat's messages for Up/Down, read on the history's writer thread (none: history off)."""
+        recorder = self.recorder
+        if recorder is not None:
+            self.run_worker(self._read_input_history(recorder), group="input-history", exclusive=True)
+
+    async def _read_input_history(self, recorder: HistoryRecorder) -> None:
+        import asyncio
+
+        try:
+            texts = await asyncio.wrap_future(recorder.recent_user_texts())
+        except Exception:  # an unreadable history: recall keeps what this session sent
+            return
+        self.input_history.load(texts)
 
     def action_new_chat(self) -> None:
         if self._busy("start a new chat"):
             return
         self.clear_conversation()
-        self.settings = self._with_live_controls(self.base_settings)
-        self.chat_log.start_chat(self.spec, self.settings)
+        self.settings = dataclasses.replace(self.base_settings)
+        self.chat_log.start_chat(self.session.spec, self.settings)
         self.notify("New chat")
         self.prompt.focus()
 
@@ -704,14 +674,14 @@ class ChatScreen(Screen):
             await self.open_chat(chat_id)
         elif kind == "deleted":  # the open chat was deleted: it stays on screen, as a new unsaved chat
             if self.recorder is not None:
-                self.chat_log.start_chat(self.spec, self.settings)
+                self.chat_log.start_chat(self.session.spec, self.settings)
                 self.clear_conversation()
 
     async def open_chat(self, chat_id: int) -> None:
         recorder = self.recorder
         if recorder is None or self._busy("open another chat"):
             return
-        current = self.spec
+        current = self.session.spec
 
         def load(store: Store) -> tuple[Chat, PairingSpec | None]:
             chat = store.load_chat(chat_id)
@@ -730,7 +700,7 @@ class ChatScreen(Screen):
         PairingSpec for the chat's pairing when it differs from the loaded one)."""
         self.clear_conversation()
         recorder.adopt(chat)
-        self.settings = self._with_live_controls(settings_for_chat(self.base_settings, chat.params, chat.system_prompt))
+        self.settings = settings_for_chat(self.base_settings, chat.params, chat.system_prompt)
         widgets = restored_widgets(chat)
         self.history.extend(m for m in chat.engine_messages() if m["role"] != "system")
         if widgets:
@@ -748,13 +718,13 @@ class ChatScreen(Screen):
 
     def _restore_pairing(self, chat: Chat, spec: PairingSpec | None) -> None:
         """Load the chat's pairing if it is not the one loaded; say so when it cannot be found any more."""
-        if same_pairing(chat, self.spec):
+        if same_pairing(chat, self.session.spec):
             return
-        if spec is not None and self.switch_pairing(spec):
+        if spec is not None and self.session.switch(spec) is None:
             self.notify(f"Loading {spec.name}, the pairing this chat was with", markup=False)
             return
         self.notify(
-            f"This chat was with {chat.pairing}, which is not available; it continues with {self.spec.name}",
+            f"This chat was with {chat.pairing}, which is not available; it continues with {self.session.spec.name}",
             severity="warning",
             timeout=8,
             markup=False,
@@ -762,8 +732,12 @@ class ChatScreen(Screen):
 
     # -- parameters and settings --------------------------------------------------------------------
     def supports_thinking(self) -> bool:
-        info = self.engine.info
+        info = self.session.info
         return info is not None and info.supports_thinking
+
+    def _thinking_on_demo(self) -> bool:
+        info = self.session.info
+        return self.settings.thinking and info is not None and info.demo
 
     def action_chat_params(self) -> None:
         from app.tui.screens.chat_params import ChatParamsScreen
@@ -777,11 +751,14 @@ class ChatScreen(Screen):
     def _on_params(self, new: GenerationSettings | None) -> None:
         if new is None:
             return
+        thinking_before = self.settings.thinking
         self.apply_chat_settings(new)
         self.notify("Chat parameters saved; they apply from the next reply")
+        if not thinking_before and self._thinking_on_demo():
+            self.notify(DEMO_THINKING_NOTE, severity="warning", timeout=10, markup=False)
 
     def apply_chat_settings(self, new: GenerationSettings) -> None:
-        self.settings = self._with_live_controls(new)
+        self.settings = new
         self.chat_log.params_changed(self.settings)
 
     def action_toggle_thinking(self) -> None:
@@ -790,14 +767,17 @@ class ChatScreen(Screen):
             return
         on = not self.settings.thinking
         self.apply_chat_settings(dataclasses.replace(self.settings, thinking=on))
-        self.notify(f"Thinking {'on' if on else 'off'} from the next reply", markup=False)
+        if self._thinking_on_demo():
+            self.notify(f"Thinking on from the next reply. {DEMO_THINKING_NOTE}", severity="warning", timeout=10)
+        else:
+            self.notify(f"Thinking {'on' if on else 'off'} from the next reply", markup=False)
 
     def action_settings(self) -> None:
         from app.tui.screens.settings import SettingsScreen
 
         if isinstance(self.app.screen, SettingsScreen):
             return
-        self.app.push_screen(SettingsScreen(getattr(self.app, "config_path", None)), self._on_settings)
+        self.app.push_screen(SettingsScreen(self.config_path), self._on_settings)
 
     def _on_settings(self, config: Config | None) -> None:
         if config is None:
@@ -805,8 +785,8 @@ class ChatScreen(Screen):
         if self.on_config is not None:  # the app keeps the config and applies its theme
             self.on_config(config)
         self.base_settings = config.generation_settings()
-        if config.block_size != self.stats.block_setting:
-            self._set_block(config.block_size)
+        if config.block_size != self.session.controls.block_size:
+            self._tuned(self.session.set_block_size(config.block_size))
 
     # -- copy and export ------------------------------------------------------------------------------
     def _copy(self, text: str, what: str) -> None:
@@ -885,11 +865,12 @@ class ChatScreen(Screen):
         """Stop the engine without letting a stuck engine hold the UI: close on a helper thread."""
         import threading
 
+        engine = self.session.engine
         try:
-            self.engine.cancel()
+            engine.cancel()
         except Exception:
             pass
-        closer = threading.Thread(target=self.engine.close, name="engine-close", daemon=True)
+        closer = threading.Thread(target=engine.close, name="engine-close", daemon=True)
         closer.start()
         closer.join(timeout_s)
 
@@ -897,3 +878,21 @@ class ChatScreen(Screen):
 def _clock(seconds: float) -> str:
     s = int(seconds + 0.5)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def prefill_text(started: PrefillStarted, last_rate: float | None) -> str:
+    """'prefill 1,200/40,000 tokens · 0:12 · ETA ~6:28': how far a prefill is, and how long it has
+    left at the rate it runs at (or, before it reports progress, at the last prefill's rate)."""
+    n = started.prefill_tokens
+    elapsed = max(0.0, time.monotonic() - started.started)
+    done = min(started.done(), n) if started.done is not None else 0
+    if done > 0:  # tokens done so far, and the rate this prefill is actually running at
+        text = f"prefill {done:,}/{n:,} tokens · {_clock(elapsed)}"
+        rate: float | None = done / elapsed if elapsed > 0 else None
+        left = n - done
+    else:
+        text = f"prefill {n:,} tokens · {_clock(elapsed)}"
+        rate, left = last_rate, n
+    if rate:
+        text += f" · ETA ~{_clock(max(0.0, left / rate - (elapsed if done == 0 else 0.0)))}"
+    return text

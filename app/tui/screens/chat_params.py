@@ -15,10 +15,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from app.resources import style_path
-from core.settings import GenerationSettings
+from core.settings import BadValue, GenerationSettings
 from core.user.config import SAMPLING
 
 # field -> (label, kind): kind "int" / "float" / "seed" (an int, or empty for a random seed)
@@ -56,10 +57,11 @@ def parse_field(name: str, text: str, label: str | None = None) -> Any:
     try:
         return SAMPLING[name](value)
     except Exception as e:  # core.user.config's check: `why` says what is allowed
-        raise FieldError(label, f"{getattr(e, 'why', e)}, got {text}") from None
+        why = e.why if isinstance(e, BadValue) else e
+        raise FieldError(label, f"{why}, got {text}") from None
 
 
-def form_row(label: str, widget, note: str = "") -> Horizontal:
+def form_row(label: str, widget: Widget, note: str = "") -> Horizontal:
     children = [Label(label, classes="form-label"), widget]
     if note:
         children.append(Static(note, classes="form-note", markup=False))
@@ -119,6 +121,7 @@ class ChatParamsScreen(FormScreen[GenerationSettings | None]):
 
     def compose(self) -> ComposeResult:
         s = self.settings
+        values = dataclasses.asdict(s)
         with Vertical(id="params-box"):
             yield Static("This chat's parameters (from the next reply)", id="params-title")
             with VerticalScroll(id="params-form"):
@@ -128,7 +131,7 @@ class ChatParamsScreen(FormScreen[GenerationSettings | None]):
                 )
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
-                    yield form_row(label, Input(shown(getattr(s, name)), id=f"params-{name}", compact=True), note)
+                    yield form_row(label, Input(shown(values[name]), id=f"params-{name}", compact=True), note)
                 note = "" if self.thinking_available else "this pairing's chat template has no thinking mode"
                 yield form_row(
                     "Thinking",

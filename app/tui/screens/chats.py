@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -22,6 +22,7 @@ from app.resources import style_path
 from app.tui.screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
+    from app.tui.history import HistoryRecorder
     from core.user.store import ChatSummary
 
 
@@ -30,7 +31,7 @@ def when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
-def chat_label(summary, snippet: str | None = None, current: bool = False) -> Text:
+def chat_label(summary: ChatSummary, snippet: str | None = None, current: bool = False) -> Text:
     t = Text()
     t.append(summary.title, "bold")
     if current:
@@ -85,7 +86,7 @@ class ChatListScreen(ModalScreen[tuple[str, int | None] | None]):
         Binding("delete,ctrl+d", "delete", "Delete", priority=True),
     ]
 
-    def __init__(self, recorder, current_id: int | None = None) -> None:
+    def __init__(self, recorder: HistoryRecorder, current_id: int | None = None) -> None:
         super().__init__()
         self.recorder = recorder
         self.current_id = current_id
@@ -161,7 +162,7 @@ class ChatListScreen(ModalScreen[tuple[str, int | None] | None]):
         event.stop()
         self.action_open()
 
-    def on_key(self, event) -> None:
+    def on_key(self, event: events.Key) -> None:
         # arrows in the search box move through the list
         if event.key in ("up", "down") and isinstance(self.focused, Input):
             event.stop()

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DirectoryTree, Static
+from textual.widgets import DirectoryTree, Static, Tree
+from textual.widgets.directory_tree import DirEntry
 
 from app.resources import style_path
 from app.tui.paths_in_text import is_image_name
 from app.tui.widgets.thumbnail import ImageInfo, Thumbnail, describe, inspect_image
+
+if TYPE_CHECKING:
+    from core.engine.contract import PairingInfo
 
 
 class ImageTree(DirectoryTree):
@@ -46,7 +51,7 @@ class FilePicker(ModalScreen[str | None]):
     ]
     last_dir: Path | None = None  # where the previous pick was made (per process)
 
-    def __init__(self, start: str | Path | None = None, pairing=None) -> None:
+    def __init__(self, start: str | Path | None = None, pairing: PairingInfo | None = None) -> None:
         super().__init__()
         start_dir = Path(start or FilePicker.last_dir or Path.cwd()).expanduser()
         self.start_dir = start_dir if start_dir.is_dir() else Path.cwd()
@@ -74,9 +79,9 @@ class FilePicker(ModalScreen[str | None]):
         FilePicker.last_dir = Path(event.path).parent
         self.dismiss(str(event.path))
 
-    def on_tree_node_highlighted(self, event) -> None:
-        data = getattr(event.node, "data", None)
-        path = getattr(data, "path", None)
+    def on_tree_node_highlighted(self, event: Tree.NodeHighlighted[DirEntry]) -> None:
+        data = event.node.data
+        path = data.path if data is not None else None
         if path is None or path.is_dir():
             return
         self.details.update(f"{path.name}\nreading…")
@@ -98,8 +103,8 @@ class FilePicker(ModalScreen[str | None]):
 
     def _show_preview(self, path: str, info: ImageInfo | None, text: str) -> None:
         highlighted = self.files.cursor_node
-        data = getattr(highlighted, "data", None)
-        if data is None or str(getattr(data, "path", "")) != path:
+        data = highlighted.data if highlighted is not None else None
+        if data is None or str(data.path) != path:
             return  # the cursor moved on; a newer preview is on its way
         self.previewed = info
         self.details.update(text)

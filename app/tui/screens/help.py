@@ -18,7 +18,7 @@ from app.tui.widgets.conversation import legend
 def help_table(screen_keys: tuple[keys.ScreenKey, ...]) -> Table:
     table = Table(box=None, show_header=True, header_style="bold", pad_edge=False, expand=True)
     table.add_column("Key", no_wrap=True)
-    table.add_column("Empty prompt", no_wrap=True)
+    table.add_column("Conversation", no_wrap=True)
     table.add_column("Action")
     for sk in screen_keys:
         table.add_row(keys.display_key(sk.always), keys.display_key(sk.quick), sk.description)
@@ -59,9 +59,11 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(help_table(self.screen_keys), id="help-keys")
                 yield Static(
                     Text.assemble(
-                        "Plain keys (second column) act when the conversation has focus (Tab), or in an "
-                        "empty prompt: + - ? always, a d only while a reply streams. Once you type, they "
-                        "are ordinary text. The F-keys and ctrl keys always work.\n"
+                        "Plain keys (second column) act only while the conversation has the focus (Tab "
+                        "to it; the footer then lists them). In the prompt every key types, and any other "
+                        "key typed in the conversation goes to the prompt. The F-keys and ctrl keys always "
+                        "work. A mouse click leaves the focus in the prompt; select text with the mouse "
+                        "(Shift+drag in most terminals copies it the terminal's way).\n"
                         "Block size: the tokens the target verifies per round (the drafter's drafts + 1); "
                         "changes apply from the next round, also in the middle of a reply.\n\n",
                         legend(),

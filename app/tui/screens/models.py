@@ -30,14 +30,17 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.resources import style_path
+from app.tui.messages import PairingFailed, PairingLoaded, PairingProgress
+from app.tui.session import ChatSession
 from core.hub.catalog import STATUS_WORDS, UNCONFIRMED_NOTE
 from core.hub.fit import FIT_WORDS
 from core.modeltypes import is_drafter
 from core.units import format_bytes
 
 if TYPE_CHECKING:
+    from core.engine.contract import PairingSpec
     from core.hub.catalog import CatalogEntry, LocalCheckpoint
-    from core.hub.download import DownloadHandle, DownloadProgress
+    from core.hub.download import DownloadEvent, DownloadFailed, DownloadHandle, DownloadProgress
     from core.hub.fit import MachineMemory
 
 DEMO_KEY = "demo"
@@ -61,7 +64,7 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def progress_line(ev) -> str:
+def progress_line(ev: DownloadProgress) -> str:
     """One line for a DownloadProgress: bytes, rate, ETA, current file."""
     pct = 100.0 * ev.done_bytes / ev.total_bytes if ev.total_bytes else 100.0
     rate = f"{ev.rate_bps / 1e6:.1f} MB/s" if ev.rate_bps else "-- MB/s"
@@ -114,7 +117,18 @@ Row = DemoRow | PairingRow | OtherRow
 
 # -- rows ------------------------------------------------------------------------------------------
 
-COLUMNS = ("Pairing", "Status", "Download", "Memory", "Fit", "Vision", "Block", "Repo name")
+# (key, title): whether a pairing fits this machine comes right after its name, so it is in view at
+# 80 columns without scrolling the table sideways; each row's cells are in this order.
+COLUMNS = (
+    ("pairing", "Pairing"),
+    ("fit", "Fit"),
+    ("memory", "Memory"),
+    ("status", "Status"),
+    ("download", "Download"),
+    ("vision", "Vision"),
+    ("block", "Block"),
+    ("repo", "Repo name"),
+)
 
 _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
 _FIT_TEXT = FIT_WORDS  # one wording with the CLI
@@ -134,7 +148,7 @@ def status_text(state: str, local_bytes: int = 0) -> Text:
     return Text(STATUS_WORDS["missing"], style="dim")
 
 
-def entry_state(entry) -> str:
+def entry_state(entry: CatalogEntry) -> str:
     if entry.status == "partial" and entry.local_bytes == 0:  # a folder left by a refused download
         return "missing"
     if entry.status == "partial" and entry.target.state == "missing" and entry.drafter.complete:
@@ -142,13 +156,19 @@ def entry_state(entry) -> str:
     return entry.status
 
 
-def demo_row() -> Row:
+DEFAULT_MARK = "  *"  # the pairing a plain start opens (the config's default_pairing)
+
+
+def demo_row(default: str | None = None) -> Row:
+    label = Text("demo  tiny trained model, offline", style="bold")
+    if default == DEMO_KEY:
+        label.append(DEFAULT_MARK)
     cells = (
-        Text("demo — tiny trained model, offline", style="bold"),
+        label,
+        Text("ok", style="green"),
+        "< 0.1 GB",
         Text("ready", style="green"),
         "—",
-        "< 0.1 GB",
-        Text("ok", style="green"),
         "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
         "auto",
         "shipped",
@@ -156,15 +176,20 @@ def demo_row() -> Row:
     return DemoRow(DEMO_KEY, cells)
 
 
+def short_label(label: str) -> str:
+    """A catalogue label without the "Gemma 4 " every one of them starts with (the table is narrow)."""
+    return label.removeprefix("Gemma 4 ")
+
+
 def pairing_row(entry: CatalogEntry, default: str | None = None) -> PairingRow:
     p = entry.pairing
-    label = f"{p.name}  {p.label}" + ("  *" if p.name == default else "")
+    label = f"{p.name}  {short_label(p.label)}" + (DEFAULT_MARK if p.name == default else "")
     cells = (
         label,
+        Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
+        gb(entry.memory.total_bytes),
         status_text(entry_state(entry), entry.local_bytes),
         gb(p.download_bytes),
-        gb(entry.memory.total_bytes),
-        Text(_FIT_TEXT.get(entry.fit.level, entry.fit.level), style=_FIT_STYLE.get(entry.fit.level, "")),
         "yes" if p.vision else "no",
         str(p.block_size),
         "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
@@ -177,10 +202,10 @@ def other_row(ckpt: LocalCheckpoint) -> OtherRow:
     kind = "?" if ckpt.model_type is None else ("drafter" if is_drafter(ckpt.model_type) else "target")
     cells = (
         f"{st.repo_id}  ({kind})",
+        "—",
+        "—",
         status_text("ready" if st.complete else "partial", st.size_on_disk),
         gb(st.size_on_disk),
-        "—",
-        "—",
         "—",
         "—",
         "in cache",
@@ -242,6 +267,7 @@ class ModelsScreen(Screen):
 
     def __init__(
         self,
+        session: ChatSession,
         options: ModelsOptions | None = None,
         *,
         highlight: str | None = None,
@@ -249,6 +275,7 @@ class ModelsScreen(Screen):
         close_keys: str = "f2",
     ) -> None:
         super().__init__()
+        self.session = session  # the app's: what is loaded, and where a Use loads
         self.options = options or ModelsOptions()
         self.highlight = highlight
         self.first_run = first_run
@@ -259,8 +286,8 @@ class ModelsScreen(Screen):
         self.download_handle: DownloadHandle | None = None
         self.download_name: str | None = None
         self.last_progress: DownloadProgress | None = None
-        self.download_result = None  # the last download's final event
-        self.pending_load = None  # the PairingSpec the chat screen is loading for us
+        self.download_result: DownloadEvent | None = None  # the last download's final event
+        self.pending_load: PairingSpec | None = None  # the pairing the session is loading for us
         self.message = ""
         self.table: DataTable[str | Text] = DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
         self.details = Static("", id="models-details")
@@ -283,8 +310,9 @@ class ModelsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        for i, name in enumerate(COLUMNS):
-            self.table.add_column(name, key=f"c{i}")
+        self.session.subscribe(self)
+        for key, title in COLUMNS:
+            self.table.add_column(title, key=key)
         self.bar.display = False
         self.progress.display = False
         self.table.focus()
@@ -301,13 +329,17 @@ class ModelsScreen(Screen):
         machine = self.options.machine or fit.machine_memory()
         entries = catalog.list_entries(cache_dir=self.options.cache_dir, machine=machine)
         others = catalog.other_local_checkpoints(cache_dir=self.options.cache_dir)
-        default = catalog.load_catalog().default
-        rows: list[Row] = [demo_row(), *(pairing_row(e, default) for e in entries), *(other_row(c) for c in others)]
+        default = configured_pairing()
+        rows: list[Row] = [
+            demo_row(default),
+            *(pairing_row(e, default) for e in entries),
+            *(other_row(c) for c in others),
+        ]
         budget = gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
         context = entries[0].memory.context if entries else 0
         line = (
             f"Usable memory here: {budget}, {machine.note} · Memory = weights + K/V cache at {context} tokens "
-            f"+ overhead · * default · unconfirmed repo name: see its details"
+            f"+ overhead · * opens at start · unconfirmed repo name: see its details"
         )
         self.app.call_from_thread(self._show_rows, rows, line)
 
@@ -410,7 +442,7 @@ class ModelsScreen(Screen):
         if name is None or self.row(name) is None:
             return
         label = "downloading" if pct is None else f"downloading {pct:.0f}%"
-        self.table.update_cell(name, "c1", Text(label, style="cyan"))
+        self.table.update_cell(name, "status", Text(label, style="cyan"))
 
     def action_cancel_download(self) -> None:
         if self.download_handle is None:
@@ -422,8 +454,6 @@ class ModelsScreen(Screen):
     def _tick(self) -> None:
         if self.download_handle is not None:
             self._drain_download()
-        if self.pending_load is not None:
-            self._watch_load()
 
     def _drain_download(self) -> None:
         from core.hub.download import (
@@ -452,7 +482,7 @@ class ModelsScreen(Screen):
                 self._download_ended(ev)
                 return
 
-    def _download_ended(self, ev) -> None:
+    def _download_ended(self, ev: DownloadEvent) -> None:
         from core.hub.download import DownloadCancelled, DownloadFailed, DownloadFinished
 
         name = self.download_name
@@ -476,10 +506,6 @@ class ModelsScreen(Screen):
         self.refresh_rows()
 
     # -- use / load ------------------------------------------------------------------------------
-    @property
-    def chat(self):
-        return getattr(self.app, "chat", None)
-
     def action_use(self) -> None:
         row = self.selected
         if row is None:
@@ -511,20 +537,18 @@ class ModelsScreen(Screen):
         # the demo is remembered too (default_pairing = "demo"): the next start opens it, no welcome
         self._load(spec, row.key if row.kind in ("pairing", "demo") else None)
 
-    def _confirmed_load(self, spec, name: str, yes: bool | None) -> None:
+    def _confirmed_load(self, spec: PairingSpec, name: str, yes: bool | None) -> None:
         if yes:
             self._load(spec, name)
         else:
             self.say(f"Not loaded: {name} would not fit.")
 
-    def _spec_for(self, row: Row):
+    def _spec_for(self, row: Row) -> PairingSpec | None:
         from core.engine.pairings import catalogue_spec, demo_spec, snapshot_spec
 
         if row.kind == "demo":
-            current = getattr(self.chat, "spec", None)
-            if current is not None and getattr(current, "demo", False):
-                return current
-            return demo_spec()
+            current = self.session.spec
+            return current if current.demo else demo_spec()
         if row.kind == "other":
             st = row.other.status
             if is_drafter(row.other.model_type):
@@ -542,25 +566,20 @@ class ModelsScreen(Screen):
             return None
         return catalogue_spec(row.key, cache_dir=self.options.cache_dir)
 
-    def _load(self, spec, catalogue_name: str | None) -> None:
-        chat = self.chat
-        if chat is None:
-            self.say("No chat screen to load into.", "error")
-            return
-        same = chat.spec is not None and (chat.spec.target, chat.spec.drafter) == (spec.target, spec.drafter)
-        if same and chat.load_error is None:
-            spec = chat.spec  # already loaded (or loading): wait for it and go back
-        elif not chat.switch_pairing(spec):
-            if not chat.engine.features.choose_pairing:
-                self.say("Connected to a server (--connect): the model is chosen on the server.", "warning")
-                return
-            self.say("A reply is streaming: stop it (Esc in the chat) before switching.", "warning")
+    def _load(self, spec: PairingSpec, catalogue_name: str | None) -> None:
+        session = self.session
+        current = session.spec
+        if (current.target, current.drafter) == (spec.target, spec.drafter) and session.load_error is None:
+            spec = current  # already loaded (or loading): wait for it and go back
+        elif (refused := session.switch(spec)) is not None:
+            self.say(refused, "warning")
             return
         self.pending_load = spec
-        self.say(f"Loading {spec.name}…")
+        self.say(f"Loading {spec.name}… {session.load_stage}".rstrip())
         if catalogue_name and self.options.remember:
             self._remember(catalogue_name)
-        self._watch_load()
+        if session.loaded:  # it was already
+            self._loaded(spec)
 
     @work(thread=True, group="models-config")
     def _remember(self, name: str) -> None:
@@ -572,23 +591,24 @@ class ModelsScreen(Screen):
         except (ConfigError, OSError) as e:
             self.app.call_from_thread(self.app.notify, f"Could not save the default pairing: {e}", severity="warning")
 
-    def _watch_load(self) -> None:
-        chat = self.chat
-        spec = self.pending_load
-        if chat is None or spec is None or chat.spec is not spec:  # someone else switched meanwhile
+    # the session's load, as it goes (a load someone else started meanwhile is not ours to report)
+    def on_pairing_progress(self, message: PairingProgress) -> None:
+        if message.spec is self.pending_load:
+            self.say(f"Loading {message.spec.name}… {message.stage}")
+
+    def on_pairing_loaded(self, message: PairingLoaded) -> None:
+        if message.spec is self.pending_load:
+            self._loaded(message.spec)
+
+    def on_pairing_failed(self, message: PairingFailed) -> None:
+        if message.spec is self.pending_load:
             self.pending_load = None
-            return
-        if chat.load_error is not None:
-            self.pending_load = None
-            self.say(f"Could not load {spec.name}: {chat.load_error}", "error")
-            return
-        if chat.loaded:
-            self.pending_load = None
-            self.app.notify(f"Now chatting with {spec.name}")
-            self.dismiss()
-            return
-        stage = getattr(chat, "load_stage", "")
-        self.say(f"Loading {spec.name}… {stage}".rstrip())
+            self.say(f"Could not load {message.spec.name}: {message.error}", "error")
+
+    def _loaded(self, spec: PairingSpec) -> None:
+        self.pending_load = None
+        self.app.notify(f"Now chatting with {spec.name}")
+        self.dismiss()
 
     # -- remove ----------------------------------------------------------------------------------
     def action_remove(self) -> None:
@@ -610,12 +630,8 @@ class ModelsScreen(Screen):
         if not doomed:
             self.say(f"{row.key}: nothing to remove (not in the cache).")
             return
-        chat = self.chat
-        in_use = (
-            chat is not None
-            and chat.spec is not None
-            and any(repo_in_path(r, p) for r in doomed for p in (chat.spec.target, chat.spec.drafter or ""))
-        )
+        spec = self.session.spec
+        in_use = any(repo_in_path(r, p) for r in doomed for p in (spec.target, spec.drafter or ""))
         if in_use:
             self.say(f"{row.key} is the pairing in use: switch to another one first.", "warning")
             return
@@ -661,6 +677,7 @@ class ModelsScreen(Screen):
         self.dismiss()
 
     def on_unmount(self) -> None:
+        self.session.unsubscribe(self)
         self._stop_download()
 
     def _stop_download(self) -> None:
@@ -671,7 +688,17 @@ class ModelsScreen(Screen):
             threading.Thread(target=handle.wait, args=(10,), name="download-reap", daemon=True).start()
 
 
-def failure_text(ev) -> str:
+def configured_pairing() -> str | None:
+    """The config's default_pairing (what a plain `gemma-chat` opens); None when unset or unreadable."""
+    from core.user.config import ConfigError, load_config
+
+    try:
+        return load_config().default_pairing
+    except (ConfigError, OSError):
+        return None
+
+
+def failure_text(ev: DownloadFailed) -> str:
     """The core's message, with what to do for the kinds people hit most."""
     hints = {
         "gated": "",  # the core's message already says: accept the terms, then HF_TOKEN / hf auth login

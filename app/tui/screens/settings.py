@@ -7,6 +7,7 @@ with the field's name and nothing is written; dismisses with the new Config, or 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,8 @@ class SettingsScreen(FormScreen[Config | None]):
             with VerticalScroll(id="settings-form"):
                 yield form_row(
                     "Default pairing",
-                    Input(id="set-default_pairing", placeholder="e.g. E2B", compact=True),
-                    'opened at start (the one used last); "demo" for the demo',
+                    Input(id="set-default_pairing", placeholder="e.g. demo, e4b-4bit", compact=True),
+                    'what a plain start opens (* in the models list); "demo" for the demo',
                 )
                 yield form_row("Block size", Input(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"')
                 for name, (label, _) in SAMPLING_FIELDS.items():
@@ -110,7 +111,7 @@ class SettingsScreen(FormScreen[Config | None]):
             "default_pairing": shown(config.default_pairing),
             "block_size": shown(config.block_size),
             "system_prompt": shown(config.system_prompt),
-            **{name: shown(getattr(config.sampling, name)) for name in SAMPLING_FIELDS},
+            **{name: shown(value) for name, value in asdict(config.sampling).items() if name in SAMPLING_FIELDS},
         }
         for name, value in values.items():
             self.query_one(f"#set-{name}", Input).value = value
@@ -143,8 +144,9 @@ class SettingsScreen(FormScreen[Config | None]):
             "image_budget": self.query_one("#set-image_budget", Select).value,
         }
         new_sampling = {name: parse_field(name, text(name)) for name in SAMPLING_FIELDS}
-        out: dict[str, Any] = {k: v for k, v in new_top.items() if v != getattr(old, k)}
-        sampling = {k: v for k, v in new_sampling.items() if v != getattr(old.sampling, k)}
+        old_top, old_sampling = asdict(old), asdict(old.sampling)
+        out: dict[str, Any] = {k: v for k, v in new_top.items() if v != old_top[k]}
+        sampling = {k: v for k, v in new_sampling.items() if v != old_sampling[k]}
         if sampling:
             out["sampling"] = sampling
         return out

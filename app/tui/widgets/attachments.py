@@ -12,6 +12,7 @@ focused one; a click on a chip removes it too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -19,10 +20,13 @@ from textual.widgets import Static
 
 from app.tui.widgets.thumbnail import ImageInfo, inspect_image
 
+if TYPE_CHECKING:
+    from core.engine.contract import PairingInfo
+
 Done = Callable[[bool], None]
 
 
-def no_vision_message(pairing) -> str:
+def no_vision_message(pairing: PairingInfo) -> str:
     return f"{pairing.name} has no vision tower: it cannot take images. Pick a pairing with vision (F2)."
 
 
@@ -54,7 +58,10 @@ class AttachmentBar(Horizontal):
     DEFAULT_CSS = "AttachmentBar { height: auto; padding: 0 1; } AttachmentBar.-empty { display: none; }"
 
     def __init__(
-        self, pairing: Callable[[], object] = lambda: None, return_focus: Callable[[], object] | None = None, **kwargs
+        self,
+        pairing: Callable[[], PairingInfo | None] = lambda: None,
+        return_focus: Callable[[], object] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(classes="-empty", **kwargs)
         self._pairing = pairing  # the engine's PairingInfo, or None while loading
@@ -75,7 +82,7 @@ class AttachmentBar(Horizontal):
         """Check `paths` off the UI thread, then add a chip per good one; notify per bad one.
         `on_done(all_ok)` runs on the UI thread afterwards."""
         pairing = self._pairing()
-        if pairing is not None and not getattr(pairing, "has_vision", True):
+        if pairing is not None and not pairing.has_vision:
             self.notify(f"Not attached: {no_vision_message(pairing)}", severity="error", timeout=8)
             if on_done:
                 on_done(False)

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.cells import cell_len, get_character_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
-from textual.containers import ScrollableContainer, Vertical
+from textual.containers import ScrollableContainer, Vertical, VerticalScroll
 from textual.geometry import Region, Size
+from textual.selection import Selection
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 
-from app.tui.live_stats import summary_line
-from core.events import TokenEvent, TurnDone, TurnStats
+from core.events import RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.user.export import DRAFTER_SWITCHES, stats_line, switches_text
 
 DRAFT_COLOR = "#56B4E9"
 TARGET_COLOR = "#E69F00"
@@ -96,6 +100,26 @@ def legend(origin_known: bool = True) -> Text:
     return t
 
 
+class Conversation(VerticalScroll):
+    """The scrolling conversation. A click (to select text, to scroll) leaves the focus where it was,
+    so typing goes on into the prompt; Tab gives it the focus, and then its plain-key shortcuts
+    (`shortcuts`, Textual key names, bound on the screen) act while any other printable key is typed
+    into the prompt (`type_into`): nothing typed is dropped."""
+
+    FOCUS_ON_CLICK = False
+
+    def __init__(self, shortcuts: set[str], type_into: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shortcuts = shortcuts
+        self._type_into = type_into
+
+    def on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character and event.key not in self.shortcuts:
+            event.stop()
+            event.prevent_default()
+            self._type_into(event.character)
+
+
 class UserMessage(Static):
     def __init__(self, text: str) -> None:
         body = Text.assemble(("You", "bold"), "\n", text)
@@ -119,7 +143,7 @@ class TokenText(Widget):
     DEFAULT_CSS = "TokenText { height: auto; }"
     RESERVE_LINES = 8
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._text = Text()
         self._span_starts: list[int] = []  # span.start of every span, for bisect
@@ -216,11 +240,11 @@ class TokenText(Widget):
         self._strips.clear()
         self._base_style = None
 
-    def selection_updated(self, selection) -> None:
+    def selection_updated(self, selection: Selection | None) -> None:
         self._strips.clear()
         self.refresh()
 
-    def get_selection(self, selection) -> tuple[str, str] | None:
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         plain = self._text.plain
         return selection.extract("\n".join(plain[a:b] for a, b in self._lines)), "\n"
 
@@ -321,6 +345,12 @@ def _wrap_paragraph(text: str, start: int, stop: int, width: int, lines: list[tu
     lines.append((line_start, stop))
 
 
+def thinking_section(thinking: str) -> Collapsible:
+    """The model's thinking, folded away above its answer (Enter or a click opens it)."""
+    body = Static(thinking, markup=False, classes="thinking-text")
+    return Collapsible(body, title="thinking", collapsed=True, classes="thinking")
+
+
 @dataclass
 class Variant:
     """One generated version of the last reply (regenerate keeps them; Alt+Left/Right switch)."""
@@ -331,25 +361,79 @@ class Variant:
     header: str
     stopped: bool
     thinking: str | None
-    stats: TurnStats | None
+    record: dict[str, Any] | None  # the reply's figures as saved (DraftSwitches.record)
+
+
+class DraftSwitches:
+    """The drafter switched on or off while a reply streams (the live A/B), and from which token.
+
+    A switch reaches the engine from its next round, while rounds decided before it are still coming
+    in, so a press is settled by the rounds that follow it: the first round that drafts after a switch
+    on (a round with the drafter off drafts nothing), the first plain round after a switch off. When
+    none does (auto kept to plain rounds; another press came first), the first round after the press
+    stands for it."""
+
+    def __init__(self, drafter_on: bool) -> None:
+        self.drafter_on = drafter_on  # as the reply's rounds run now
+        self.switches: list[tuple[int, bool]] = []  # (first token with the new setting, on)
+        self._pending: bool | None = None  # pressed, not yet seen in a round
+        self._fallback: int | None = None  # the first token of the first round after the press
+
+    def pressed(self, on: bool) -> None:
+        if self._pending is not None and self._fallback is not None:
+            self._settle(self._fallback, self._pending)  # rounds ran since the last press: it happened
+        self._pending = None if on == self.drafter_on else on
+        self._fallback = None
+
+    def on_round(self, ev: RoundEvent, first_token: int) -> bool:
+        """A round whose tokens start at `first_token` (1-based); True when it settled a switch."""
+        pending = self._pending
+        if pending is None:
+            return False
+        if self._fallback is None:
+            self._fallback = first_token
+        if (ev.drafted > 0) != pending:
+            return False
+        self._settle(first_token, pending)
+        return True
+
+    def finish(self) -> None:
+        if self._pending is not None and self._fallback is not None:
+            self._settle(self._fallback, self._pending)
+        self._pending = None
+
+    def _settle(self, token: int, on: bool) -> None:
+        self.switches.append((token, on))
+        self.drafter_on = on
+        self._pending = self._fallback = None
+
+    def record(self, stats: TurnStats) -> dict[str, Any]:
+        """The reply's figures as they are saved: TurnStats.as_dict() and the switches, if any."""
+        record = stats.as_dict()
+        if self.switches:
+            record[DRAFTER_SWITCHES] = [list(s) for s in self.switches]
+        return record
 
 
 class ReplyView(Vertical):
     """One model reply: header, token view, rendered view, summary line."""
 
-    def __init__(self) -> None:
+    def __init__(self, drafter_on: bool = True) -> None:
         super().__init__(classes="reply")
         self.tokens = TokenText(classes="reply-tokens")
         self.markdown = Markdown("", classes="reply-markdown")
-        self.header = Static("gemma", classes="reply-header", markup=False)
+        self.header_text = "gemma"
+        self.header = Static(self.header_text, classes="reply-header", markup=False)
         # the live figures are in the side panel; repainting a count here would cost a frame's worth
-        self.summary = Static("streaming…", classes="reply-summary", markup=False)
+        self.summary_text = "streaming…"
+        self.summary = Static(self.summary_text, classes="reply-summary", markup=False)
         self.chunks: list[str] = []
         self.token_count = 0
-        self.draft_count = 0
         self.done: TurnDone | None = None
+        self.record: dict[str, Any] | None = None  # the figures as saved (DraftSwitches.record)
         self.stopped = False
         self.error: str | None = None
+        self.draft_switches = DraftSwitches(drafter_on)
         self._markdown_dirty = False
         self._markdown_pending: AwaitComplete | None = None
         self.thinking_text: str | None = None  # a finished reply's thinking, folded away (app.tui.history)
@@ -370,14 +454,26 @@ class ReplyView(Vertical):
     def streaming(self) -> bool:
         return self.done is None
 
+    def set_header(self, text: str) -> None:
+        self.header_text = text
+        self.header.update(text)
+
+    def set_summary(self, text: str) -> None:
+        self.summary_text = text
+        self.summary.update(text)
+
     def append_tokens(self, tokens: list[TokenEvent]) -> None:
         if not tokens:
             return
         self.tokens.append_tokens(tokens)
         self.chunks.extend(t.text for t in tokens)
         self.token_count += len(tokens)
-        self.draft_count += sum(1 for t in tokens if t.from_draft)
         self._markdown_dirty = True
+
+    def on_round(self, ev: RoundEvent, first_token: int) -> None:
+        """A round of this reply ended; its tokens start at `first_token` (1-based)."""
+        if self.draft_switches.on_round(ev, first_token):
+            self.set_summary(f"streaming… · {switches_text(self.draft_switches.switches)}")
 
     def finish(self, done: TurnDone) -> None:
         self.done = done
@@ -386,8 +482,8 @@ class ReplyView(Vertical):
         if stats.stop_reason == "error":
             self.error = done.error or "generation failed"
             self.add_class("-error")
-            self.header.update(f"gemma  ✗ error: {self.error}")
-            self.summary.update("the message was not sent; it is back in the prompt")
+            self.set_header(f"gemma  ✗ error: {self.error}")
+            self.set_summary("the message was not sent; it is back in the prompt")
             return
         self._take_final_text(done.text)
         self.tokens.end_stream()  # the unattributed tail may have reserved rows again
@@ -397,9 +493,11 @@ class ReplyView(Vertical):
             label += "  (max tokens)"
         elif stats.stop_reason == "context_full":
             label += "  (context full: start a new chat)"
-        self.header.update(label)
+        self.set_header(label)
         self.set_class(self.stopped, "-stopped")
-        self.summary.update(summary_line(stats) if stats.rounds else "no tokens")
+        self.draft_switches.finish()
+        self.record = self.draft_switches.record(stats)
+        self.set_summary(stats_line(self.record) if stats.rounds else "no tokens")
         self._markdown_dirty = True
 
     def _take_final_text(self, text: str) -> None:
@@ -413,6 +511,22 @@ class ReplyView(Vertical):
             self.tokens.append_plain(text[len(streamed) :])
         self.chunks = [text]
 
+    def show_answer(self, tokens: Text, text: str, thinking: str | None) -> None:
+        """The finished reply is `text` (its token view `tokens`), its thinking folded away above it."""
+        self.tokens.set_text(tokens)
+        self.chunks = [text]
+        self.thinking_text = thinking
+        self._markdown_dirty = True
+        for old in self.query(".thinking"):
+            old.remove()
+        if thinking:
+            self.mount(thinking_section(thinking), before=self.tokens)
+
+    @property
+    def markdown_stale(self) -> bool:
+        """The rendered view is behind the text (a render was still running when it changed)."""
+        return self._markdown_dirty
+
     def flush_markdown(self) -> None:
         """Re-render the Markdown if the text changed and the previous render has finished."""
         if not self._markdown_dirty:
@@ -421,3 +535,39 @@ class ReplyView(Vertical):
             return
         self._markdown_dirty = False
         self._markdown_pending = self.markdown.update(displayable(self.plain))
+
+    # -- variants (regenerate keeps the earlier ones) ------------------------------------------------
+    def keep_variant(self, earlier: list[Variant], greedy: bool) -> bool:
+        """This finished reply becomes the newest variant after `earlier`, and is shown with the
+        variant keys. True when it is the same text as the one before at temperature 0 (`greedy`)."""
+        thinking = self.thinking_text
+        variant = Variant(
+            text=self.plain,
+            tokens=self.tokens.text.copy(),
+            summary=self.summary_text,
+            header=self.header_text,
+            stopped=self.stopped,
+            thinking=str(thinking) if thinking else None,
+            record=self.record,
+        )
+        self.variants = [*earlier, variant]
+        self.variant_index = len(self.variants) - 1
+        same = bool(earlier) and earlier[-1].text == variant.text and greedy
+        if same:
+            variant.header += "  (identical: temperature 0 is greedy)"
+        if earlier:
+            self.show_variant(self.variant_index)
+        return same
+
+    def show_variant(self, index: int) -> Variant:
+        """Show variant `index` in place of the reply (its text, colours, header, summary, thinking)."""
+        v = self.variants[index]
+        self.variant_index = index
+        self.show_answer(v.tokens, v.text, v.thinking)
+        self.record = v.record
+        n = len(self.variants)
+        self.set_header(v.header + (f"  ◀ {index + 1}/{n} ▶" if n > 1 else ""))
+        self.set_summary(v.summary)
+        self.stopped = v.stopped
+        self.set_class(v.stopped, "-stopped")
+        return v

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Static
 
-from app.tui.live_stats import LiveStats, format_bytes
+from app.tui.live_stats import LiveStats, Tuning, format_bytes
 from core.hub.demo import demo_label, demo_short_label
 
 
-def _set(widget: Static, text: str) -> None:
-    # Static.update lays the screen out again: skip it when nothing changed, and repaint only
-    # while the line count stays (the panel has a fixed width, so the height follows the lines)
-    old = getattr(widget, "_shown", None)
-    if old != text:
-        widget._shown = text  # type: ignore[attr-defined]  # our own note on the widget
-        widget.update(text, layout=old is None or old.count("\n") != text.count("\n"))
+class PanelText(Static):
+    """A panel's block of text, shown only when it changes. Static.update lays the screen out again,
+    so a new text only repaints while its height stays: the height the text takes once wrapped at the
+    widget's width (a line wider than the panel wraps onto the next row, and a new wrapped row needs
+    the layout, or the last rows would be cut off)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, markup=False, **kwargs)
+        self.shown: str | None = None
+
+    def show(self, text: str) -> None:
+        if text == self.shown:
+            return
+        self.shown = text
+        size = self.content_size
+        if not size.width:  # not laid out yet (or hidden): the layout measures it anyway
+            self.update(text)
+            return
+        self.update(text, layout=False)
+        if self.get_content_height(size, size, size.width) != size.height:
+            self.refresh(layout=True)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -48,7 +64,7 @@ class RoundSparkline(Widget):
 
     DEFAULT_CSS = "RoundSparkline { height: 3; color: $accent; }"
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._data: list[float] = []
         self.top = 1.0  # the block size: a full column is a round that emitted all it verified
@@ -73,9 +89,10 @@ def context_text(s: LiveStats) -> str | None:
     return f"{s.context_tokens:,} / {s.context_length:,} tok ({s.context_tokens / s.context_length:.0%})"
 
 
-def compact_line(s: LiveStats, status: str, name: str = "") -> str:
+def compact_line(s: LiveStats, tuning: Tuning, status: str, name: str = "") -> str:
     """The panel in two or three lines, for terminals too narrow for the side panel."""
-    block = f"auto → {s.last_block_size}" if s.block_setting == "auto" and s.last_block_size else str(s.block_setting)
+    auto = tuning.block_size == "auto"
+    block = f"auto → {s.last_block_size}" if auto and s.last_block_size else str(tuning.block_size)
     acc = "–" if s.acceptance is None else f"{s.acceptance * 100:.0f} %"
     parts = [
         status,
@@ -84,26 +101,26 @@ def compact_line(s: LiveStats, status: str, name: str = "") -> str:
         f"{_num(s.tokens_per_round, '.2f')} tok/round",
         f"{_num(s.decode_tps, '.1f')} tok/s",
     ]
-    if not s.has_drafter or not s.drafter_enabled:
-        parts[2] = "drafter " + ("none" if not s.has_drafter else "off")
+    if not tuning.drafting:
+        parts[2] = "drafter " + ("none" if not tuning.has_drafter else "off")
     parts[0] = f"{name} · {status}" if name else status
     head, figures = parts[0], " · ".join(p for p in parts[1:] if p)
-    note = s.auto_note()
+    note = s.auto_note(tuning)
     return "\n".join(x for x in (head, figures, note) if x)
 
 
 class StatsPanel(Vertical):
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, compact: PanelText, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.compact_name = ""
         self.status_text = ""
-        self.compact: Static | None = None  # the one-line panel (the chat screen shows it when narrow)
-        self._last: LiveStats | None = None
+        self.compact = compact  # the few-line panel (the chat screen shows it when narrow)
+        self._last: tuple[LiveStats, Tuning] | None = None
         self.pairing = Static("", id="panel-pairing", markup=False)
         self.status = Static("", id="panel-status", markup=False)
-        self.tuning = Static("", id="panel-tuning", markup=False)
-        self.auto = Static("", id="panel-auto", markup=False)
-        self.figures = Static("", id="panel-figures", markup=False)
+        self.tuning = PanelText("", id="panel-tuning")
+        self.auto = PanelText("", id="panel-auto")
+        self.figures = PanelText("", id="panel-figures")
         self.spark = RoundSparkline(id="panel-spark")
 
     def compose(self) -> ComposeResult:
@@ -122,39 +139,33 @@ class StatsPanel(Vertical):
         self._update_compact()
         self.pairing.update(t)
 
-    status_text = ""
-
     def show_status(self, text: str) -> None:
         self.status_text = text
         self.status.update(text)
         self._update_compact()
 
     def _update_compact(self) -> None:
-        if self.compact is not None and self._last is not None:
-            _set(self.compact, compact_line(self._last, self.status_text, self.compact_name))
+        if self._last is not None:
+            self.compact.show(compact_line(*self._last, self.status_text, self.compact_name))
 
-    def show(self, s: LiveStats) -> None:
+    def show(self, s: LiveStats, tuning: Tuning) -> None:
         chose = f" → {s.last_block_size}" if s.last_block_size is not None else ""
-        if s.block_by_server:
+        if tuning.by_server:
             block = f"server{chose}"
-        elif s.block_setting == "auto":
+        elif tuning.block_size == "auto":
             block = f"auto{chose}"
         else:
-            block = f"{s.block_setting} (manual)"
-        _set(self.auto, s.auto_note() or "")
-        self.auto.display = bool(s.auto_note())
-        if self.compact is not None:
-            self._last = s
-            self._update_compact()
+            block = f"{tuning.block_size} (manual)"
+        note = s.auto_note(tuning)
+        self.auto.show(note or "")
+        self.auto.display = bool(note)
+        self._last = (s, tuning)
+        self._update_compact()
         context = context_text(s)
-        _set(
-            self.tuning,
-            f"Drafter     {'none (plain decoding)' if not s.has_drafter else 'on' if s.drafter_enabled else 'off'}\n"
-            f"Block size  {block}",
-        )
+        drafter = "none (plain decoding)" if not tuning.has_drafter else "on" if tuning.drafter_enabled else "off"
+        self.tuning.show(f"Drafter     {drafter}\nBlock size  {block}")
         acc = None if s.acceptance is None else s.acceptance * 100
-        _set(
-            self.figures,
+        self.figures.show(
             f"Acceptance  {_num(acc, '.0f')}{'' if acc is None else ' %'}\n"
             f"Tok/round   {_num(s.tokens_per_round, '.2f')}\n"
             f"Decode      {_num(s.decode_tps, '.1f')} tok/s\n"

@@ -1,27 +1,63 @@
-"""The multi-line prompt: Enter sends, Shift+Enter / Ctrl+J add a newline."""
+"""The multi-line prompt: Enter sends, Shift+Enter / Ctrl+J add a newline, every other key types.
+
+Up/Down in an empty prompt recall earlier messages, as a shell's history does: this chat's first (the
+newest first), then the other chats' (InputHistory)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from textual import events
+from textual.binding import Binding
 from textual.widgets import TextArea
 
-from app.tui.keys import quick_actions
-from app.tui.messages import ImagesPasted, PromptSubmitted, QuickKey
+from app.tui.messages import ImagesPasted, PromptSubmitted
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
+
+
+def _binding_keys(binding: Binding | tuple[str, ...]) -> set[str]:
+    key = binding.key if isinstance(binding, Binding) else binding[0]
+    return set(key.split(","))
+
+
+class InputHistory:
+    """What Up/Down recall: the user's messages of every chat, one entry per text, the newest last.
+    The other chats' come from the history store (`load`, newest first); what is sent in this
+    process is added as it goes (`sent`), so recall works with the history off too."""
+
+    LIMIT = 1000
+
+    def __init__(self) -> None:
+        self._stored: list[str] = []  # from the store, newest first
+        self._sent: list[str] = []  # sent since the app started, oldest first
+
+    def load(self, newest_first: Iterable[str]) -> None:
+        self._stored = list(newest_first)[: self.LIMIT]
+
+    def sent(self, text: str) -> None:
+        self._sent.append(text)
+
+    def entries(self, this_chat: list[str]) -> list[str]:
+        """Oldest first, as the prompt steps through them from the end: the other chats' messages,
+        then this chat's (a text in this chat is not repeated from the others)."""
+        seen = set(this_chat)
+        others: list[str] = []
+        for text in [*reversed(self._sent), *self._stored]:  # newest first
+            if text and text not in seen:
+                seen.add(text)
+                others.append(text)
+        return [*reversed(others[: self.LIMIT]), *this_chat]
 
 
 class PromptArea(TextArea, inherit_bindings=False):
     # TextArea's own keys minus f6/f7 (select line / all), which the screen uses for tuning; with
     # them gone the footer also lists the screen's keys in the screen's order.
-    BINDINGS = [b for b in TextArea.BINDINGS if not {"f6", "f7"} & set(getattr(b, "key", "").split(","))]
+    BINDINGS = [b for b in TextArea.BINDINGS if not {"f6", "f7"} & _binding_keys(b)]
 
-    def __init__(self, quick: dict[str, str] | None = None, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
-        self._quick = quick if quick is not None else quick_actions()
-        self.live = False  # a reply is streaming (set by the screen)
         # Up/Down in an empty prompt recall earlier messages: the screen sets where they come from
         self.recall_source: Callable[[], list[str]] = lambda: []
         self._recall_index: int | None = None  # position in recall_source() while browsing
@@ -41,13 +77,6 @@ class PromptArea(TextArea, inherit_bindings=False):
             event.stop()
             event.prevent_default()
             self.insert("\n")
-            return
-        # Plain tuning keys act only while nothing is typed; otherwise they are text. Letters (a, d)
-        # start many messages, so on an empty prompt they act only while a reply is streaming.
-        if not self.text and event.key in self._quick and (self.live or not (event.character or "").isalpha()):
-            event.stop()
-            event.prevent_default()
-            self.post_message(QuickKey(self._quick[event.key]))
             return
         await super()._on_key(event)
 
@@ -72,6 +101,11 @@ class PromptArea(TextArea, inherit_bindings=False):
         """The screen took the message: clear the prompt."""
         self.clear()
         self._recall_index = None
+
+    def type_text(self, text: str) -> None:
+        """Type `text` at the cursor, with the focus here (keys typed while the conversation had it)."""
+        self.focus()
+        self.insert(text)
 
     def _recall(self, older: bool) -> bool:
         """Up/Down while the prompt is empty, or still shows an unedited recalled message: step

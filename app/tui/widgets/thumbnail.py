@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
 from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
+    from core.engine.contract import PairingInfo
 
 MODE_ENV = "GEMMA_CHAT_THUMBNAILS"
 MODES = ("auto", "graphics", "halfcell", "label")
@@ -40,7 +48,7 @@ class ImageInfo:
     height: int
     format: str  # Pillow's format name ("PNG", "JPEG"), "" if unknown
     size_bytes: int
-    preview: object = field(default=None, compare=False, repr=False)  # small RGB PIL image
+    preview: PILImage | None = field(default=None, compare=False, repr=False)  # small RGB copy
 
     @property
     def name(self) -> str:
@@ -70,11 +78,11 @@ def inspect_image(path: str) -> ImageInfo:
     return ImageInfo(str(p), rgb.width, rgb.height, fmt, p.stat().st_size, preview)
 
 
-def soft_tokens(info: ImageInfo, pairing) -> tuple[int, int] | None:
+def soft_tokens(info: ImageInfo, pairing: PairingInfo | None) -> tuple[int, int] | None:
     """(soft tokens this image takes, the budget) for the pairing's processor, or None if unknown."""
     from core.model.image import ImageError, ImageProcessorConfig, soft_token_count
 
-    target = getattr(pairing, "target_path", None) if pairing is not None else None
+    target = pairing.target_path if pairing is not None else None
     try:
         config = ImageProcessorConfig.from_model_dir(target) if target else ImageProcessorConfig()
         count = soft_token_count(
@@ -85,7 +93,7 @@ def soft_tokens(info: ImageInfo, pairing) -> tuple[int, int] | None:
     return count, config.max_soft_tokens
 
 
-def describe(info: ImageInfo, pairing=None) -> str:
+def describe(info: ImageInfo, pairing: PairingInfo | None = None) -> str:
     """Two or three lines for the picker's preview pane."""
     n = info.size_bytes
     size = f"{n} B" if n < 1024 else f"{n / 1024:.0f} KB" if n < 1024**2 else f"{n / 1024**2:.1f} MB"
@@ -101,7 +109,7 @@ def describe(info: ImageInfo, pairing=None) -> str:
 
 def thumbnail_mode() -> str:
     mode = os.environ.get(MODE_ENV, "auto").strip().lower()
-    if mode in ("graphics", "halfcell", "label"):
+    if mode in MODES and mode != "auto":
         return mode
     if _graphics_widget() is not None:
         return "graphics"
@@ -122,7 +130,7 @@ def prime_terminal_graphics() -> None:
         pass
 
 
-def _graphics_widget():
+def _graphics_widget() -> Callable[..., Widget] | None:
     """textual-image's widget class if it was primed and picked Sixel or TGP, else None."""
     module = sys.modules.get("textual_image.widget")
     if module is None:
@@ -134,7 +142,7 @@ def _graphics_widget():
     return module.Image if chosen in (SixelRenderable, TGPRenderable) else None
 
 
-def halfcell_text(image, max_width: int, max_height: int) -> Text:
+def halfcell_text(image: PILImage, max_width: int, max_height: int) -> Text:
     """The image in at most max_width x max_height cells, two pixels per cell ("▀"), aspect kept.
     A cell is about twice as tall as wide, so a half cell is about square."""
     from PIL import Image
@@ -145,10 +153,11 @@ def halfcell_text(image, max_width: int, max_height: int) -> Text:
     rows = max(2, round(h * scale / 2) * 2)
     small = image.convert("RGB").resize((cols, rows), Image.Resampling.BILINEAR)
     px = small.load()
+    assert px is not None  # loaded by the resize
     text = Text(no_wrap=True, overflow="crop")
     for y in range(0, rows, 2):
         for x in range(cols):
-            top, bottom = px[x, y], px[x, y + 1]
+            top, bottom = cast("tuple[int, int, int]", px[x, y]), cast("tuple[int, int, int]", px[x, y + 1])
             text.append(
                 "▀",
                 Style(color=f"rgb({top[0]},{top[1]},{top[2]})", bgcolor=f"rgb({bottom[0]},{bottom[1]},{bottom[2]})"),
@@ -167,7 +176,9 @@ class Thumbnail(Vertical):
     Thumbnail .thumb-picture { width: auto; height: auto; }
     """
 
-    def __init__(self, info: ImageInfo, cells: tuple[int, int] = (24, 8), mode: str | None = None, **kwargs) -> None:
+    def __init__(
+        self, info: ImageInfo, cells: tuple[int, int] = (24, 8), mode: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.info = info
         self.cells = cells
@@ -193,7 +204,7 @@ class ImageStrip(Horizontal):
 
     DEFAULT_CSS = "ImageStrip { height: auto; }"
 
-    def __init__(self, images: list[ImageInfo], cells: tuple[int, int] = (24, 8), **kwargs) -> None:
+    def __init__(self, images: list[ImageInfo], cells: tuple[int, int] = (24, 8), **kwargs: Any) -> None:
         super().__init__(classes="user-images", **kwargs)
         self.images = list(images)
         self.cells = cells
