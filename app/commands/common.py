@@ -66,9 +66,10 @@ def read_key_file(path: str) -> str:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise UsageError(f"cannot read --api-key-file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise UsageError(f"--api-key-file {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"--api-key-file {path} is not a regular file")
         data = f.read(KEY_FILE_MAX_BYTES + 1)
     lines = data.decode("utf-8", "replace").splitlines()
     key = lines[0].strip() if lines else ""

@@ -1,8 +1,10 @@
 """`gemma-chat serve`: load a pairing and serve it over the OpenAI-compatible API (core.frontends.server).
 
-Binding to anything but loopback needs an API key (--api-key or $GEMMA_CHAT_API_KEY): the server
-runs a model on the user's machine, and with file: image URLs it would read the user's files.
-Those file: URLs are refused on a non-loopback bind in any case.
+Binding to anything but loopback needs an API key ($GEMMA_CHAT_API_KEY, --api-key-file or --api-key): the
+server runs a model on the user's machine, and with file: image URLs it would read the user's files.
+Those file: URLs are refused on a non-loopback bind in any case. The limits against slow or hostile
+clients (header and body timeouts, connections, body size) and against web pages (Host, Origin,
+Content-Type) are core.frontends.server's; the options here only set them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def check_bind(host: str, api_key: str | None) -> str | None:
     if not is_loopback(host) and not api_key:
         return (
             f"refusing to serve on {host} without an API key: anyone who can reach this machine could use it. "
-            f"Pass --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1"
+            f"Set ${API_KEY_ENV} (or pass --api-key-file PATH), or bind to 127.0.0.1"
         )
     return None
 

@@ -31,7 +31,7 @@ import re
 import threading
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -525,14 +525,18 @@ class RemoteEngine:
             if not kind.startswith("text/event-stream"):
                 text = await _read_capped(resp, MAX_BODY_BYTES, url)
                 raise RemoteError(f"{url} did not answer with an event stream: {_garbage(text)}")
-            await self._read_events(_event_lines(resp, url), url, turn)
+            lines = _event_lines(resp, url)
+            try:
+                await self._read_events(lines, url, turn)
+            finally:
+                await lines.aclose()
         if turn.finish_reason is None and not turn.complete:
             if turn.count == 0 and not turn.text:
                 raise RemoteError(f"{url} ended the stream without a reply (no text and no finish reason)")
             if not turn.done_seen:
                 raise RemoteError(f"{url} closed the stream before the reply was finished")
 
-    async def _read_events(self, lines: AsyncIterator[str], url: str, turn: _Turn) -> None:
+    async def _read_events(self, lines: AsyncGenerator[str, None], url: str, turn: _Turn) -> None:
         """Feed the stream's chunks to `turn` until "[DONE]", the end of the stream or a complete reply.
         Keep-alive comments do not count as progress: only data resets the `timeout_s` clock."""
         last_data = time.monotonic()
@@ -792,7 +796,7 @@ async def _read_capped(resp: Any, limit: int, url: str) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-async def _event_lines(resp: Any, url: str) -> AsyncIterator[str]:
+async def _event_lines(resp: Any, url: str) -> AsyncGenerator[str, None]:
     """The event stream's lines (\\n or \\r\\n), each at most MAX_LINE_BYTES: httpx's own line reader
     would hold a server's endless line in memory."""
     buf = bytearray()

@@ -17,6 +17,12 @@ ignore the extension; `core.engine.remote.RemoteEngine` rebuilds the engine's ev
 
 The HTTP status is decided after the engine's first event (prompt prefilled, or the turn refused),
 so a prompt that is too long or an unreadable image is a 400, not an error inside a 200 stream.
+
+Outside input is checked before it costs anything (issue 24): `RequestGuard` refuses requests that are
+not addressed to this server (Host), come from another site's page (Origin) or POST anything but JSON;
+`read_json` bounds the body's size and time; `guarded_protocol` bounds the time to send headers and the
+number of connections; the parsers refuse what the engine would misread (strings for booleans, integers
+of hundreds of digits, lone surrogates, fields not served yet).
 """
 
 from __future__ import annotations

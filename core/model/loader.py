@@ -99,10 +99,11 @@ def read_checkpoint_bytes(path: Path, limit: int = CONFIG_MAX_BYTES) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise CheckpointError(f"{path} is {_kind(mode)}, not a regular file: the checkpoint is damaged")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(f"{path} is {_kind(mode)}, not a regular file: the checkpoint is damaged")
         try:
             data = f.read(limit + 1)
         except OSError as e:
@@ -158,9 +159,9 @@ def check_checkpoint_files(model_dir: Path) -> None:
         checkpoint_file(model_dir, name)
 
 
-def weight_files(model_dir: Path) -> list[Path]:
-    """The checkpoint's model*.safetensors files (each a regular file in the folder)."""
-    files = [checkpoint_file(model_dir, p.name) for p in sorted(model_dir.glob("model*.safetensors"))]
+def weight_files(model_dir: Path, pattern: str = "model*.safetensors") -> list[Path]:
+    """The checkpoint's weight files (each a regular file in the folder)."""
+    files = [checkpoint_file(model_dir, p.name) for p in sorted(model_dir.glob(pattern))]
     return [f for f in files if f is not None]
 
 

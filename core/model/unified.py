@@ -267,7 +267,7 @@ def load_unified_vision(model_dir: str | Path, dtype: mx.Dtype | None = None) ->
     if index is not None:
         files = sorted({f for n, f in index.items() if is_unified_vision_weight(n)})
     else:
-        files = weight_files(model_dir)
+        files = weight_files(model_dir, "*.safetensors")
 
     weights: dict[str, mx.array] = {}
     for path in files:

@@ -438,7 +438,7 @@ def vision_weight_files(model_dir: Path) -> list[Path]:
     if index is not None:
         names = {f for k, f in index.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
         return sorted(names)
-    return weight_files(model_dir)
+    return weight_files(model_dir, "*.safetensors")
 
 
 def load_vision_tower(model_dir: str | Path, dtype: mx.Dtype | None = None) -> VisionEncoder | None:

@@ -225,9 +225,10 @@ def read_config_text(path: Path) -> str | None:
         return None
     except OSError as e:
         raise ConfigError(path, [f"cannot read: {e.strerror or e}"]) from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise ConfigError(path, ["is not a regular file (a FIFO, a device or a folder): point it at a file"])
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(path, ["is not a regular file (a FIFO, a device or a folder): point it at a file"])
         try:
             raw = f.read(CONFIG_MAX_BYTES + 1)
         except OSError as e:

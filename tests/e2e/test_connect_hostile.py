@@ -276,7 +276,7 @@ def test_06_url_credentials_authenticate_and_are_never_shown():
 
 
 def test_06_url_credentials_never_reach_an_error_message(capsys):
-    from conftest import free_port
+    from serve_process import free_port
 
     url = f"http://user:{SECRET}@127.0.0.1:{free_port()}"
     rc, lines, err = generate(capsys, "--connect", url, "--prompt", "hi")
@@ -325,7 +325,7 @@ async def test_06_url_credentials_are_not_stored_in_the_history_or_exports(tmp_p
 
 # --- 7. the API key on the command line ------------------------------------------------------------------
 def test_07_api_key_flag_warns_about_the_process_list(capsys):
-    from conftest import free_port
+    from serve_process import free_port
 
     rc, lines, err = generate(capsys, "--connect", f"http://127.0.0.1:{free_port()}", "--api-key", "k", "--prompt", "x")
     assert "GEMMA_CHAT_API_KEY" in err and "process" in err
@@ -334,9 +334,10 @@ def test_07_api_key_flag_warns_about_the_process_list(capsys):
 
 
 def test_07_api_key_file_is_read_and_must_be_a_file(capsys, tmp_path):
-    from core.frontends.server import ServerConfig, create_app
     from support.fake_engine import FakeEngine
     from support.fake_engine import PairingSpec as FakeSpec
+
+    from core.frontends.server import ServerConfig, create_app
 
     key_file = tmp_path / "key"
     key_file.write_text("k3y\n")
@@ -347,7 +348,9 @@ def test_07_api_key_file_is_read_and_must_be_a_file(capsys, tmp_path):
             rc, lines, err = generate(capsys, "--connect", url, "--api-key-file", str(key_file), "--prompt", "hi")
             assert rc == 0 and "stats" in lines[-1], (lines, err)
             os.mkfifo(tmp_path / "fifo")
-            rc, lines, err = generate(capsys, "--connect", url, "--api-key-file", str(tmp_path / "fifo"), "--prompt", "x")
+            rc, lines, err = generate(
+                capsys, "--connect", url, "--api-key-file", str(tmp_path / "fifo"), "--prompt", "x"
+            )
             assert rc == 1 and "not a regular file" in lines[-1]["error"]
     finally:
         engine.close()
