@@ -226,6 +226,9 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     "python scripts/build_bench_pairing.py OUT --size small": (
         Run((PY, "scripts/build_bench_pairing.py", TMP, "--size", "small"), expect="--drafter"),
     ),
+    "python scripts/hostile_report.py": Offline(
+        "runs the hostile test modules, which this suite runs anyway (several minutes: timeouts on purpose)"
+    ),
     "python scripts/bench_ui.py": Offline(
         "a benchmark of several minutes (interleaved repeats); scripts are not timed tests"
     ),
