@@ -83,10 +83,11 @@ def _read_json_file(path: str, what: str):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise UsageError(f"cannot read {what}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a folder with a traceback of its own
+        os.close(fd)
+        raise UsageError(f"{what} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} is not a regular file")
         if st.st_size > MESSAGES_MAX_BYTES:
             raise UsageError(f"{what} is {st.st_size} bytes; the limit is {MESSAGES_MAX_BYTES >> 20} MiB")
         try:

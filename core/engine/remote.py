@@ -316,6 +316,7 @@ class RemoteEngine:
         auth = httpx.BasicAuth(*self._credentials) if self._credentials else None
         self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers(), auth=auth)
         self._turn_lock = asyncio.Lock()
+        self._control_lock = asyncio.Lock()
         self._ready.set()
         self._loop.run_forever()
 
@@ -387,8 +388,9 @@ class RemoteEngine:
             return None
 
     async def _control(self, body: dict) -> None:
-        with _suppress():
-            await self._client.post(self.base + "/v1/gemma-chat/control", json=body, timeout=5.0)
+        async with self._control_lock:  # one at a time, in the order the keys were pressed
+            with _suppress():
+                await self._client.post(self.base + "/v1/gemma-chat/control", json=body, timeout=5.0)
 
     # -- load: which server, which model -------------------------------------------------------------
     async def _load_checked(self, spec: Any, on_event: Callable | None) -> PairingInfo:
