@@ -66,8 +66,12 @@ def _add_connect_args(p: argparse.ArgumentParser) -> None:
         help="use a running OpenAI-compatible server (gemma-chat serve, vLLM) instead of a local model",
     )
     p.add_argument(
-        "--api-key", metavar="KEY", default=None, help="API key for --connect (default: $GEMMA_CHAT_API_KEY)"
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="API key for --connect; other users can read it in the process list: prefer $GEMMA_CHAT_API_KEY",
     )
+    p.add_argument("--api-key-file", metavar="PATH", default=None, help="read the API key from this file's first line")
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,12 +79,35 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     _add_pairing_args(s)
     s.add_argument("--demo", action="store_true", help="serve the offline demo pairing")
     s.add_argument("--no-draft", action="store_true", help="load no drafter")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need an API key)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument(
-        "--api-key", metavar="KEY", default=None, help="require 'Authorization: Bearer KEY' ($GEMMA_CHAT_API_KEY)"
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="require 'Authorization: Bearer KEY'; other users can read it in the process list: "
+        "prefer $GEMMA_CHAT_API_KEY or --api-key-file",
     )
+    s.add_argument("--api-key-file", metavar="PATH", default=None, help="read the API key from this file's first line")
     s.add_argument("--max-waiting", type=int, default=4, metavar="N", help="requests queued behind the running one")
+    s.add_argument(
+        "--max-connections", type=int, default=256, metavar="N", help="open connections; more are answered 503"
+    )
+    s.add_argument("--max-body-mb", type=float, default=64, metavar="MB", help="largest request body (default 64)")
+    s.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10,
+        metavar="S",
+        help="seconds a connection has to send its request headers (default 10)",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30,
+        metavar="S",
+        help="seconds a request has for its body (default 30)",
+    )
     s.add_argument("--max-tokens", type=int, default=2048, metavar="N", help="default max_tokens of a request")
     s.add_argument("--model-id", metavar="NAME", default=None, help="the model name /v1/models reports")
     s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")

@@ -10,10 +10,17 @@ MIN_BLOCK_SIZE = 1
 MAX_BLOCK_SIZE = 16
 BLOCK_SIZE_RANGE = f"{MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}"  # as messages and help texts write it
 
+# Temperatures above 0 but below this are greedy, as in vLLM: 1/T of a smaller one overflows in float32
+# (1e-39: every logit becomes inf and every token <bos>), and long before that sampling is argmax anyway.
+GREEDY_TEMPERATURE = 1e-5
+
 # Soft tokens per image the vision encoder may use (the image processor's supported budgets).
 IMAGE_BUDGETS: tuple[int, ...] = (70, 140, 280, 560, 1120)
 DEFAULT_IMAGE_BUDGET = 280
 IMAGE_BUDGETS_TEXT = ", ".join(map(str, IMAGE_BUDGETS))  # "70, 140, 280, 560, 1120"
+# Images in one prompt: far more than a chat needs, and what bounds the memory a request can ask for
+# before its context is checked (each image's patches are a buffer of its budget).
+MAX_IMAGES_PER_PROMPT = 32
 
 # Audio clips (core.model.audio_input). E2B/E4B hear at most 30 s per clip (750 soft tokens); the 12B's
 # embedder has no limit of its own (one token per 40 ms), so one is set here. Longer clips are cut.

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, IMAGE_BUDGETS_TEXT, is_block_size, is_int
+from core.limits import BLOCK_SIZE_RANGE, GREEDY_TEMPERATURE, IMAGE_BUDGETS, IMAGE_BUDGETS_TEXT, is_block_size, is_int
 
 SEED_MAX = 2**64 - 1  # MLX's PRNG key is a uint64
 
@@ -30,9 +30,10 @@ def _is_finite_number(v: Any) -> bool:
 
 
 def check_temperature(v: Any) -> float:
+    """A finite number >= 0; below GREEDY_TEMPERATURE it is 0 (greedy)."""
     if not _is_finite_number(v) or v < 0:
         raise BadValue("must be a finite number >= 0")
-    return float(v)
+    return float(v) if v >= GREEDY_TEMPERATURE else 0.0
 
 
 def check_top_p(v: Any) -> float:
@@ -97,6 +98,11 @@ class GenerationSettings:
     thinking: bool = False
     system_prompt: str | None = None
     image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
+
+    def __post_init__(self) -> None:
+        # one rule wherever settings are made (command line, config, forms, server, the engine's copy)
+        if _is_finite_number(self.temperature) and 0 < self.temperature < GREEDY_TEMPERATURE:
+            self.temperature = 0.0
 
     def validate(self) -> None:
         """Raise BadValue (a ValueError) naming the first bad field: "temperature must be ..., got nan"."""

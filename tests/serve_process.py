@@ -23,21 +23,44 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """`gemma-chat serve ARGS --port P`: started by `start()`, ready when /health answers."""
+    """`gemma-chat serve ARGS --port P`: started by `start()`, ready when /health answers.
 
-    def __init__(self, args: list[str], *, port: int | None = None, env: dict[str, str] | None = None) -> None:
+    `command` replaces the installed `gemma-chat` (e.g. `python -m app.cli`, run in `cwd`, to serve a given
+    checkout); `log` sends the server's stderr to that file instead of a pipe, for tests that read the
+    log while it runs (a pipe nobody drains would block a server that logs much)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        cwd: Path | None = None,
+        log: Path | None = None,
+    ) -> None:
         self.port = port or free_port()
-        self.args = [str(GEMMA_CHAT), "serve", *args, "--port", str(self.port)]
+        self.args = [*(command or [str(GEMMA_CHAT)]), "serve", *args, "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
+        self.cwd, self.log = cwd, log
         self.proc: subprocess.Popen[str] | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log is not None else ""
+
     def start(self, timeout: float = 120.0, headers: dict[str, str] | None = None) -> ServeProcess:
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        log = open(self.log, "w") if self.log is not None else None  # the child keeps its own copy
+        self.proc = subprocess.Popen(
+            self.args, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE, stderr=log or subprocess.PIPE, text=True
+        )
+        if log is not None:
+            log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 out, err = self.proc.communicate()
+                err = err or self.log_text()
                 raise AssertionError(f"serve exited {self.proc.returncode} before answering:\n{err}\n{out}")
             try:
                 if httpx.get(self.url + "/health", headers=headers, timeout=2.0).status_code == 200:
@@ -59,7 +82,7 @@ class ServeProcess:
             self.proc.kill()
             _, err = self.proc.communicate()
             raise AssertionError(f"serve did not stop within {timeout} s of signal {sig}:\n{err}") from None
-        return self.proc.returncode, err
+        return self.proc.returncode, err or self.log_text()
 
     def __enter__(self) -> ServeProcess:
         return self.start()

@@ -55,16 +55,52 @@ def pairing_from_args(args: argparse.Namespace) -> PairingSpec:
     )
 
 
+KEY_FILE_MAX_BYTES = 4096  # a key is a line; anything longer is the wrong file
+
+
+def read_key_file(path: str) -> str:
+    """The first line of --api-key-file: a regular file (a FIFO would block), at most 4 KiB."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise UsageError(f"cannot read --api-key-file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise UsageError(f"--api-key-file {path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(KEY_FILE_MAX_BYTES + 1)
+    lines = data.decode("utf-8", "replace").splitlines()
+    key = lines[0].strip() if lines else ""
+    if len(data) > KEY_FILE_MAX_BYTES or not key:
+        raise UsageError(f"--api-key-file {path} must hold the key on its first line (and be under 4 KiB)")
+    return key
+
+
 def api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else $GEMMA_CHAT_API_KEY, else None."""
-    return getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+    """--api-key, else --api-key-file, else $GEMMA_CHAT_API_KEY, else None. The flag itself is warned
+    about: a command line is readable by every local user (/proc/PID/cmdline, `ps`)."""
+    import sys
+
+    if getattr(args, "api_key", None):
+        print(
+            "gemma-chat: warning: --api-key puts the key in the process list (ps, /proc/PID/cmdline), where "
+            f"every user of this machine can read it; set ${API_KEY_ENV} or use --api-key-file instead",
+            file=sys.stderr,
+        )
+        return str(args.api_key)
+    if getattr(args, "api_key_file", None):
+        return read_key_file(args.api_key_file)
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def remote_engine(args: argparse.Namespace) -> RemoteEngine:
     """The client for --connect URL; --model names the server's model (default: its first)."""
     from core.engine.remote import RemoteEngine, RemoteError
 
+    key = api_key(args)
     try:
-        return RemoteEngine(args.connect, api_key(args), model=getattr(args, "model", None))
+        return RemoteEngine(args.connect, key, model=getattr(args, "model", None))
     except RemoteError as e:
         raise UsageError(str(e)) from e

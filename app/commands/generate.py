@@ -83,10 +83,11 @@ def _read_json_file(path: str, what: str):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise UsageError(f"cannot read {what}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a folder with a traceback of its own
+        os.close(fd)
+        raise UsageError(f"{what} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} is not a regular file")
         if st.st_size > MESSAGES_MAX_BYTES:
             raise UsageError(f"{what} is {st.st_size} bytes; the limit is {MESSAGES_MAX_BYTES >> 20} MiB")
         try:
@@ -272,8 +273,13 @@ def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone]) -> Tu
 
 def run(args: argparse.Namespace) -> int:
     from core.engine.contract import EngineError, PairingSpec
+    from core.user.config import ConfigError, load_config
 
     output = _Output(args.json)
+    try:
+        load_config()  # generate takes its settings from its flags, but a broken config is said, as the app says it
+    except ConfigError as e:
+        return output.fail(str(e))
     try:
         settings = _settings(args)
         if args.no_template and (args.messages or args.image or getattr(args, "audio", None)):
@@ -285,8 +291,9 @@ def run(args: argparse.Namespace) -> int:
         messages = None if args.no_template else _messages(args)
         tools = read_tools_file(args.tools) if args.tools else None
         if args.connect:
-            engine: ChatEngine = remote_engine(args)
-            spec = PairingSpec(name="server", target=args.connect, drafter=None)
+            remote = remote_engine(args)
+            engine: ChatEngine = remote
+            spec = PairingSpec(name="server", target=remote.url, drafter=None)
         else:
             spec = pairing_from_args(args)
         _check_audio(spec, messages, bool(args.connect))

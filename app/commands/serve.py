@@ -1,8 +1,10 @@
 """`gemma-chat serve`: load a pairing and serve it over the OpenAI-compatible API (core.frontends.server).
 
-Binding to anything but loopback needs an API key (--api-key or $GEMMA_CHAT_API_KEY): the server
-runs a model on the user's machine, and with file: image URLs it would read the user's files.
-Those file: URLs are refused on a non-loopback bind in any case.
+Binding to anything but loopback needs an API key ($GEMMA_CHAT_API_KEY, --api-key-file or --api-key): the
+server runs a model on the user's machine, and with file: image URLs it would read the user's files.
+Those file: URLs are refused on a non-loopback bind in any case. The limits against slow or hostile
+clients (header and body timeouts, connections, body size) and against web pages (Host, Origin,
+Content-Type) are core.frontends.server's; the options here only set them.
 """
 
 from __future__ import annotations
@@ -21,22 +23,48 @@ def check_bind(host: str, api_key: str | None) -> str | None:
     if not is_loopback(host) and not api_key:
         return (
             f"refusing to serve on {host} without an API key: anyone who can reach this machine could use it. "
-            f"Pass --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1"
+            f"Set ${API_KEY_ENV} (or pass --api-key-file PATH), or bind to 127.0.0.1"
         )
     return None
 
 
+def allowed_hosts(host: str) -> tuple[str, ...] | None:
+    """The Host names the server answers besides the loopback ones: the address it is bound to; None
+    (any Host) on a wildcard bind, which is reached by whatever names the machine has (and needs a key)."""
+    from core.frontends.server import host_name
+
+    name = host_name(host)
+    if name in ("", "0.0.0.0", "::"):
+        return None
+    return (name,)
+
+
+def _limits_problem(args: argparse.Namespace) -> str | None:
+    import resource
+
+    if not 0 < args.port < 65536:
+        return f"--port must be 1..65535, got {args.port}"
+    if args.max_waiting < 0 or args.max_tokens < 1:
+        return "--max-waiting must be >= 0 and --max-tokens >= 1"
+    if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_body_mb > 0):
+        return "--header-timeout, --body-timeout and --max-body-mb must be > 0"
+    # each connection is a file descriptor: the cap must leave room for the model's files and the engine
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    most = min(soft, 2048) - 64  # mlx-lm's import lowers the limit to 2048 after this check
+    if not 1 <= args.max_connections <= most:
+        return f"--max-connections must be 1..{most} (this process may open {min(soft, 2048)} files)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    key = api_key(args)
-    reason = check_bind(args.host, key)
+    try:
+        key = api_key(args)
+    except UsageError as e:
+        print(f"gemma-chat serve: {e}", file=sys.stderr)
+        return 2
+    reason = check_bind(args.host, key) or _limits_problem(args)
     if reason:
         print(f"gemma-chat serve: {reason}", file=sys.stderr)
-        return 2
-    if not 0 < args.port < 65536:
-        print(f"gemma-chat serve: --port must be 1..65535, got {args.port}", file=sys.stderr)
-        return 2
-    if args.max_waiting < 0 or args.max_tokens < 1:
-        print("gemma-chat serve: --max-waiting must be >= 0 and --max-tokens >= 1", file=sys.stderr)
         return 2
     try:
         spec = pairing_from_args(args)
@@ -48,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     from core.engine.contract import EngineError
     from core.engine.local import Engine
-    from core.frontends.server import ServerConfig, create_app, is_loopback
+    from core.frontends.server import ServerConfig, create_app, is_loopback, uvicorn_config
 
     engine = Engine(kernels="background")  # a long-lived server: kernels built alongside the first requests
     try:
@@ -65,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
             max_waiting=args.max_waiting,
             allow_file_urls=is_loopback(args.host),
             max_tokens=args.max_tokens,
+            allowed_hosts=allowed_hosts(args.host),
+            max_body_bytes=int(args.max_body_mb * (1 << 20)),
+            body_timeout_s=args.body_timeout,
+            header_timeout_s=args.header_timeout,
+            max_connections=args.max_connections,
         )
         app = create_app(engine, config)
         host = f"[{args.host}]" if ":" in args.host else args.host
@@ -75,13 +108,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        # Ctrl+C: replies still streaming get a second to finish, then are cancelled (engine included)
+        server = uvicorn.Server(
+            uvicorn_config(app, config, host=args.host, port=args.port, timeout_graceful_shutdown=1)
+        )
         try:
-            # Ctrl+C: replies still streaming get a second to finish, then are cancelled (engine included)
-            uvicorn.run(
-                app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=1
-            )
+            server.run()
         except OSError as e:
             print(f"gemma-chat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            pass
+        if not server.started:
+            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port} (see above)", file=sys.stderr)
             return 1
         return 0
     finally:

@@ -104,8 +104,11 @@ def remember_pairing(args: argparse.Namespace, config: Config) -> None:
 
     try:
         save_config({"default_pairing": name}, config.path)
-    except (ConfigError, OSError) as e:
-        print(f"gemma-chat: could not remember the pairing: {e}", file=sys.stderr)
+    except ConfigError as e:
+        why = "; ".join(e.problems)
+        print(f"gemma-chat: {name!r} not remembered as default_pairing: {e.path} {why}", file=sys.stderr)
+    except OSError as e:
+        print(f"gemma-chat: {name!r} not remembered as default_pairing: {e.strerror or e}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ says why).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -49,10 +48,12 @@ def _hf(tokenizer: Tokenizer) -> Any:
 
 def load_chat_template(model_dir: str | Path) -> str | None:
     """The checkpoint's template: `chat_template.jinja`, else `tokenizer_config.json`'s."""
+    from core.model.loader import read_checkpoint_text
+
     model_dir = Path(model_dir)
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+    jinja = read_checkpoint_text(model_dir, "chat_template.jinja")
+    if jinja is not None:
+        return jinja
     cfg = _read_json(model_dir / "tokenizer_config.json")
     template = cfg.get("chat_template")
     if isinstance(template, list):  # the older named-template form
@@ -98,7 +99,12 @@ def render_messages(
     kwargs: dict[str, Any] = dict(add_generation_prompt=add_generation_prompt, enable_thinking=thinking)
     if template is not None:
         kwargs["chat_template"] = template
-    text = _hf(tokenizer).apply_chat_template(list(messages), tokenize=False, **kwargs)
+    from jinja2 import TemplateError
+
+    try:
+        text = _hf(tokenizer).apply_chat_template(list(messages), tokenize=False, **kwargs)
+    except TemplateError as e:  # the template's own error (or the sandbox refusing it), not the engine's
+        raise ValueError(f"the checkpoint's chat template failed: {type(e).__name__}: {e}") from None
     if not isinstance(text, str):
         raise TypeError(f"chat template rendered {type(text).__name__}, expected str")
     return text
@@ -598,8 +604,6 @@ class TokenLog:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else {}
+    from core.model.loader import read_checkpoint_json  # a FIFO or a device is refused, never read
+
+    return read_checkpoint_json(path.parent, path.name)

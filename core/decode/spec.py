@@ -206,7 +206,8 @@ class Decoder:
                 reason = "cancelled"
                 break
             P = cache.offset - (1 if pending is not None else 0) - (queued.K if queued is not None else 0)
-            room = min(settings.max_tokens - len(turn.emitted), tg.context_length - P)
+            # the reply and the prompt together fit the context (P cached + the emitted token not yet in it)
+            room = min(settings.max_tokens - len(turn.emitted), tg.context_length - P - 1)
             if room < 1:
                 reason = "max_tokens" if len(turn.emitted) >= settings.max_tokens else "context_full"
                 break

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo, PairingSpec
 from core.events import LoadProgress, Notice, PrefillStarted, TurnDone, TurnStats
-from core.limits import BLOCK_SIZE_RANGE, context_error, is_block_size
+from core.limits import BLOCK_SIZE_RANGE, MAX_IMAGES_PER_PROMPT, context_error, is_block_size
 from core.settings import GenerationSettings
 
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
@@ -86,6 +86,7 @@ class _Loaded:
     tool_stops: frozenset[int] = frozenset()  # stop ids that end a reply in tool calls
     empty_thought: bool = False  # the canonical format's 12B/26B/31B variant (core.decode.chat_format)
     image_config: ImageProcessorConfig | None = None
+    longest_token_bytes: int | None = None  # the vocabulary's longest piece in UTF-8 bytes, once needed
     audio: AudioEncoder | UnifiedAudioEncoder | None = None
     audio_spec: AudioSpec | None = None
     # image or audio key -> soft tokens [n, H], for the live conversation
@@ -539,6 +540,7 @@ class Engine:
         ends_in_thought = False
         if kind == "complete":
             if isinstance(what, str):
+                _check_text_size(st, [what])
                 bos = getattr(st.tokenizer, "bos_token_id", None)
                 ids = ([bos] if bos is not None else []) + prompt_mod.encode_rendered(st.tokenizer, what)
             else:
@@ -561,15 +563,24 @@ class Engine:
     ) -> tuple:
         """(prompt ids with every image and audio placeholder expanded, the soft-token spans, per span its
         (prepared input, key), notices, whether it ends in an open thought): images first, then audio
-        clips, each kind in prompt order. With tools, the canonical format renders (encode_chat)."""
+        clips, each kind in prompt order. With tools, the canonical format renders (encode_chat).
+        What a prompt costs is checked before it is paid: the text's bytes against the context (tokenizing
+        50 MB takes minutes), the images' soft tokens read from their headers, and only then are their
+        pixel buffers made (each one its whole budget's size)."""
         from core.decode import prompt as prompt_mod
 
         if tools and st.tool_markers is None:
             raise _UserError("this model's vocabulary has no tool-call tokens: it cannot call tools")
+        _check_text_size(st, _message_texts(messages))
         chat = prompt_mod.encode_chat(
             st.tokenizer, messages, tools=tools, thinking=settings.thinking, empty_thought=st.empty_thought
         )
         clips = self._prepare_audio(st, chat.audio)  # refused first: it needs no decoding to know
+        counts = self._image_token_counts(st, chat.images, settings.image_budget)
+        # each placeholder becomes boi/boa + n soft tokens + eoi/eoa
+        media = sum(n + 1 for n in counts) + sum(c.num_soft_tokens + 1 for c, _ in clips)
+        if too_long := context_error(len(chat.ids) + media, st.target.context_length):
+            raise _UserError(too_long)
         images = self._prepare_images(st, chat.images, settings.image_budget)
         ids = chat.ids
         kinds: list = []
@@ -651,6 +662,28 @@ class Engine:
             out.append((clip, AUDIO_KEY + clip.key))
         return out
 
+    def _image_config(self, st: _Loaded, budget: int | None) -> ImageProcessorConfig:
+        from core.model.image import ImageProcessorConfig
+
+        if st.image_config is None:
+            st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)
+        return st.image_config.with_max_soft_tokens(budget)  # the user's budget, else the checkpoint's
+
+    def _image_token_counts(self, st: _Loaded, items: list[dict], budget: int | None) -> list[int]:
+        """Soft tokens per image item, from the image headers alone (no pixel is decoded)."""
+        from core.model.image import image_size, soft_token_count
+
+        if not items:
+            return []
+        if st.vision is None:
+            raise _UserError("this model does not take images (no vision tower loaded)")
+        if len(items) > MAX_IMAGES_PER_PROMPT:
+            raise _UserError(f"the prompt has {len(items)} images; at most {MAX_IMAGES_PER_PROMPT} are taken")
+        config = self._image_config(st, budget)
+        p, k = config.patch_size, config.pooling_kernel_size
+        sizes = [image_size(_image_source(item)) for item in items]
+        return [soft_token_count(h, w, config.max_soft_tokens, p, k) for h, w in sizes]
+
     def _prepare_images(
         self, st: _Loaded, items: list[dict], budget: int | None = None
     ) -> list[tuple[PreparedImage, str]]:
@@ -659,20 +692,49 @@ class Engine:
             return []
         if st.vision is None:
             raise _UserError("this model does not take images (no vision tower loaded)")
-        from core.model.image import ImageProcessorConfig, preprocess_image
+        from core.model.image import preprocess_image
 
-        if st.image_config is None:
-            st.image_config = ImageProcessorConfig.from_model_dir(st.target_dir)
-        config = st.image_config.with_max_soft_tokens(budget)  # the user's budget, else the checkpoint's
+        config = self._image_config(st, budget)
         out = []
         for item in items:
-            source = item.get("path") or item.get("image") or item.get("url")
-            if source is None:
-                raise _UserError("an image item needs a 'path'")
-            im = preprocess_image(source, config)
+            im = preprocess_image(_image_source(item), config)
             key = hashlib.sha256(im.pixel_values[: im.num_patches].tobytes()).hexdigest()
             out.append((im, key))
         return out
+
+
+def _image_source(item: dict) -> Any:
+    source = item.get("path") or item.get("image") or item.get("url")
+    if source is None:
+        raise _UserError("an image item needs a 'path'")
+    return source
+
+
+def _message_texts(messages: list[dict]) -> list[str]:
+    texts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        for item in content if isinstance(content, list) else ():
+            if isinstance(item, dict) and isinstance(item.get("text"), str):
+                texts.append(item["text"])
+    return texts
+
+
+def _check_text_size(st: _Loaded, texts: list[str]) -> None:
+    """Refuse text that cannot fit the context whatever it tokenizes to: no token spells more bytes than
+    the vocabulary's longest piece, so bytes / that is a lower bound on its tokens."""
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if st.longest_token_bytes is None:
+        pieces = st.tokenizer.get_vocab()
+        st.longest_token_bytes = max((len(p.encode("utf-8", "surrogatepass")) for p in pieces), default=1) or 1
+    at_least = size // st.longest_token_bytes
+    if at_least >= st.target.context_length:
+        raise _UserError(
+            f"the prompt's text is {size:,} bytes, at least {at_least:,} tokens; "
+            f"the model's context is {st.target.context_length:,}: shorten the conversation"
+        )
 
 
 def _tool_support(tokenizer: Any, stops: set[int]) -> dict[str, Any]:

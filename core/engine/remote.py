@@ -25,14 +25,17 @@ import asyncio
 import base64
 import concurrent.futures
 import json
+import math
 import mimetypes
 import re
 import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, fields
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Any, Union, get_args, get_origin, get_type_hints
+from urllib.parse import unquote, urlparse
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo
 from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
@@ -45,10 +48,53 @@ SPEC_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens",
 }
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# What the client reads from a server before it gives up on it as not a chat server: one event-stream
+# line (a chunk of a few tokens is a few hundred bytes) and one JSON answer (a model list, an error).
+MAX_LINE_BYTES = 4 << 20
+MAX_BODY_BYTES = 8 << 20
+# Once the reply is complete (finish_reason, or every token asked for), what a server that keeps the
+# connection open without "[DONE]" gets to send the usage chunk that may follow.
+FINISH_GRACE_S = 5.0
 
 
 class RemoteError(EngineError):
     """The server cannot be reached, refused the request or answered something unreadable."""
+
+
+@dataclass(frozen=True)
+class ServerURL:
+    """A --connect URL taken apart: `base` (scheme, host, port, path without /v1) and `shown` (the URL as
+    given) carry no user name or password, so neither can reach a message, the screen or the history;
+    `credentials` are sent as HTTP Basic auth."""
+
+    base: str
+    shown: str
+    credentials: tuple[str, str] | None
+
+
+def parse_server_url(url: str) -> ServerURL:
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    userinfo, at, hostport = parsed.netloc.rpartition("@")
+    shown_netloc = hostport if at else parsed.netloc
+    shown = parsed._replace(netloc=shown_netloc).geturl()
+    example = "an http(s) URL such as http://127.0.0.1:8000"
+    if parsed.scheme not in ("http", "https") or not hostport:
+        raise RemoteError(f"--connect needs {example}, got {shown!r}")
+    try:
+        port = parsed.port
+        host = parsed.hostname
+    except ValueError:  # ":99999", ":abc", "::::"
+        raise RemoteError(f"--connect URL {shown!r}: the port must be a number from 1 to 65535") from None
+    if not host or port == 0:
+        raise RemoteError(f"--connect needs {example}, got {shown!r}")
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    credentials = None
+    if at:
+        user, _, password = userinfo.partition(":")
+        credentials = (unquote(user), unquote(password))
+    return ServerURL(f"{parsed.scheme}://{shown_netloc}{path}", shown, credentials)
 
 
 def parse_spec_metrics(text: str) -> dict[str, float] | None:
@@ -140,14 +186,16 @@ class RemoteEngine:
         timeout_s: float = 120.0,
         metrics_poll_s: float = 1.0,
     ) -> None:
-        parsed = urlparse(url if "://" in url else f"http://{url}")
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise RemoteError(f"--connect needs an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
-        path = parsed.path.rstrip("/")
-        if path.endswith("/v1"):
-            path = path[:-3]
-        self.base = f"{parsed.scheme}://{parsed.netloc}{path}"
-        self.url = url
+        server = parse_server_url(url)
+        if server.credentials is not None and api_key:
+            raise RemoteError(
+                f"the --connect URL carries a user name and password and an API key is given too: both would "
+                f"be the request's Authorization header; keep one (the URL's are sent as HTTP Basic auth): "
+                f"{server.shown}"
+            )
+        self.base = server.base
+        self.url = server.shown  # what the screen, the history and messages show: no credentials
+        self._credentials = server.credentials
         self.api_key = api_key
         self.model = model
         self.timeout_s = timeout_s
@@ -192,8 +240,8 @@ class RemoteEngine:
         )
 
     # -- the Engine API ----------------------------------------------------------------------------
-    def load(self, spec, on_event: Callable | None) -> concurrent.futures.Future:
-        return self._submit(self._load(spec, on_event), _Job(cancellable=False))
+    def load(self, spec: Any, on_event: Callable | None) -> concurrent.futures.Future:
+        return self._submit(self._load_checked(spec, on_event), _Job(cancellable=False))
 
     def chat(
         self,
@@ -209,7 +257,7 @@ class RemoteEngine:
         settings = GenerationSettings(**{f.name: getattr(settings, f.name) for f in fields(GenerationSettings)})
         return self._submit(self._chat(job, messages, settings, on_event), job)
 
-    def complete(self, prompt, settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
+    def complete(self, prompt: Any, settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
         return self._refuse(on_event, "raw completion (no chat template) is local only")
 
     def _refuse(self, on_event: Callable, why: str) -> concurrent.futures.Future:
@@ -265,15 +313,21 @@ class RemoteEngine:
         asyncio.set_event_loop(self._loop)
         timeout = httpx.Timeout(connect=10.0, read=self.timeout_s, write=60.0, pool=10.0)
         self._httpx = httpx
-        self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers())
+        auth = httpx.BasicAuth(*self._credentials) if self._credentials else None
+        self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers(), auth=auth)
         self._turn_lock = asyncio.Lock()
+        self._control_lock = asyncio.Lock()
         self._ready.set()
         self._loop.run_forever()
 
     def _headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # identity: the size caps count what the server sent, not what a small gzip bomb inflates to
+        headers = {"Accept-Encoding": "identity"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
 
-    def _submit(self, coro, job: _Job) -> concurrent.futures.Future:
+    def _submit(self, coro: Coroutine[Any, Any, Any], job: _Job) -> concurrent.futures.Future:
         if self._closed:
             coro.close()
             future: concurrent.futures.Future = concurrent.futures.Future()
@@ -281,7 +335,7 @@ class RemoteEngine:
             return future
         self._jobs.append(job)
 
-        async def run():
+        async def run() -> Any:
             async with self._turn_lock:  # FIFO, like the engine's request queue
                 try:
                     job.task = asyncio.current_task()
@@ -293,8 +347,13 @@ class RemoteEngine:
 
     def _describe(self, exc: Exception) -> str:
         httpx = self._httpx
+        if isinstance(exc, httpx.ConnectError) and _is_tls_failure(exc):
+            hint = " (is it plain http://?)" if self.base.startswith("https:") else ""
+            return f"the TLS handshake with {self.base} failed{hint}: {exc}"
         if isinstance(exc, httpx.ConnectError):
             return f"cannot reach the server at {self.base}: connection refused or no such host (is it running?)"
+        if isinstance(exc, httpx.InvalidURL):
+            return f"{self.base} is not a URL the client can use: {exc}"
         if isinstance(exc, httpx.ConnectTimeout):
             return f"cannot reach the server at {self.base}: the connection timed out"
         if isinstance(exc, httpx.ReadTimeout):
@@ -305,44 +364,60 @@ class RemoteEngine:
             return f"talking to {self.base} failed: {type(exc).__name__}: {exc}"
         return str(exc)
 
-    async def _get_json(self, path: str):
+    async def _get_json(self, path: str) -> Any:
+        url = self.base + path
         try:
-            resp = await self._client.get(self.base + path)
+            async with self._client.stream("GET", url) as resp:
+                text = await _read_capped(resp, MAX_BODY_BYTES, url)
         except self._httpx.HTTPError as e:
             raise RemoteError(self._describe(e)) from e
         if resp.status_code != 200:
-            raise RemoteError(_http_error(self.base + path, resp.status_code, resp.text))
+            raise RemoteError(_http_error(url, resp.status_code, text))
         try:
-            return resp.json()
-        except ValueError:
-            raise RemoteError(f"{self.base}{path} is not an OpenAI-compatible server: {_garbage(resp.text)}") from None
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise RemoteError(f"{url} is not an OpenAI-compatible server: {_garbage(text)}") from None
 
     async def _metrics(self) -> dict[str, float] | None:
         try:
-            resp = await self._client.get(self.base + "/metrics", timeout=5.0)
-        except self._httpx.HTTPError:
+            async with self._client.stream("GET", self.base + "/metrics", timeout=5.0) as resp:
+                if resp.status_code != 200:
+                    return None
+                return parse_spec_metrics(await _read_capped(resp, MAX_BODY_BYTES, self.base + "/metrics"))
+        except (self._httpx.HTTPError, RemoteError):
             return None
-        return parse_spec_metrics(resp.text) if resp.status_code == 200 else None
 
     async def _control(self, body: dict) -> None:
-        with _suppress():
-            await self._client.post(self.base + "/v1/gemma-chat/control", json=body, timeout=5.0)
+        async with self._control_lock:  # one at a time, in the order the keys were pressed
+            with _suppress():
+                await self._client.post(self.base + "/v1/gemma-chat/control", json=body, timeout=5.0)
 
     # -- load: which server, which model -------------------------------------------------------------
-    async def _load(self, spec, on_event) -> PairingInfo:
+    async def _load_checked(self, spec: Any, on_event: Callable | None) -> PairingInfo:
+        """`_load`, whose every failure is a RemoteError (an EngineError): a server's odd answer is a sentence."""
+        try:
+            return await self._load(spec, on_event)
+        except RemoteError:
+            raise
+        except self._httpx.HTTPError as e:
+            raise RemoteError(self._describe(e)) from e
+        except Exception as e:
+            raise RemoteError(f"{self.base} answered something unreadable ({type(e).__name__}: {e})") from e
+
+    async def _load(self, spec: Any, on_event: Callable | None) -> PairingInfo:
         _emit(on_event, LoadProgress("target", 0.0, f"connecting to {self.base}"))
         target = getattr(spec, "target", None)
         if self._info is not None and target not in (None, self.url, self.base):
             raise RemoteError(f"connected to {self.base}: the model is chosen on the server, not here")
         listing = await self._get_json("/v1/models")
         cards = listing.get("data") if isinstance(listing, dict) else None
-        if not isinstance(cards, list) or not cards or not all(isinstance(c, dict) and "id" in c for c in cards):
+        if not isinstance(cards, list) or not cards or not all(_is_card(c) for c in cards):
             raise RemoteError(f"{self.base}/v1/models lists no models: {_garbage(json.dumps(listing))}")
         if self.model:
-            card = next((c for c in cards if c["id"] == self.model), None)
+            card = next((c for c in cards if str(c["id"]) == self.model), None)
             if card is None:
                 names = ", ".join(str(c["id"]) for c in cards)
-                raise RemoteError(f"the server has no model {self.model!r} (it serves: {names})")
+                raise RemoteError(f"the server has no model {self.model!r} (it serves: {_garbage(names, 300)})")
         else:
             card = cards[0]
         ext = card.get(EXTENSION) if isinstance(card.get(EXTENSION), dict) else None
@@ -355,22 +430,29 @@ class RemoteEngine:
             self.kind = "vllm" if card.get("owned_by") == "vllm" or "max_model_len" in card else "openai"
             metrics = await self._metrics()
             drafter = metrics is not None
-        host = urlparse(self.base).netloc
-        label = {"gemma-chat": "gemma-chat", "vllm": "vLLM", "openai": "server"}[self.kind]
-        self._info = PairingInfo(
-            name=f"{self.model_id} ({label} at {host})",
-            target_path=self.base,
-            drafter_path=(f"{label} drafter" if drafter else None),
-            has_vision=bool(ext.get("has_vision", True)) if ext else True,
-            demo=bool(ext.get("demo")) if ext else False,
-            context_length=int((ext or {}).get("context_length") or card.get("max_model_len") or 0),
-            vocab_size=0,
-            sliding_window=0,
-            dtype=str((ext or {}).get("dtype") or "remote"),
-            supports_thinking=bool((ext or {}).get("supports_thinking", self.kind == "vllm")),
-        )
+        self._info = self._pairing_info(card, ext or {}, drafter)
         _emit(on_event, LoadProgress("ready", 1.0, self._info.name))
         return self._info
+
+    def _pairing_info(self, card: dict, ext: dict, drafter: bool) -> PairingInfo:
+        """What the panels show, from the model card; a field of the wrong type counts as not given."""
+        assert self.kind is not None and self.model_id is not None
+        label = {"gemma-chat": "gemma-chat", "vllm": "vLLM", "openai": "server"}[self.kind]
+        ours = self.kind == "gemma-chat"
+        context = _count(ext.get("context_length")) or _count(card.get("max_model_len"))
+        dtype = ext.get("dtype")
+        return PairingInfo(
+            name=f"{self.model_id} ({label} at {urlparse(self.base).netloc})",
+            target_path=self.base,
+            drafter_path=(f"{label} drafter" if drafter else None),
+            has_vision=_flag_or(ext.get("has_vision"), True) if ours else True,
+            demo=_flag_or(ext.get("demo"), False) if ours else False,
+            context_length=context,
+            vocab_size=0,
+            sliding_window=0,
+            dtype=dtype if isinstance(dtype, str) and dtype else "remote",
+            supports_thinking=_flag_or(ext.get("supports_thinking"), self.kind == "vllm"),
+        )
 
     # -- one turn ----------------------------------------------------------------------------------
     def _body(self, messages: list[dict], s: GenerationSettings) -> dict:
@@ -401,7 +483,9 @@ class RemoteEngine:
                 body["image_budget"] = s.image_budget
         return body
 
-    async def _chat(self, job: _Job, messages: list[dict], settings: GenerationSettings, on_event) -> TurnDone:
+    async def _chat(
+        self, job: _Job, messages: list[dict], settings: GenerationSettings, on_event: Callable | None
+    ) -> TurnDone:
         turn = _Turn(on_event, time.perf_counter())
         poller = None
         try:
@@ -435,37 +519,63 @@ class RemoteEngine:
 
     async def _stream(self, body: dict, turn: _Turn) -> None:
         url = self.base + "/v1/chat/completions"
+        turn.max_tokens = int(body["max_tokens"])
         async with self._client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
-                text = (await resp.aread()).decode("utf-8", "replace")
-                raise RemoteError(_http_error(url, resp.status_code, text))
+                raise RemoteError(_http_error(url, resp.status_code, await _read_capped(resp, MAX_BODY_BYTES, url)))
             kind = resp.headers.get("content-type", "")
             if not kind.startswith("text/event-stream"):
-                text = (await resp.aread()).decode("utf-8", "replace")
+                text = await _read_capped(resp, MAX_BODY_BYTES, url)
                 raise RemoteError(f"{url} did not answer with an event stream: {_garbage(text)}")
-            async for line in resp.aiter_lines():
-                if not line or line.startswith(":"):
-                    continue
-                field, _, value = line.partition(":")
-                if field in ("event", "id", "retry"):
-                    continue
-                if field != "data":
-                    raise RemoteError(f"{url} sent a malformed event stream: {_garbage(line)}")
-                value = value.strip()
-                if value == "[DONE]":
-                    return
-                try:
-                    chunk = json.loads(value)
-                except ValueError:
-                    raise RemoteError(f"{url} sent something that is not JSON: {_garbage(value)}") from None
-                if not isinstance(chunk, dict):
-                    raise RemoteError(f"{url} sent an unexpected chunk: {_garbage(value)}")
-                if "error" in chunk:
-                    err = chunk["error"]
-                    raise RemoteError(err.get("message") if isinstance(err, dict) else str(err))
-                turn.on_chunk(chunk, self.kind == "gemma-chat")
-        if turn.finish_reason is None:
-            raise RemoteError(f"{url} closed the stream before the reply was finished")
+            lines = _event_lines(resp, url)
+            try:
+                await self._read_events(lines, url, turn)
+            finally:
+                await lines.aclose()
+        if turn.finish_reason is None and not turn.complete:
+            if turn.count == 0 and not turn.text:
+                raise RemoteError(f"{url} ended the stream without a reply (no text and no finish reason)")
+            if not turn.done_seen:
+                raise RemoteError(f"{url} closed the stream before the reply was finished")
+
+    async def _read_events(self, lines: AsyncGenerator[str, None], url: str, turn: _Turn) -> None:
+        """Feed the stream's chunks to `turn` until "[DONE]", the end of the stream or a complete reply.
+        Keep-alive comments do not count as progress: only data resets the `timeout_s` clock."""
+        last_data = time.monotonic()
+        while True:
+            wait = FINISH_GRACE_S if turn.complete else None  # the reply is whole: the rest is a courtesy
+            try:
+                line = await asyncio.wait_for(anext(lines), wait)
+            except (StopAsyncIteration, TimeoutError):
+                return
+            if not line or line.startswith(":"):
+                if time.monotonic() - last_data > self.timeout_s:
+                    message = f"the server at {self.base} sent only keep-alive comments for {self.timeout_s:g} s"
+                    raise RemoteError(message + " (too slow or stuck)")
+                continue
+            field, _, value = line.partition(":")
+            if field in ("event", "id", "retry"):
+                continue
+            if field != "data":
+                raise RemoteError(f"{url} sent a malformed event stream: {_garbage(line)}")
+            last_data = time.monotonic()
+            value = value.strip()
+            if value == "[DONE]":
+                turn.done_seen = True
+                return
+            try:
+                chunk = json.loads(value)
+            except (ValueError, RecursionError):
+                raise RemoteError(f"{url} sent something that is not JSON: {_garbage(value)}") from None
+            if not isinstance(chunk, dict):
+                raise RemoteError(f"{url} sent an unexpected chunk: {_garbage(value)}")
+            if "error" in chunk:
+                err = chunk["error"]
+                failure = err.get("message") if isinstance(err, dict) else err
+                raise RemoteError(str(failure)[:2000])
+            turn.on_chunk(chunk, self.kind == "gemma-chat")
+            if turn.overflow:  # tokens past max_tokens: this server does not stop where it was asked to
+                return
 
     async def _poll_metrics(self, turn: _Turn) -> None:
         while True:
@@ -494,13 +604,16 @@ class RemoteEngine:
 class _Turn:
     """Rebuilds the engine's events for one streamed reply."""
 
-    def __init__(self, on_event, t_start: float) -> None:
+    def __init__(self, on_event: Callable | None, t_start: float) -> None:
         self.on_event = on_event
         self.t_start = t_start
         self.stats = TurnStats()
         self.text: list[str] = []
         self.ids: list[int] = []
         self.count = 0  # tokens seen (ids, or usage counts where the server has no ids)
+        self.max_tokens: int | None = None  # what was asked for: more is not emitted
+        self.overflow = False  # the server sent more tokens than that
+        self.done_seen = False  # "[DONE]"
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.finish_reason: str | None = None
@@ -509,7 +622,17 @@ class _Turn:
         self.metrics_start: dict | None = None
         self.metrics_seen: dict | None = None
 
+    @property
+    def complete(self) -> bool:
+        """The reply is whole: the server said why it ended, or sent every token asked for."""
+        full = self.max_tokens is not None and self.count >= self.max_tokens
+        return self.finish_reason is not None or full
+
     def _token(self, ev: TokenEvent) -> None:
+        if self.max_tokens is not None and self.count >= self.max_tokens:
+            self.overflow = True
+            self.finish_reason = "length"
+            return
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
@@ -522,64 +645,74 @@ class _Turn:
 
     def on_chunk(self, chunk: dict, extended: bool) -> None:
         choices = chunk.get("choices") or []
-        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         delta = choice.get("delta") or {}
         content = delta.get("content") if isinstance(delta, dict) else None
-        if isinstance(chunk.get("usage"), dict):
-            usage = chunk["usage"]
-        else:
-            usage = None
+        if content is not None and not isinstance(content, str):
+            raise RemoteError(f"the server sent a chunk whose content is not text: {_garbage(repr(content))}")
+        usage = chunk["usage"] if isinstance(chunk.get("usage"), dict) else None
         ext = chunk.get(EXTENSION) if extended else None
         if isinstance(ext, dict):
-            if isinstance(ext.get("prefill"), dict):
-                _emit(self.on_event, PrefillDone(**_known(PrefillDone, ext["prefill"])))
-            events: list = [
-                TokenEvent(int(t["id"]), str(t["text"]), bool(t["from_draft"]), int(t["round"]))
-                for t in ext.get("tokens") or ()
-            ]
-            events += [RoundEvent(**_known(RoundEvent, r)) for r in ext.get("rounds") or ()]
-            # the engine's order: a round's tokens, then its summary (stable sort keeps token order)
-            events.sort(key=lambda ev: (ev.round, isinstance(ev, RoundEvent)))
-            for ev in events:
-                if isinstance(ev, TokenEvent):
-                    self._token(ev)
-                else:
-                    _emit(self.on_event, ev)
-            if isinstance(ext.get("stats"), dict):
-                self.server_stats = ext["stats"]
-            if content and not ext.get("tokens"):
-                self.text.append(content)  # the detokenizer's held-back tail: text without a token
+            self._extension(ext, content)
         elif content:
             before = self.count
             total = usage.get("completion_tokens") if usage else None
             self._token(TokenEvent(-1, content, None, -1))  # origin unknown
-            if isinstance(total, int):
-                for _ in range(total - before - 1):  # more tokens in this chunk: counted, no text
+            if isinstance(total, int) and not isinstance(total, bool):
+                for _ in range(min(total, self.max_tokens or total) - before - 1):  # more tokens in this chunk
                     self._token(TokenEvent(-1, "", None, -1))
         if usage is not None:
             self.usage = usage
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+        reason = choice.get("finish_reason")
+        if reason and isinstance(reason, str) and not self.overflow:
+            self.finish_reason = reason
+
+    def _extension(self, ext: dict, content: str | None) -> None:
+        """gemma-chat's own object: the tokens with their origins, the rounds, the prefill, the stats."""
+        if isinstance(ext.get("prefill"), dict):
+            _emit(self.on_event, _typed(PrefillDone, ext["prefill"], "prefill summary"))
+        tokens, rounds = ext.get("tokens") or [], ext.get("rounds") or []
+        if not isinstance(tokens, list) or not isinstance(rounds, list):
+            raise RemoteError(f"the server sent malformed tokens or rounds: {_garbage(repr(ext)[:200])}")
+        events: list = [_typed(TokenEvent, t, "token") for t in tokens]
+        events += [_typed(RoundEvent, r, "round summary") for r in rounds]
+        # the engine's order: a round's tokens, then its summary (stable sort keeps token order)
+        events.sort(key=lambda ev: (ev.round, isinstance(ev, RoundEvent)))
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                self._token(ev)
+            elif not self.overflow:
+                _emit(self.on_event, ev)
+        if isinstance(ext.get("stats"), dict):
+            self.server_stats = ext["stats"]
+        if content and not tokens:
+            self.text.append(content)  # the detokenizer's held-back tail: text without a token
 
     def finish(self, stop_reason: str | None = None) -> TurnDone:
         ids = tuple(self.ids)
-        if self.server_stats is not None and stop_reason is None:
-            stats = TurnStats(**_known(TurnStats, self.server_stats))
-            stats.block_size_counts = {int(k): int(v) for k, v in (stats.block_size_counts or {}).items()}
+        if self.server_stats is not None and stop_reason is None and not self.overflow:
+            stats = _typed(TurnStats, self.server_stats, "turn summary")
+            try:
+                stats.block_size_counts = {int(k): int(v) for k, v in (stats.block_size_counts or {}).items()}
+            except (TypeError, ValueError):
+                raise RemoteError("the server sent malformed block size counts") from None
         else:
             stats = self.stats
             n = self.count
-            if self.usage and isinstance(self.usage.get("completion_tokens"), int) and stop_reason is None:
-                n = self.usage["completion_tokens"]
-            if self.usage and isinstance(self.usage.get("prompt_tokens"), int):
-                stats.prompt_tokens = stats.prefill_tokens = self.usage["prompt_tokens"]
+            completion = self.usage.get("completion_tokens") if self.usage else None
+            if _count(completion) and stop_reason is None and not self.overflow:
+                n = min(_count(completion), self.max_tokens or _count(completion))
+            if self.usage and _count(self.usage.get("prompt_tokens")):
+                stats.prompt_tokens = stats.prefill_tokens = _count(self.usage["prompt_tokens"])
             stats.tokens = n  # TurnStats' one definition: every token of the reply
             stats.decode_tokens = max(n - 1, 0)  # the first token comes from the prefill
             if self.first_at is not None and self.last_at is not None:
                 stats.ttft_s = self.first_at - self.t_start
                 stats.decode_s = self.last_at - self.first_at
             stats.drafter_enabled = self.stats.drafted > 0
-            stats.stop_reason = stop_reason or {"length": "max_tokens"}.get(self.finish_reason or "", "eos")
+            full = self.max_tokens is not None and n >= self.max_tokens
+            reason = {"length": "max_tokens"}.get(self.finish_reason or "", "max_tokens" if full else "eos")
+            stats.stop_reason = stop_reason or reason
             if not ids:  # the server sends no ids: one -1 per token, so counts still add up
                 ids = (-1,) * n
         return TurnDone(stats, "".join(self.text), ids)
@@ -588,12 +721,105 @@ class _Turn:
         return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)
 
 
-def _known(cls, data: dict) -> dict:
+def _known(cls: type, data: dict) -> dict:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 
 
-def _emit(on_event, event) -> None:
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value has the type a dataclass field declares (bool is not an int, NaN no float)."""
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, a) for a in get_args(hint))
+    if hint is type(None):
+        return value is None
+    return isinstance(value, origin or hint)
+
+
+def _typed(cls: type, data: Any, what: str) -> Any:
+    """`cls` built from a server's JSON object, every known field checked against its declared type."""
+    if not isinstance(data, dict):
+        raise RemoteError(f"the server sent a malformed {what}: {_garbage(repr(data))}")
+    hints = get_type_hints(cls)
+    known = _known(cls, data)
+    bad = [k for k, v in known.items() if not _fits(v, hints[k])]
+    if bad:
+        raise RemoteError(f"the server sent a malformed {what}: {bad[0]} is {_garbage(repr(known[bad[0]]))}")
+    try:
+        return cls(**known)
+    except TypeError:  # a required field missing
+        raise RemoteError(f"the server sent an incomplete {what}: {_garbage(json.dumps(data))}") from None
+
+
+def _count(value: Any) -> int:
+    """A non-negative integer field of a model card, or 0 when it is not one ("lots", -1, 1e400)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _flag_or(value: Any, default: bool) -> bool:
+    return value if isinstance(value, bool) else default
+
+
+def _is_card(card: Any) -> bool:
+    return isinstance(card, dict) and isinstance(card.get("id"), (str, int)) and not isinstance(card["id"], bool)
+
+
+def _is_tls_failure(exc: BaseException) -> bool:
+    import ssl
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "TLS" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _read_capped(resp: Any, limit: int, url: str) -> str:
+    """A response body as text, refused past `limit` bytes (by Content-Length before reading it)."""
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RemoteError(f"{url} answered with {int(declared):,} bytes; a chat server's answer is under {limit:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise RemoteError(f"{url} answered with more than {limit:,} bytes; a chat server's answer is smaller")
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+async def _event_lines(resp: Any, url: str) -> AsyncGenerator[str, None]:
+    """The event stream's lines (\\n or \\r\\n), each at most MAX_LINE_BYTES: httpx's own line reader
+    would hold a server's endless line in memory."""
+    buf = bytearray()
+    async for chunk in resp.aiter_bytes():
+        start = len(buf)
+        buf += chunk
+        cut = buf.find(b"\n", start)
+        while cut >= 0:
+            line = bytes(buf[:cut])
+            del buf[: cut + 1]
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+            cut = buf.find(b"\n")
+        if len(buf) > MAX_LINE_BYTES:
+            raise RemoteError(
+                f"{url} sent an event-stream line of more than {MAX_LINE_BYTES:,} bytes: not a chat stream"
+            )
+    if buf:
+        yield bytes(buf).removesuffix(b"\r").decode("utf-8", "replace")
+
+
+def _emit(on_event: Callable | None, event: object) -> None:
     if on_event is None:
         return
     try:
@@ -621,8 +847,8 @@ def _http_error(url: str, status: int, text: str) -> str:
 
 
 class _suppress:
-    def __enter__(self):
+    def __enter__(self) -> _suppress:
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: Any) -> bool:
         return exc[0] is not None and issubclass(exc[0], Exception)

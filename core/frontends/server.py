@@ -17,6 +17,12 @@ ignore the extension; `core.engine.remote.RemoteEngine` rebuilds the engine's ev
 
 The HTTP status is decided after the engine's first event (prompt prefilled, or the turn refused),
 so a prompt that is too long or an unreadable image is a 400, not an error inside a 200 stream.
+
+Outside input is checked before it costs anything (issue 24): `RequestGuard` refuses requests that are
+not addressed to this server (Host), come from another site's page (Origin) or POST anything but JSON;
+`read_json` bounds the body's size and time; `guarded_protocol` bounds the time to send headers and the
+number of connections; the parsers refuse what the engine would misread (strings for booleans, integers
+of hundreds of digits, lone surrogates, fields not served yet).
 """
 
 from __future__ import annotations
@@ -29,26 +35,44 @@ import dataclasses
 import hmac
 import ipaddress
 import json
+import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnDone
+from core.limits import MAX_IMAGES_PER_PROMPT
 from core.settings import GenerationSettings
+from core.units import format_bytes
+
+log = logging.getLogger("gemma_chat.serve")
 
 EXTENSION = "gemma_chat"  # the key of gemma-chat's own object in chunks and responses
 DEFAULT_MAX_TOKENS = 2048
 MAX_STOPS = 4
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "cancelled": "stop"}
+# the context filled before max_tokens: a reply cut by a length limit all the same (OpenAI's "length")
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop"}
+INT_LIMIT = 2**64  # no integer field means anything past this (the seed's own range ends at 2**64 - 1)
+
+# Slow or idle clients and big bodies (`serve` takes the defaults from its options): a request's headers
+# must be complete this long after its connection opens (or its keep-alive request begins), its body
+# this long after its headers; connections past `max_connections` are answered 503 and closed at once,
+# which keeps the process far below its descriptor limit (mlx-lm's import sets it to 2048).
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0
+KEEP_ALIVE_S = 5.0
+MAX_CONNECTIONS = 256
+MAX_BODY_BYTES = 64 << 20  # a conversation with a few large images as data URLs fits many times over
 
 
 def is_loopback(host: str) -> bool:
@@ -60,6 +84,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_name(value: str) -> str:
+    """The name in a Host header or a URL authority, without its port: "[::1]:8000" -> "::1"."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    name, sep, port = value.rpartition(":")
+    return name.rstrip(".") if sep and port.isdigit() else value.rstrip(".")
+
+
 @dataclass
 class ServerConfig:
     model_id: str
@@ -67,6 +100,17 @@ class ServerConfig:
     max_waiting: int = 4  # requests queued behind the running one; the next gets 429
     allow_file_urls: bool = True  # file:// image URLs read the server's disk: loopback only by default
     max_tokens: int = DEFAULT_MAX_TOKENS  # when a request does not say
+    # Host names requests may be addressed to besides the loopback ones (DNS rebinding: a web page whose
+    # name resolves to 127.0.0.1 sends its own name); None takes any Host (a wildcard bind, where the API
+    # key that such a bind requires is what keeps web pages out).
+    allowed_hosts: tuple[str, ...] | None = ()
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = BODY_TIMEOUT_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+
+    def host_allowed(self, name: str) -> bool:
+        return self.allowed_hosts is None or is_loopback(name) or name in self.allowed_hosts
 
 
 class ApiError(Exception):
@@ -75,10 +119,14 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param = status, message, type_, param
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.type, self.param)
+        # the body was not read to its end (too large, too slow): the connection cannot carry another request
+        unread = {"connection": "close"} if self.status in (408, 413) else None
+        return error_response(self.status, self.message, self.type, self.param, unread)
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None, headers=None) -> JSONResponse:
+def error_response(
+    status: int, message: str, type_: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -94,14 +142,68 @@ class ChatRequest:
     stops: list[str]
 
 
-def _number(body: dict, key: str, kind, default):
+def _show(value: Any) -> str:
+    """A client's value in a message, cut short (a 400-digit integer is not worth echoing whole)."""
+    text = json.dumps(value, ensure_ascii=True) if isinstance(value, (str, bool)) or value is None else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(body: dict, key: str, kind: type, default: Any) -> Any:
     value = body.get(key)
     if value is None:
         return default
-    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
-    if wrong_type or (kind is int and not float(value).is_integer()):
-        raise ApiError(400, f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=key)
+    what = "an integer" if kind is int else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ApiError(400, f"'{key}' must be {what}, got {_show(value)}", param=key)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise ApiError(400, f"'{key}' must be {what}, got {_show(value)}", param=key)
+    if abs(value) > INT_LIMIT:  # float() of a 400-digit integer overflows; no field means such a value
+        raise ApiError(400, f"'{key}' is out of range, got {_show(value)}", param=key)
     return kind(value)
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    """A JSON boolean: the string "false" is not false (bool("false") is True)."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be true or false, got {_show(value)}", param=key)
+    return value
+
+
+def _text(value: str, where: str) -> str:
+    """Text the tokenizer can take: JSON can spell a lone surrogate ("\\ud800"), which is not Unicode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = f"\\u{ord(value[e.start]):04x}"
+        raise ApiError(400, f"{where} holds a lone surrogate ({bad}), which is not valid Unicode text") from None
+    return value
+
+
+# Fields of OpenAI's API this server does not serve yet. Refused rather than ignored: a client that asks
+# for logprobs or a tool call and gets plain text has no way to tell. Remove an entry when it is served.
+UNSERVED = {
+    "logprobs": "logprobs are not served yet",
+    "top_logprobs": "logprobs are not served yet",
+    "tools": "tool calling is not served yet",
+    "tool_choice": "tool calling is not served yet",
+    "functions": "function calling is not served (and 'functions' is deprecated: use 'tools')",
+    "function_call": "function calling is not served (and 'function_call' is deprecated: use 'tool_choice')",
+    "response_format": "response_format (JSON mode, structured output) is not served yet",
+}
+# what asking for nothing looks like in each of them
+_UNSERVED_DEFAULTS: tuple[Any, ...] = (None, False, 0, [], {}, "none", "auto", {"type": "text"})
+
+
+def refuse_unserved(body: dict) -> None:
+    for key, why in UNSERVED.items():
+        value = body.get(key)
+        if key in ("tool_choice", "function_call") and not body.get("tools") and not body.get("functions"):
+            continue  # a choice among no tools asks for nothing
+        if not any(value == d and type(value) is type(d) for d in _UNSERVED_DEFAULTS):
+            raise ApiError(400, f"'{key}': {why} by gemma-chat serve; leave it out", param=key)
 
 
 def _image_item(part: dict, allow_files: bool) -> dict:
@@ -121,54 +223,69 @@ def _image_item(part: dict, allow_files: bool) -> dict:
     if url.startswith("file:"):
         if not allow_files:
             raise ApiError(400, "file: image URLs are refused on a server reachable from the network", param="messages")
-        return {"type": "image", "path": unquote(urlparse(url).path)}
+        return {"type": "image", "path": _text(unquote(urlparse(url).path), "an image's file: URL")}
     raise ApiError(400, "image URLs must be data: or file: URLs (this server does not download)", param="messages")
 
 
-def parse_messages(raw, allow_files: bool) -> list[dict]:
+def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return _text(content, f"messages[{i}].content")
+    if not isinstance(content, list):
+        raise ApiError(400, f"messages[{i}]: content must be a string or a list of parts", param="messages")
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": _text(part["text"], f"messages[{i}].content")})
+        elif kind == "image_url":
+            parts.append(_image_item(part, allow_files))
+        else:
+            raise ApiError(400, f"messages[{i}]: content parts must be text or image_url, got {_show(kind)}")
+    return parts
+
+
+def parse_messages(raw: Any, allow_files: bool) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             role = m.get("role") if isinstance(m, dict) else None
-            message = f"messages[{i}]: role must be system, user or assistant, got {role!r}"
+            message = f"messages[{i}]: role must be system, user or assistant, got {_show(role)}"
             raise ApiError(400, message, param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        content = m.get("content")
-        if content is None:
-            content = ""
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "text" and isinstance(part.get("text"), str):
-                    parts.append({"type": "text", "text": part["text"]})
-                elif kind == "image_url":
-                    parts.append(_image_item(part, allow_files))
-                else:
-                    raise ApiError(400, f"messages[{i}]: content parts must be text or image_url, got {kind!r}")
-            content = parts
-        elif not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}]: content must be a string or a list of parts", param="messages")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _content(m.get("content"), i, allow_files)})
+    images = sum(1 for m in out if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
+    if images > MAX_IMAGES_PER_PROMPT:
+        message = f"the messages hold {images} images; at most {MAX_IMAGES_PER_PROMPT} are taken in one request"
+        raise ApiError(400, message, param="messages")
     return out
 
 
-def parse_chat_request(body, config: ServerConfig) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    messages = parse_messages(body.get("messages"), config.allow_file_urls)
-    if _number(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", param="n")
+def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop or []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise ApiError(400, f"'stop' must be a string or a list of up to {MAX_STOPS} non-empty strings", param="stop")
+    return [_text(s, "'stop'") for s in stops]
+
+
+def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    refuse_unserved(body)
+    messages = parse_messages(body.get("messages"), config.allow_file_urls)
+    if _number(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    stops = _stops(body)
     block = body.get("block_size", "auto")
     if block != "auto" and (isinstance(block, bool) or not isinstance(block, int)):
         raise ApiError(400, "'block_size' must be an integer 1..16 or 'auto'", param="block_size")
     kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     settings = GenerationSettings(
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, config.max_tokens),
@@ -177,16 +294,16 @@ def parse_chat_request(body, config: ServerConfig) -> ChatRequest:
         top_k=_number(body, "top_k", int, 0),
         seed=_number(body, "seed", int, None),
         block_size=block,
-        drafter_enabled=bool(body.get("drafter", True)),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        thinking=bool(isinstance(kwargs, dict) and kwargs.get("enable_thinking")),
+        drafter_enabled=_flag(body, "drafter", True),
+        ignore_eos=_flag(body, "ignore_eos", False),
+        thinking=_flag(kwargs, "enable_thinking", False),
         image_budget=_number(body, "image_budget", int, None),
     )
     try:
         settings.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    return ChatRequest(messages, settings, bool(body.get("stream", False)), stops)
+    return ChatRequest(messages, settings, _flag(body, "stream", False), stops)
 
 
 # -- stop strings ------------------------------------------------------------------------------------
@@ -259,7 +376,7 @@ class Busy(Exception):
 class EngineGate:
     """Serialises turns on the engine (FIFO) with a bounded wait line."""
 
-    def __init__(self, engine, max_waiting: int) -> None:
+    def __init__(self, engine: Any, max_waiting: int) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
         self.waiting = 0
@@ -281,7 +398,7 @@ class EngineGate:
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
 
-            def on_event(ev) -> None:  # engine thread
+            def on_event(ev: object) -> None:  # engine thread
                 with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
                     loop.call_soon_threadsafe(events.put_nowait, ev)
 
@@ -329,7 +446,7 @@ async def _no_receive() -> dict[str, Any]:
     return {"type": "http.disconnect"}
 
 
-async def _until_disconnect(receive, work):
+async def _until_disconnect(receive: Any, work: Coroutine[Any, Any, Any]) -> Any:
     """Run `work` (a coroutine) and cancel it if the client disconnects first."""
     task = asyncio.ensure_future(work)
 
@@ -367,7 +484,7 @@ class ChatCompletion(Response):
         self.created = int(time.time())
         self.background = None
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.scope = scope
         events = self.gate.turn(self.request.messages, self.request.settings)
         try:
@@ -381,14 +498,14 @@ class ChatCompletion(Response):
         finally:
             await events.aclose()  # cancels the engine turn if it is still running
 
-    async def _first(self, events) -> list:
+    async def _first(self, events: AsyncGenerator[list, None]) -> list:
         """Wait for the turn to start (PrefillDone) or to be refused (TurnDone)."""
         try:
             return await events.__anext__()
         except Busy:
             raise ApiError(429, "the server is busy: too many requests waiting; retry later", "server_busy") from None
 
-    async def _respond(self, events, send) -> None:
+    async def _respond(self, events: AsyncGenerator[list, None], send: Any) -> None:
         try:
             head = await self._first(events)
         except ApiError as e:
@@ -403,7 +520,9 @@ class ChatCompletion(Response):
         else:
             await self._whole(head, events, send)
 
-    def _chunk(self, delta: dict, ext: dict | None = None, finish: str | None = None, usage=None) -> bytes:
+    def _chunk(
+        self, delta: dict, ext: dict | None = None, finish: str | None = None, usage: dict | None = None
+    ) -> bytes:
         chunk = {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -417,7 +536,7 @@ class ChatCompletion(Response):
             chunk[EXTENSION] = ext
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
-    async def _stream(self, head: list, events, send) -> None:
+    async def _stream(self, head: list, events: AsyncGenerator[list, None], send: Any) -> None:
         await send(
             {
                 "type": "http.response.start",
@@ -492,7 +611,7 @@ class ChatCompletion(Response):
         await write(b"data: [DONE]\n\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _whole(self, head: list, events, send) -> None:
+    async def _whole(self, head: list, events: AsyncGenerator[list, None], send: Any) -> None:
         scanner = StopScanner(self.request.stops)
         tokens: list[TokenEvent] = []
         pending = list(head)
@@ -536,10 +655,103 @@ class ChatCompletion(Response):
         await JSONResponse(body)(self.scope, _no_receive, send)
 
 
+# -- requests from outside: host, origin, body ----------------------------------------------------------
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its request body was complete."""
+
+
+async def read_json(request: Request, config: ServerConfig) -> Any:
+    """The request's JSON body, read within `body_timeout_s` and `max_body_bytes` (413 past it, before
+    reading when Content-Length says so); nesting too deep for the parser is a 400 like any bad JSON."""
+    limit = config.max_body_bytes
+    too_big = f"this server takes request bodies up to {format_bytes(limit)}"
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {format_bytes(int(declared))}; {too_big}", "request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(config.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is larger than {format_bytes(limit)}; {too_big}")
+                chunks.append(chunk)
+    except TimeoutError:
+        message = f"the request body did not arrive within {config.body_timeout_s:g} s"
+        raise ApiError(408, message, "timeout") from None
+    except ClientDisconnect:
+        raise _ClientGone() from None
+    try:
+        return json.loads(b"".join(chunks))
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects too deeply to be a request") from None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+        raise ApiError(400, "the request body is not valid JSON") from None
+
+
+class RequestGuard:
+    """ASGI middleware in front of every route: a request must be addressed to this server (Host: a
+    loopback name or a configured one, against DNS rebinding), come from no web page of another site
+    (Origin, when a browser sends one, names the same host), and POST JSON as JSON (a page's form or
+    `text/plain` fetch needs no CORS preflight; `application/json` does). An exception that escapes a
+    route is one log line and an OpenAI-shaped 500, not a traceback."""
+
+    def __init__(self, app: Any, config: ServerConfig) -> None:
+        self.app, self.config = app, config
+
+    def refusal(self, scope: dict) -> JSONResponse | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        name = host_name(host) if host is not None else None
+        if name is not None and not self.config.host_allowed(name):
+            message = (
+                f"requests addressed to {_show(host)} are refused: this server answers requests for 127.0.0.1 "
+                "or localhost (a web page that makes its own name point here must not use it)"
+            )
+            return error_response(400, message, "invalid_request_error")
+        origin = headers.get("origin")
+        if origin is not None:
+            origin_host = urlparse(origin).hostname if origin != "null" else None
+            if origin_host is None or origin_host.rstrip(".") != name or not self.config.host_allowed(origin_host):
+                message = f"cross-origin requests are refused (Origin: {_show(origin)}): web pages cannot use this API"
+                return error_response(403, message, "forbidden")
+        if scope["method"] == "POST":
+            kind = headers.get("content-type", "")
+            if kind.split(";")[0].strip().lower() != "application/json":
+                message = f"the request body must be sent as Content-Type: application/json, got {_show(kind)}"
+                return error_response(415, message, "invalid_request_error")
+        return None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.refusal(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:  # the route's bug: one line here, the client gets a 500 it can read
+            log.error("internal error answering %s %s: %s: %s", scope["method"], scope["path"], type(e).__name__, e)
+            if not started:
+                await error_response(500, f"internal error: {type(e).__name__}", "server_error")(scope, receive, send)
+
+
 # -- the application ---------------------------------------------------------------------------------
 
 
-def create_app(engine, config: ServerConfig) -> Starlette:
+def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
     """The ASGI app over a loaded engine (an Engine or anything with its chat/cancel API)."""
     gate = EngineGate(engine, config.max_waiting)
     created = int(time.time())
@@ -557,37 +769,20 @@ def create_app(engine, config: ServerConfig) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": config.model_id, "busy": gate.running, "waiting": gate.waiting})
 
-    def model_card() -> dict:
-        info = engine.info
-        ext = {"controls": True, "token_origin": True}
-        if info is not None:
-            ext.update(
-                pairing=info.name,
-                drafter=info.drafter_path is not None,
-                demo=info.demo,
-                has_vision=info.has_vision,
-                context_length=info.context_length,
-                dtype=info.dtype,
-                supports_thinking=info.supports_thinking,
-            )
-        return {"id": config.model_id, "object": "model", "created": created, "owned_by": "gemma-chat", EXTENSION: ext}
-
     async def models(request: Request) -> Response:
         if not authorised(request):
             return unauthorised()
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(engine, config, created)]})
 
     async def chat_completions(request: Request) -> Response:
         if not authorised(request):
             return unauthorised()
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return error_response(400, "the request body is not valid JSON", "invalid_request_error")
-        try:
-            parsed = parse_chat_request(body, config)
+            parsed = parse_chat_request(await read_json(request, config), config)
         except ApiError as e:
             return e.response()
+        except _ClientGone:
+            return _client_gone(request)
         if gate.running and gate.waiting >= gate.max_waiting:
             message = "the server is busy: too many requests waiting; retry later"
             return error_response(429, message, "server_busy", None, {"retry-after": "1"})
@@ -597,25 +792,22 @@ def create_app(engine, config: ServerConfig) -> Starlette:
         if not authorised(request):
             return unauthorised()
         try:
-            body = json.loads(await request.body())
+            body = await read_json(request, config)
             if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return error_response(400, "the request body must be a JSON object", "invalid_request_error")
+                raise ApiError(400, "the request body must be a JSON object")
+            drafter = _flag(body, "drafter_enabled", True) if "drafter_enabled" in body else None
+        except ApiError as e:
+            return e.response()
+        except _ClientGone:
+            return _client_gone(request)
         try:
             if "block_size" in body:
                 engine.set_block_size(body["block_size"])
-            if "drafter_enabled" in body:
-                engine.set_drafter_enabled(bool(body["drafter_enabled"]))
         except ValueError as e:
             return error_response(400, str(e), "invalid_request_error", "block_size")
+        if drafter is not None:
+            engine.set_drafter_enabled(drafter)
         return JSONResponse({"ok": True, "running": gate.running})
-
-    async def not_found(request: Request, exc) -> Response:
-        return error_response(404, f"no route {request.method} {request.url.path}", "not_found")
-
-    async def method_not_allowed(request: Request, exc) -> Response:
-        return error_response(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error")
 
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -623,16 +815,151 @@ def create_app(engine, config: ServerConfig) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/gemma-chat/control", control, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
+    handlers = {404: not_found, 405: method_not_allowed, Exception: internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.gate = gate
-    return app
+    return RequestGuard(app, config)
+
+
+def model_card(engine: Any, config: ServerConfig, created: int) -> dict:
+    info = engine.info
+    ext = {"controls": True, "token_origin": True}
+    if info is not None:
+        ext.update(
+            pairing=info.name,
+            drafter=info.drafter_path is not None,
+            demo=info.demo,
+            has_vision=info.has_vision,
+            context_length=info.context_length,
+            dtype=info.dtype,
+            supports_thinking=info.supports_thinking,
+        )
+    return {"id": config.model_id, "object": "model", "created": created, "owned_by": "gemma-chat", EXTENSION: ext}
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    return error_response(404, f"no route {request.method} {request.url.path}", "not_found")
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    return error_response(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error")
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def _client_gone(request: Request) -> Response:
+    client = request.client
+    log.warning("a client%s left before its request body was complete", f" ({client.host})" if client else "")
+    return Response(status_code=400)  # nobody reads it
+
+
+# -- uvicorn: slow and idle connections, too many of them ---------------------------------------------
+
+
+def _raw_response(status: int, reason: str, message: str, type_: str) -> bytes:
+    """A whole HTTP/1.1 error response with its OpenAI-shaped body, for the connection layer (no ASGI)."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": status}}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with what it lacks against slow clients: a connection must complete its
+    request's headers within `header_timeout_s` (uvicorn times out only the idle keep-alive gap), and a
+    connection past `max_connections` is answered 503 and closed at once instead of held open."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                message = f"the server has {max_connections} connections open; retry later"
+                transport.write(_raw_response(503, "Service Unavailable", message, "server_busy"))
+                transport.close()
+                return
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the request's headers are in
+                self._stop_header_timer()
+            elif self._header_timer is None and not self.transport.is_closing():  # a keep-alive request begins
+                self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_header_timer()
+            super().connection_lost(exc)
+
+        def _stop_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.cycle is None or self.cycle.response_complete:  # between requests: nothing half sent
+                message = f"the request headers did not arrive within {header_timeout_s:g} s"
+                self.transport.write(_raw_response(408, "Request Timeout", message, "timeout"))
+            self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class _OnceAMinute(logging.Filter):
+    """asyncio logs a traceback for every accept() that fails for want of file descriptors, thousands a
+    second while they are short: one line a minute says it as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = -1e9
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "out of system resource" not in str(record.msg):
+            return True
+        now = time.monotonic()
+        if now - self.last < 60:
+            return False
+        self.last = now
+        record.msg, record.args, record.exc_info = "cannot accept connections: out of file descriptors", (), None
+        return True
+
+
+def quiet_accept_errors() -> None:
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OnceAMinute) for f in logger.filters):
+        logger.addFilter(_OnceAMinute())
+
+
+def uvicorn_config(app: Any, config: ServerConfig, **kwargs: Any) -> Any:
+    """The uvicorn.Config `serve` and BackgroundServer run `app` with (`kwargs`: host, port, ...)."""
+    import uvicorn
+
+    quiet_accept_errors()
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(config.header_timeout_s, config.max_connections),
+        timeout_keep_alive=int(KEEP_ALIVE_S),
+        log_level="warning",
+        access_log=False,
+        **kwargs,
+    )
 
 
 class BackgroundServer:
     """uvicorn on a daemon thread (tests, benchmarks): `with BackgroundServer(app) as url: ...`.
     Port 0 picks a free port; `url` is the base URL, e.g. http://127.0.0.1:53123."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, config: ServerConfig | None = None) -> None:
         import socket
 
         import uvicorn
@@ -641,13 +968,12 @@ class BackgroundServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self.server = uvicorn.Server(config)
+        if config is None:  # the app's own limits when it is gemma-chat's; the defaults for a test's stand-in
+            config = app.config if isinstance(app, RequestGuard) else ServerConfig("background")
+        self.server = uvicorn.Server(uvicorn_config(app, config, lifespan="off"))
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> str:
-        import threading
-
         thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._socket]}, name="gemma-chat-serve", daemon=True
         )
@@ -660,7 +986,7 @@ class BackgroundServer:
             time.sleep(0.01)
         return self.url
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -29,7 +29,6 @@ the pad id there; audio tokens attend causally (only image tokens are bidirectio
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from core.model.loader import load_safetensors
+from core.model.loader import load_safetensors, read_checkpoint_json, weight_files, weight_index
 from core.model.vision import ClippableLinear, RMSNorm, load_module_weights
 
 # Weight-name prefixes of the two layouts: HF/Google, then mlx-community (mlx-vlm's conversion).
@@ -407,19 +406,18 @@ def build_audio_encoder(
 
 def audio_weight_files(model_dir: Path) -> list[Path]:
     """The safetensors files that hold audio weights (all of them when there is no index)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        names = {f for k, f in weight_map.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
-        return [model_dir / f for f in sorted(names)]
-    return sorted(model_dir.glob("*.safetensors"))
+    index = weight_index(model_dir)  # every file checked to be a regular file inside the folder
+    if index is not None:
+        names = {f for k, f in index.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
+        return sorted(names)
+    return weight_files(model_dir, "*.safetensors")
 
 
 def load_audio(model_dir: str | Path, dtype: mx.Dtype | None = None) -> AudioEncoder | UnifiedAudioEncoder | None:
     """The audio tower + embedder (E2B/E4B) or the audio embedder (12B) of a checkpoint directory,
     or None if it has none. mx.load is lazy, so only the audio tensors of a shard are read."""
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_checkpoint_json(model_dir, "config.json")
     if not config.get("audio_config"):
         return None
     weights: dict[str, mx.array] = {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
 import stat
@@ -249,9 +248,13 @@ def prepare_audio(source: str | os.PathLike | bytes | RawAudio, spec: AudioSpec)
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+    """A checkpoint settings file ({} when absent or not JSON); a FIFO or device in its place is refused
+    (core.model.loader.checkpoint_file), never read."""
+    from core.model.loader import CheckpointError, checkpoint_file, read_checkpoint_json
+
+    if checkpoint_file(path.parent, path.name) is None:
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        return read_checkpoint_json(path.parent, path.name)
+    except CheckpointError:
+        return {}

@@ -29,7 +29,16 @@ from mlx_lm.models import gemma4_text
 
 from core import modeltypes, sampling
 from core.model.layers import fast_layers
-from core.model.loader import CheckpointError, check_finite, load_safetensors, read_config, weights_error
+from core.model.loader import (
+    CheckpointError,
+    check_checkpoint_files,
+    check_finite,
+    load_safetensors,
+    read_config,
+    text_config_of,
+    weight_files,
+    weights_error,
+)
 from core.model.target import FULL, SLIDING, Target
 
 QUERY_POSITIONS = ("P-1", "P")
@@ -52,7 +61,14 @@ class DrafterConfig:
                 f"not a Gemma 4 assistant drafter (model_type {config.get('model_type')!r}, "
                 f"expected one of {', '.join(modeltypes.DRAFTER_TYPES)})"
             )
-        text = dict(config.get("text_config") or {})
+        text = dict(
+            text_config_of("the drafter's config.json", {"text_config": config.get("text_config") or {}}, drafter=True)
+        )
+        backbone = config.get("backbone_hidden_size")
+        if backbone is not None and (isinstance(backbone, bool) or not isinstance(backbone, int) or backbone < 1):
+            raise CheckpointError(
+                f"drafter config.json: backbone_hidden_size must be a positive integer, got {backbone!r}"
+            )
         if "hidden_size" not in text or "backbone_hidden_size" not in config:
             raise CheckpointError("drafter config.json lacks text_config.hidden_size or backbone_hidden_size")
         # every layer reads the target's K/V: build them all as KV-shared (query-only attention)
@@ -248,9 +264,10 @@ def _sanitize(weights: dict) -> dict:
 
 def load_drafter(path: str | Path, dtype: str | None = None) -> Drafter:
     path = Path(path)
+    check_checkpoint_files(path)
     config = read_config(path)
     cfg = DrafterConfig.from_dict(config)
-    files = sorted(path.glob("model*.safetensors"))
+    files = weight_files(path)
     if not files:
         raise CheckpointError(f"{path} has no model*.safetensors weights")
     weights: dict[str, mx.array] = {}

@@ -4,13 +4,13 @@ audio tower or the 12B's audio embedder (core.model.audio; 26B and 31B take no a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 
 from core.model.audio import AudioEncoder, UnifiedAudioEncoder
 from core.model.audio import load_audio as _load_audio
+from core.model.loader import read_checkpoint_json
 from core.model.unified import UnifiedVisionEncoder, load_unified_vision
 from core.model.vision import VisionEncoder, load_vision_tower
 
@@ -22,7 +22,7 @@ def load_vision(model_dir: str | Path, dtype: mx.Dtype | None = None) -> VisionE
     checkpoint's dtype. mx.load is lazy, so only the vision tensors of a shard are read.
     """
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_checkpoint_json(model_dir, "config.json")
     if not config.get("vision_config"):
         return None
     if config.get("model_type") == "gemma4_unified":  # the 12B: no tower, an encoder-free embedder

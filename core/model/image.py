@@ -12,7 +12,6 @@ image to the largest H x W, both multiples of patch*pool (48), with (H/16)*(W/16
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import warnings
@@ -150,6 +149,61 @@ def soft_token_count(
     return (h // unit) * (w // unit)
 
 
+def _probe_file(path: Path, label: str, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of an image file from its header, after the checks that need no decoding:
+    there, not a folder, not empty, not huge, an image Pillow knows, not too many pixels."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.exists():
+        raise ImageError(f"Image file not found: {path}")
+    if path.is_dir():
+        raise ImageError(f"{path} is a folder, not an image file.")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise ImageError(f"Image file{label} is empty (0 bytes).")
+    if size > MAX_IMAGE_FILE_BYTES:
+        raise ImageError(
+            f"Image file{label} is {size / 2**20:,.0f} MiB; the limit is {MAX_IMAGE_FILE_BYTES >> 20} MiB."
+        )
+    # The header first (Pillow reads only what it needs to identify the format and the size), so
+    # a huge file that is not an image, or an image of too many pixels, is refused unread.
+    try:
+        with open(path, "rb") as head:
+            w, h = _open(head, label, max_pixels, Image, UnidentifiedImageError).size
+    except PermissionError as exc:
+        raise ImageError(f"Permission denied reading image{label}.") from exc
+    except OSError as exc:
+        raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
+    if w * h > max_pixels:
+        raise ImageError(f"Image{label} is too large ({w}x{h} = {w * h:,} pixels; the limit is {max_pixels:,}).")
+    return w, h
+
+
+def image_size(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """(height, width) of an image file or bytes from its header alone, nothing decoded: what the
+    soft-token count (soft_token_count) needs before any pixel buffer is made. EXIF rotation may swap the
+    two; the count does not depend on which is which."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) == 0:
+            raise ImageError("The image data is empty.")
+        w, h = _open(io.BytesIO(bytes(source)), "", max_pixels, Image, UnidentifiedImageError).size
+    elif isinstance(source, Image.Image):
+        w, h = source.size
+    else:
+        path = Path(source).expanduser()
+        w, h = _probe_file(path, f" '{path.name}'", max_pixels)
+    if w <= 0 or h <= 0:
+        raise ImageError(f"The image has no pixels ({w}x{h}).")
+    if w * h > max_pixels:
+        raise ImageError(f"The image is too large ({w}x{h} = {w * h:,} pixels; the limit is {max_pixels:,}).")
+    return h, w
+
+
 def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> PILImage:
     """Open a file path, bytes or PIL image and return an upright RGB PIL image.
 
@@ -168,34 +222,7 @@ def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> PIL
         else:
             path = Path(source).expanduser()
             label = f" '{path.name}'"
-            if not path.exists():
-                raise ImageError(f"Image file not found: {path}")
-            if path.is_dir():
-                raise ImageError(f"{path} is a folder, not an image file.")
-            try:
-                size = path.stat().st_size
-            except OSError as exc:
-                raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
-            if size == 0:
-                raise ImageError(f"Image file{label} is empty (0 bytes).")
-            if size > MAX_IMAGE_FILE_BYTES:
-                raise ImageError(
-                    f"Image file{label} is {size / 2**20:,.0f} MiB; the limit is {MAX_IMAGE_FILE_BYTES >> 20} MiB."
-                )
-            # The header first (Pillow reads only what it needs to identify the format and the size), so
-            # a huge file that is not an image, or an image of too many pixels, is refused unread.
-            try:
-                with open(path, "rb") as head:
-                    probe = _open(head, label, max_pixels, Image, UnidentifiedImageError)
-                    w, h = probe.size
-            except PermissionError as exc:
-                raise ImageError(f"Permission denied reading image{label}.") from exc
-            except OSError as exc:
-                raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
-            if w * h > max_pixels:
-                raise ImageError(
-                    f"Image{label} is too large ({w}x{h} = {w * h:,} pixels; the limit is {max_pixels:,})."
-                )
+            _probe_file(path, label, max_pixels)
             try:
                 # Read it whole: no file handle outlives this call, even for animations.
                 fp = io.BytesIO(path.read_bytes())
@@ -308,9 +335,16 @@ def preprocess_image(
 
 
 def _read_json(path: Path) -> dict | None:
+    """A processor settings file, None when absent or not a JSON object (the defaults apply); a FIFO, a
+    device or a folder in its place is an ImageError (core.model.loader): it would block the first image."""
+    from core.model.loader import CheckpointError, checkpoint_file, read_checkpoint_json
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        if checkpoint_file(path.parent, path.name) is None:
+            return None
+    except CheckpointError as e:
+        raise ImageError(str(e)) from None
+    try:
+        return read_checkpoint_json(path.parent, path.name) or None
+    except CheckpointError:
         return None
-    return data if isinstance(data, dict) else None

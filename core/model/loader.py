@@ -9,8 +9,10 @@ already understands both weight layouts (HF `model.language_model.*` and mlx-com
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,16 +53,88 @@ def resolve_checkpoint(path_or_repo: str, cache_dir: str | Path | None = None) -
         raise CheckpointError(f"{path_or_repo}: {e}") from None
 
 
-def read_json(path: Path) -> dict:
-    """A JSON object file; {} when the file is missing. A file that is there but unreadable, not
-    JSON or not an object is a CheckpointError that says so."""
+# -- reading a checkpoint's files ----------------------------------------------------------------------
+# Every reader of a checkpoint folder (this module, the drafter, the vision and unified encoders, the
+# image processor's settings, the prompt's special ids and template) opens its files through
+# `checkpoint_file`: a FIFO would block the reader forever (and a server's every later request with it),
+# /dev/zero never ends, and a weight index naming "../x.safetensors" would read outside the folder.
+
+CONFIG_MAX_BYTES = 64 << 20  # a JSON or template file of a checkpoint (tokenizer.json is mlx-lm's to read)
+# the files something opens by name: ours, mlx-lm's (config, generation config, weights) and the tokenizer's
+CHECKPOINT_SUFFIXES = (".json", ".jinja", ".safetensors", ".model", ".txt", ".tiktoken")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+
+
+def checkpoint_file(model_dir: str | Path, name: str) -> Path | None:
+    """`name` in the checkpoint folder if it is there, None if not. A name that leaves the folder
+    (absolute, `..`) or an entry that is not a regular file once links are followed (a FIFO, a device,
+    a folder, a broken link) is a CheckpointError that says so."""
+    rel = PurePosixPath(name)
+    if not name or rel.is_absolute() or ".." in rel.parts or "\\" in name:
+        raise CheckpointError(f"{model_dir}: the file name {name!r} points outside the checkpoint folder")
+    path = Path(model_dir) / rel
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        mode = path.stat().st_mode
     except FileNotFoundError:
+        if path.is_symlink():
+            raise CheckpointError(f"{path} is a broken link: the checkpoint is incomplete") from None
+        return None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{path} is {_kind(mode)}, not a regular file: the checkpoint is damaged")
+    return path
+
+
+def read_checkpoint_bytes(path: Path, limit: int = CONFIG_MAX_BYTES) -> bytes:
+    """A checkpoint file's bytes, at most `limit`. Opened without blocking and checked again on the open
+    descriptor: a file swapped for a FIFO after `checkpoint_file` looked at it cannot hang the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise CheckpointError(f"{path} is {_kind(mode)}, not a regular file: the checkpoint is damaged")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{path} is larger than {limit >> 20} MiB: not a configuration file")
+    return data
+
+
+def read_checkpoint_text(model_dir: str | Path, name: str) -> str | None:
+    """A text file of the checkpoint (e.g. chat_template.jinja), None when absent."""
+    path = checkpoint_file(model_dir, name)
+    if path is None:
+        return None
+    try:
+        return read_checkpoint_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_checkpoint_json(model_dir: str | Path, name: str) -> dict:
+    """A JSON object file of the checkpoint; {} when absent. Unreadable, not JSON, nested too deeply
+    or not an object: a CheckpointError that says which."""
+    path = checkpoint_file(model_dir, name)
+    if path is None:
         return {}
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from None
+    text = read_checkpoint_text(model_dir, name) or ""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{path} nests arrays or objects too deeply to be a configuration") from None
     except ValueError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
@@ -68,15 +142,112 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def read_json(path: Path) -> dict:
+    """A JSON object file; {} when the file is missing (read_checkpoint_json on its folder)."""
+    return read_checkpoint_json(path.parent, path.name)
+
+
+def check_checkpoint_files(model_dir: Path) -> None:
+    """Every file of the folder that something opens by name is a regular file. Checked at load, before
+    mlx-lm and the tokenizer read any of them: transformers treats a FIFO tokenizer_config.json as absent
+    (a silently different prompt), and mlx-lm would block on a FIFO generation_config.json or weights."""
+    try:
+        names = sorted(e.name for e in os.scandir(model_dir) if e.name.endswith(CHECKPOINT_SUFFIXES))
+    except OSError as e:
+        raise CheckpointError(f"cannot list {model_dir}: {e.strerror or e}") from None
+    for name in names:
+        checkpoint_file(model_dir, name)
+
+
+def weight_files(model_dir: Path, pattern: str = "model*.safetensors") -> list[Path]:
+    """The checkpoint's weight files (each a regular file in the folder)."""
+    files = [checkpoint_file(model_dir, p.name) for p in sorted(model_dir.glob(pattern))]
+    return [f for f in files if f is not None]
+
+
+def weight_index(model_dir: Path) -> dict[str, Path] | None:
+    """model.safetensors.index.json's map from tensor name to its file, every file checked to be a
+    regular file inside the folder; None without an index."""
+    index = read_checkpoint_json(model_dir, "model.safetensors.index.json")
+    if not index:
+        return None
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{model_dir}/model.safetensors.index.json has no weight_map of file names")
+    files: dict[str, Path] = {}
+    for name in set(weight_map.values()):
+        path = checkpoint_file(model_dir, name)
+        if path is None:
+            raise CheckpointError(f"{model_dir}: the weight index names {name}, which is not in the folder")
+        files[name] = path
+    return {tensor: files[name] for tensor, name in weight_map.items()}
+
+
 def read_config(path: Path) -> dict:
     """A checkpoint's config.json: missing and empty are different faults, and each says which."""
-    file = path / "config.json"
-    if not file.is_file():
+    file = checkpoint_file(path, "config.json")
+    if file is None:
         raise CheckpointError(f"{path} has no config.json")
-    config = read_json(file)
+    config = read_checkpoint_json(path, "config.json")
     if not config:
         raise CheckpointError(f"{file} is empty ({{}}): it must describe the model (model_type, text_config, ...)")
     return config
+
+
+# -- a config's numbers, before anything is built from them ------------------------------------------
+# Each a positive integer up to a bound far past any real Gemma 4 (31B: hidden 5376, 60 layers, vocab
+# 262144, context 262144): a zero divides, a billion layers are a billion Python objects before the
+# first weight is read.
+TEXT_CONFIG_BOUNDS = {
+    "hidden_size": (1, 1 << 16),
+    "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "num_global_key_value_heads": (1, 1024),
+    "head_dim": (1, 8192),
+    "global_head_dim": (1, 8192),
+    "intermediate_size": (1, 1 << 20),
+    "moe_intermediate_size": (0, 1 << 20),
+    "vocab_size": (1, 1 << 22),
+    "vocab_size_per_layer_input": (0, 1 << 22),  # 0: none (drafters)
+    "sliding_window": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 24),
+    "hidden_size_per_layer_input": (0, 1 << 16),
+    "num_kv_shared_layers": (0, 1024),
+    "num_experts": (0, 1 << 12),
+    "top_k_experts": (0, 1 << 12),
+}
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def text_config_of(file: Path | str, config: dict, *, drafter: bool = False) -> dict:
+    """The config's text model section (`text_config`, or the config itself when flat), checked: one
+    sentence naming the first field that no model can be built from. (A drafter's layers all read the
+    target's K/V; a target needs one layer of its own.)"""
+    text = config.get("text_config", config) if "text_config" in config else config
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{file}: text_config must be an object, got {json.dumps(text)[:40]}")
+    for key, (low, high) in TEXT_CONFIG_BOUNDS.items():
+        value = text.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            shown = json.dumps(value)[:40] if not isinstance(value, int) else str(value)[:40]
+            raise CheckpointError(f"{file}: text_config.{key} must be an integer from {low} to {high}, got {shown}")
+    heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise CheckpointError(f"{file}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads")
+    layers, types = text.get("num_hidden_layers"), text.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or not all(t in LAYER_TYPES for t in types):
+            raise CheckpointError(f"{file}: text_config.layer_types must list {' or '.join(LAYER_TYPES)} per layer")
+        if layers is not None and len(types) != layers:
+            raise CheckpointError(f"{file}: text_config.layer_types has {len(types)} entries for {layers} layers")
+    shared = text.get("num_kv_shared_layers")
+    if shared and layers is not None and shared >= layers + drafter:
+        most = "at most" if drafter else "below"
+        raise CheckpointError(f"{file}: num_kv_shared_layers ({shared}) must be {most} num_hidden_layers ({layers})")
+    return text
 
 
 def weights_error(path: Path, error: Exception) -> CheckpointError:
@@ -87,7 +258,7 @@ def weights_error(path: Path, error: Exception) -> CheckpointError:
     )
 
 
-def check_finite(path: Path, params) -> None:
+def check_finite(path: Path, params: Any) -> None:
     """Refuse weights holding NaN or inf: the model would emit one token (id 0) forever."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -112,7 +283,7 @@ def load_safetensors(path: str | Path) -> dict[str, mx.array]:
     return mx.load(str(path))  # type: ignore[return-value]  # a dict for .safetensors files
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: Path) -> Any:
     """mlx-lm's TokenizerWrapper around the checkpoint's Hugging Face tokenizer (chat template included).
 
     `path` must be a local directory (mlx-lm would otherwise try to download it)."""
@@ -121,7 +292,8 @@ def load_tokenizer(path: Path):
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no such checkpoint directory: {path}")
-    if not (path / "tokenizer.json").is_file():
+    check_checkpoint_files(path)
+    if checkpoint_file(path, "tokenizer.json") is None:
         # without it transformers falls back to a tiny stand-in tokenizer that decodes to nothing useful
         raise CheckpointError(f"{path} has no tokenizer.json: copy it from the model's original repository")
     return mlx_load_tokenizer(path)
@@ -138,6 +310,7 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
+    check_checkpoint_files(path)
     config = read_config(path)
     model_type = config.get("model_type")
     if modeltypes.is_drafter(model_type):
@@ -146,10 +319,11 @@ def load_target_model(path: Path, dtype: str | None = None) -> LoadedTarget:
         raise CheckpointError(
             f"{path}: model_type {model_type!r} is not Gemma 4 ({', '.join(modeltypes.TARGET_TYPES)})"
         )
+    text_config_of(path / "config.json", config)
     overrides = None
     if modeltypes.architecture(model_type) == modeltypes.UNIFIED:
         overrides = unified_model_config(path, config)
-    if not list(path.glob("model*.safetensors")):
+    if not weight_files(path):
         raise CheckpointError(f"{path} has no model*.safetensors weights")
     try:
         model, config = load_model(path, lazy=True, model_config=overrides)
@@ -198,7 +372,7 @@ def unified_model_config(path: Path, config: dict) -> dict:
     return out
 
 
-def _cpu_safe_experts(model) -> None:
+def _cpu_safe_experts(model: Any) -> None:
     """MLX's CPU backend runs the MoE expert matmul (GatherMM) only in float32: a bf16/f16 26B-A4B
     would fail on its first token. Upcast just the (unquantized) expert weights there; Metal keeps
     the checkpoint's dtype. Quantized experts use another kernel and work as they are."""

@@ -20,7 +20,6 @@ anyway); its weight and bias, and everything after, run in the model's dtype.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -260,16 +259,15 @@ def is_unified_vision_weight(name: str) -> bool:
 
 
 def load_unified_vision(model_dir: str | Path, dtype: mx.Dtype | None = None) -> UnifiedVisionEncoder | None:
+    from core.model.loader import load_safetensors, read_checkpoint_json, weight_files, weight_index
+
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        wanted = {n: f for n, f in weight_map.items() if is_unified_vision_weight(n)}
-        files = [model_dir / f for f in sorted(set(wanted.values()))]
+    config = read_checkpoint_json(model_dir, "config.json")
+    index = weight_index(model_dir)
+    if index is not None:
+        files = sorted({f for n, f in index.items() if is_unified_vision_weight(n)})
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
-    from core.model.loader import load_safetensors
+        files = weight_files(model_dir, "*.safetensors")
 
     weights: dict[str, mx.array] = {}
     for path in files:

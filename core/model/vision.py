@@ -24,7 +24,6 @@ the attention mask (see tests/data/pack/README.md, "Image attention mask").
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from core.model.loader import load_safetensors
+from core.model.loader import load_safetensors, read_checkpoint_json, weight_files, weight_index
 
 if TYPE_CHECKING:
     from core.model.image import PreparedImage
@@ -435,12 +434,11 @@ def _quantize_like(model: nn.Module, weights: dict[str, mx.array], mode: str) ->
 
 def vision_weight_files(model_dir: Path) -> list[Path]:
     """The safetensors files that hold vision weights (all of them when there is no index)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        names = {f for k, f in weight_map.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
-        return [model_dir / f for f in sorted(names)]
-    return sorted(model_dir.glob("*.safetensors"))
+    index = weight_index(model_dir)
+    if index is not None:
+        names = {f for k, f in index.items() if any(k.startswith(p + part) for p in _PREFIXES for part in _PARTS)}
+        return sorted(names)
+    return weight_files(model_dir, "*.safetensors")
 
 
 def load_vision_tower(model_dir: str | Path, dtype: mx.Dtype | None = None) -> VisionEncoder | None:
@@ -451,7 +449,7 @@ def load_vision_tower(model_dir: str | Path, dtype: mx.Dtype | None = None) -> V
     checkpoint's dtype. mx.load is lazy, so only the vision tensors of a shard are read.
     """
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_checkpoint_json(model_dir, "config.json")
     if not config.get("vision_config"):
         return None
     weights: dict[str, mx.array] = {}

@@ -9,6 +9,7 @@ Saving edits only the keys that changed, so the user's comments and layout survi
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import tomllib
 from collections.abc import Callable, Mapping
@@ -211,22 +212,51 @@ def validate(data: Mapping[str, Any], path: Path | str = paths.CONFIG_FILENAME) 
 
 
 # --- files --------------------------------------------------------------------------------------
+CONFIG_MAX_BYTES = 1 << 20  # a settings file; a 200 MB system_prompt would freeze the app before it draws
+
+
+def read_config_text(path: Path) -> str | None:
+    """The config file's text, None when there is none. A regular file only (a FIFO would hang the app
+    before it draws, /dev/zero never ends), at most CONFIG_MAX_BYTES, UTF-8."""
+    try:
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(path, [f"cannot read: {e.strerror or e}"]) from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise ConfigError(path, ["is not a regular file (a FIFO, a device or a folder): point it at a file"])
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+        except OSError as e:
+            raise ConfigError(path, [f"cannot read: {e.strerror or e}"]) from e
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise ConfigError(path, [f"is larger than {CONFIG_MAX_BYTES >> 20} MiB, too large for a settings file"])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, ["not UTF-8 text"]) from e
+
+
+def _parse(text: str, path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, [f"not valid TOML: {e}"]) from e
+    except RecursionError:
+        raise ConfigError(path, ["nests tables or arrays too deeply to be a settings file"]) from None
+
+
 def load_config(path: str | Path | None = None) -> Config:
     """Read and validate the config file; a missing file gives the defaults."""
     path = Path(path) if path is not None else paths.config_file()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    text = read_config_text(path)
+    if text is None:
         return Config(path=path)
-    except OSError as e:
-        raise ConfigError(path, [f"cannot read: {e.strerror or e}"]) from e
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(path, ["not UTF-8 text"]) from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(path, [f"not valid TOML: {e}"]) from e
-    return validate(data, path)
+    return validate(_parse(text, path), path)
 
 
 def _flatten(changes: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
@@ -249,10 +279,12 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
     import tomlkit  # only saving needs it
 
     path = Path(path) if path is not None else paths.config_file()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = read_config_text(path)
+    if text is None:
         text = DEFAULT_CONFIG_TEXT  # a first save writes the commented template around the change
+    else:
+        _parse(text, path)  # its faults as load_config says them (tomlkit's parser would recurse too)
+        check_writable(path)
     try:
         doc = tomlkit.parse(text)
     except Exception as e:  # tomlkit's ParseError; the message has the line and column
@@ -278,7 +310,7 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
             table[key] = value
 
     new_text = tomlkit.dumps(doc)
-    config = validate(tomllib.loads(new_text), path)
+    config = validate(_parse(new_text, path), path)
     paths.ensure_dir(path.parent)
     # write-then-rename: a crash mid-save leaves the old file, never half of one
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -295,6 +327,17 @@ def save_config(changes: Mapping[str, Any], path: str | Path | None = None) -> C
         Path(tmp).unlink(missing_ok=True)
         raise
     return config
+
+
+def check_writable(path: Path) -> None:
+    """A config file its owner made read-only (no owner write bit) is theirs to keep as it is: saving would
+    replace it (write-then-rename works in a writable folder) and drop the mode. Root included."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if not mode & stat.S_IWUSR:
+        raise ConfigError(path, [f"is read-only (mode {stat.S_IMODE(mode):04o}), so it was left as it is"])
 
 
 def _keys_template() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -171,15 +172,18 @@ def export_chat(chat: Chat, directory: str | Path | None = None, **options: Any)
     """Write the chat as `<title-slug>-<date>.md` in `directory` (default: the current directory),
     never overwriting an existing file; returns the path written."""
     directory = Path(directory) if directory is not None else Path.cwd()
-    directory.mkdir(parents=True, exist_ok=True)
+    # private like the history it comes from (0600 in 0700); a folder that exists keeps its own mode
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     stem = f"{_slug(chat.title)}-{time.strftime('%Y%m%d-%H%M', time.gmtime(chat.created_at))}"
     text = chat_to_markdown(chat, **options)
     n = 1
     while True:
         path = directory / (f"{stem}.md" if n == 1 else f"{stem}-{n}.md")
-        try:
-            with path.open("x", encoding="utf-8") as f:  # "x": never clobber, even in a race
-                f.write(text)
-            return path
+        try:  # O_EXCL: never clobber, even in a race
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             n += 1
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path

@@ -163,6 +163,12 @@ def test_messages_deep_nesting(dirs, pairing, capsys):
     assert "nests brackets too deeply" in one_error_line(err)
 
 
+def test_messages_that_is_a_folder_is_one_line(dirs, pairing, capsys):
+    rc, out, err = run_cli(capsys, "generate", "--model", str(pairing[0]), "--messages", str(dirs))
+    assert rc == 1
+    assert "is not a regular file" in one_error_line(err)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_messages_from_a_stream_never_blocks(dirs, pairing, kind):

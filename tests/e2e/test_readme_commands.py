@@ -155,7 +155,7 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     "gemma-chat serve": (gc("serve", rc=2, expect="say which model to run"),),
     "gemma-chat serve --pairing e4b-4bit": (gc("serve", "--pairing", "e4b-4bit", rc=2, expect=NOT_DOWNLOADED),),
     "gemma-chat serve --demo --port 8080": (gc("serve", "--demo", "--port", PORT, server=True),),
-    'gemma-chat serve --model DIR --drafter DIR --host 0.0.0.0 --api-key "$KEY"': (
+    'GEMMA_CHAT_API_KEY="$KEY" gemma-chat serve --model DIR --drafter DIR --host 0.0.0.0': (
         gc(
             "serve",
             "--model",
@@ -164,11 +164,10 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
             DEMO_DRAFTER,
             "--host",
             "0.0.0.0",
-            "--api-key",
-            KEY,
             "--port",
             PORT,
             server=True,
+            env={"GEMMA_CHAT_API_KEY": KEY},
         ),
         gc("serve", "--demo", "--host", "0.0.0.0", rc=2, expect="without an API key"),
     ),
@@ -191,23 +190,26 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     "python scripts/bench_serve.py": (
         Run((PY, "scripts/bench_serve.py", "--fake", "--tokens", "50", "--repeats", "1"), expect="tok/s"),
     ),
-    "gemma-chat --connect http://127.0.0.1:8000": (gc("--connect", SERVER, tui=DEMO_READY),),
+    "gemma-chat --connect http://127.0.0.1:8000": (
+        gc("--connect", SERVER, tui=DEMO_READY),
+        gc("--connect", KEYED, tui=DEMO_READY, env={"GEMMA_CHAT_API_KEY": KEY}),  # after the README's export
+    ),
     'gemma-chat generate --connect http://127.0.0.1:8000 --prompt "Hi" --json': (
         gc("generate", "--connect", SERVER, "--prompt", "Hi", "--json", expect='"from_draft": true'),
     ),
     # -- Big models with vLLM -------------------------------------------------------------------------
-    "vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 --max-model-len 8192 --speculative-config "
-    '\'{"method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 1}\' '
-    '--api-key "$KEY"': Offline(
+    'VLLM_API_KEY="$KEY" vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 --max-model-len 8192 '
+    '--speculative-config \'{"method": "mtp", "model": "google/gemma-4-31B-it-assistant", '
+    '"num_speculative_tokens": 1}\'': Offline(
         "needs vLLM, GPUs and the 31B weights; tests/e2e/test_serve.py's vLLM stand-in "
         "covers what gemma-chat reads from it"
     ),
     "ssh -L 8000:127.0.0.1:8000 gpu-box": Offline("an SSH tunnel to a machine with GPUs"),
-    'gemma-chat --connect http://127.0.0.1:8000 --api-key "$KEY"': (
-        gc("--connect", KEYED, "--api-key", KEY, tui=DEMO_READY),
+    'export GEMMA_CHAT_API_KEY="$KEY"': Offline(
+        "a shell assignment, no process: the two commands after it run with it in their environment"
     ),
-    'gemma-chat generate --connect http://127.0.0.1:8000 --api-key "$KEY" --prompt "Hi"': (
-        gc("generate", "--connect", KEYED, "--api-key", KEY, "--prompt", "Hi", expect="tokens/round"),
+    'gemma-chat generate --connect http://127.0.0.1:8000 --prompt "Hi"': (
+        gc("generate", "--connect", KEYED, "--prompt", "Hi", expect="tokens/round", env={"GEMMA_CHAT_API_KEY": KEY}),
         gc("generate", "--connect", KEYED, "--prompt", "Hi", rc=1, expect="API key"),
     ),
     # -- Development ----------------------------------------------------------------------------------
@@ -223,6 +225,9 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     "gemma-chat bench": (gc("bench", rc=1, expect="say which model to run"), gc("bench", "--demo", *BENCH_SHORT)),
     "python scripts/build_bench_pairing.py OUT --size small": (
         Run((PY, "scripts/build_bench_pairing.py", TMP, "--size", "small"), expect="--drafter"),
+    ),
+    "python scripts/hostile_report.py": Offline(
+        "runs the hostile test modules, which this suite runs anyway (several minutes: timeouts on purpose)"
     ),
     "python scripts/bench_ui.py": Offline(
         "a benchmark of several minutes (interleaved repeats); scripts are not timed tests"

@@ -387,7 +387,7 @@ def test_api_key_is_required_when_set_and_errors_are_openai_shaped():
             r = post(url + "/v1/chat/completions", json=payload, headers=ok)
             assert r.status_code == 400, payload
             assert words in r.json()["error"]["message"], (payload, r.json())
-        r = post(url + "/v1/chat/completions", content=b"{nope", headers=ok)
+        r = post(url + "/v1/chat/completions", content=b"{nope", headers={**ok, "Content-Type": "application/json"})
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
         assert get(url + "/v2/whatever", headers=ok).json()["error"]["code"] == 404
         for key, works in ((None, False), ("s3cret", True)):

@@ -220,8 +220,9 @@ def test_empty_prompt_and_context_limit():
             _run(tg, None, list(range(40, 75)))
         # generation stops at the context length rather than running past it
         r, _, cache = _run(tg, None, list(range(40, 65)), ignore_eos=True)
-        # (issue 15: it says so, "context_full", instead of passing for max_tokens)
-        assert r.stats.stop_reason == "context_full" and cache.offset == 30 and len(r.token_ids) == 6
+        # (issue 15: it says so, "context_full", instead of passing for max_tokens; issue 24: prompt + reply
+        # tokens are the context, 25 + 5 = 30, the last token never needing a place in the cache)
+        assert r.stats.stop_reason == "context_full" and cache.offset == 29 and len(r.token_ids) == 5
     finally:
         tg.context_length = saved
 
