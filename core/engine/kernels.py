@@ -101,8 +101,8 @@ class KernelPreparer:
         name, run = self._traces.pop(0)
         try:
             run()
-        except Exception:  # a step that fails only costs the trace it would have saved
-            log.exception("warm-up step %r failed", name)
+        except Exception as e:  # a step that fails only costs the trace it would have saved
+            log.warning("warm-up step %r failed (its kernels are built on first use instead): %s", name, e)
             self._traces = []
 
     def start(self, model_bytes: int) -> None:

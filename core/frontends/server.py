@@ -72,6 +72,10 @@ HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5.0
 MAX_CONNECTIONS = 256
+# asyncio accepts up to `backlog` connections in one loop iteration before any of them can be answered
+# and closed; at uvicorn's 2048 a flood held every descriptor at once, and MLX's kernel compiler (popen)
+# failed inside the engine. At 128 the peak stays near max_connections + 128.
+ACCEPT_BURST = 128
 MAX_BODY_BYTES = 64 << 20  # a conversation with a few large images as data URLs fits many times over
 
 
@@ -949,6 +953,7 @@ def uvicorn_config(app: Any, config: ServerConfig, **kwargs: Any) -> Any:
         app,
         http=guarded_protocol(config.header_timeout_s, config.max_connections),
         timeout_keep_alive=int(KEEP_ALIVE_S),
+        backlog=ACCEPT_BURST,
         log_level="warning",
         access_log=False,
         **kwargs,
