@@ -31,7 +31,7 @@ import argparse
 import concurrent.futures
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
 
@@ -73,7 +73,7 @@ def read_tools_file(path: str) -> list[dict]:
     return tools
 
 
-def _read_json_file(path: str, what: str):
+def _read_json_file(path: str, what: str) -> Any:
     """A JSON file given on the command line: a regular file of at most MESSAGES_MAX_BYTES, UTF-8, JSON."""
     import os
     import stat

@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _hf(tokenizer):
+def _hf(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
-def special_ids(tokenizer) -> dict[int, str]:
+def special_ids(tokenizer: Any) -> dict[int, str]:
     """id -> text of every added token flagged special."""
     decoder = getattr(_hf(tokenizer), "added_tokens_decoder", {}) or {}
     return {int(i): tok.content for i, tok in decoder.items() if getattr(tok, "special", False)}
 
 
-def default_skip_ids(tokenizer) -> set[int]:
+def default_skip_ids(tokenizer: Any) -> set[int]:
     """Special tokens to leave out of reply text: all but the thinking-channel markers."""
     from core.decode.prompt import thinking_markers
 
@@ -61,7 +62,7 @@ class Detokenizer:
     The piece table is memoised per instance; build one per tokenizer and `reset()` it per reply.
     """
 
-    def __init__(self, tokenizer, skip_ids: Iterable[int] | None = None):
+    def __init__(self, tokenizer: Any, skip_ids: Iterable[int] | None = None) -> None:
         self._tok = _hf(tokenizer)
         self.skip_ids = set(default_skip_ids(tokenizer) if skip_ids is None else skip_ids)
         self._specials = special_ids(tokenizer)

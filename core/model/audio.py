@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +40,9 @@ import numpy as np
 
 from core.model.loader import load_safetensors, read_checkpoint_json, weight_files, weight_index
 from core.model.vision import ClippableLinear, RMSNorm, load_module_weights
+
+if TYPE_CHECKING:
+    from core.model.audio_input import PreparedAudio
 
 # Weight-name prefixes of the two layouts: HF/Google, then mlx-community (mlx-vlm's conversion).
 _PREFIXES = ("model.", "")
@@ -297,25 +301,25 @@ class AudioEncoder(nn.Module):
     def dtype(self) -> mx.Dtype:
         return self.audio_tower.subsample_conv_projection.layer0.conv.weight.dtype
 
-    def _features(self, features) -> mx.array:
+    def _features(self, features: Any) -> mx.array:
         x = mx.array(np.asarray(features, dtype=np.float32)) if not isinstance(features, mx.array) else features
         if x.ndim != 2 or x.shape[1] != self.config.mel_bins or x.shape[0] == 0:
             raise ValueError(f"audio features must be [frames, {self.config.mel_bins}], got {list(x.shape)}")
         return x.astype(self.dtype)
 
-    def sscp(self, features) -> mx.array:
+    def sscp(self, features: Any) -> mx.array:
         """The subsampling output [ceil(V/4), D] of valid feature rows [V, 128]."""
         return self.audio_tower.subsample_conv_projection(self._features(features))
 
-    def tower(self, features) -> mx.array:
+    def tower(self, features: Any) -> mx.array:
         """HF's `audio_tower` output for one clip's valid rows: [ceil(V/4), output_proj_dims]."""
         return self.audio_tower(self._features(features))
 
-    def encode(self, features) -> mx.array:
+    def encode(self, features: Any) -> mx.array:
         """Soft tokens [ceil(V/4), text hidden] of one clip's valid feature rows [V, 128]."""
         return self.embed_audio(self.tower(features))
 
-    def encode_clip(self, clip) -> mx.array:
+    def encode_clip(self, clip: PreparedAudio) -> mx.array:
         """Soft tokens of a core.model.audio_input.PreparedAudio."""
         return self.encode(clip.features)
 
@@ -330,14 +334,14 @@ class UnifiedAudioEncoder(nn.Module):
         self.samples_per_token = samples_per_token
         self.embed_audio = AudioEmbedder(samples_per_token, text_hidden_size, eps)
 
-    def encode(self, frames) -> mx.array:
+    def encode(self, frames: Any) -> mx.array:
         """frames [n, 640] raw samples (core.model.audio_features.unified_frames) -> [n, text hidden]."""
         x = mx.array(np.asarray(frames, dtype=np.float32)) if not isinstance(frames, mx.array) else frames
         if x.ndim != 2 or x.shape[1] != self.samples_per_token or x.shape[0] == 0:
             raise ValueError(f"audio frames must be [n, {self.samples_per_token}], got {list(x.shape)}")
         return self.embed_audio(x)
 
-    def encode_clip(self, clip) -> mx.array:
+    def encode_clip(self, clip: PreparedAudio) -> mx.array:
         return self.encode(clip.features)
 
 

@@ -120,7 +120,9 @@ def audio_source(item: dict[str, Any]) -> str | bytes | RawAudio:
 # --- decoding -----------------------------------------------------------------------------------
 
 
-def decode_audio(source: str | os.PathLike | bytes | RawAudio, max_seconds: float | None = None):
+def decode_audio(
+    source: str | os.PathLike | bytes | RawAudio, max_seconds: float | None = None
+) -> tuple[np.ndarray, int, float, str]:
     """(mono float32 samples at their own rate, rate, seconds in the source, label). Reads at most
     `max_seconds` of a file (plus a little for the resampler's edge)."""
     if isinstance(source, RawAudio):

@@ -39,7 +39,7 @@ from core.model.loader import (
     weight_files,
     weights_error,
 )
-from core.model.target import FULL, SLIDING, Target
+from core.model.target import FULL, SLIDING, Target, TargetCache
 
 QUERY_POSITIONS = ("P-1", "P")
 SLIDING_KEYS = ("W", "W+1")
@@ -189,7 +189,7 @@ class Drafter(nn.Module):
             first_sliding = length - self.window - 1
         return pos, {SLIDING: max(0, first_sliding), FULL: 0}
 
-    def gather_kv(self, target: Target, cache, length: int) -> tuple[int, dict]:
+    def gather_kv(self, target: Target, cache: TargetCache, length: int) -> tuple[int, dict]:
         pos, firsts = self.key_windows(length)
         kv = {}
         for t in set(self.layer_types):
@@ -200,7 +200,7 @@ class Drafter(nn.Module):
     def draft(
         self,
         target: Target,
-        cache,
+        cache: TargetCache,
         bonus: mx.array,
         hidden: mx.array,
         n: int,

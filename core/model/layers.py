@@ -21,6 +21,8 @@ routing is data-dependent.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -92,7 +94,7 @@ def _split_points(linears: list) -> list[int]:
 class FastLayer:
     """Runs one mlx-lm `DecoderLayer` (see the module docstring); call signature as the layer's."""
 
-    def __init__(self, layer):
+    def __init__(self, layer: nn.Module) -> None:
         self.layer = layer
         self.layer_type = layer.layer_type
         attn = layer.self_attn
@@ -113,7 +115,9 @@ class FastLayer:
 
     # --- the pieces (traced by mx.compile; also valid eagerly) -----------------------------
 
-    def _attn_in_eager(self, x: mx.array, offset: mx.array):
+    def _attn_in_eager(
+        self, x: mx.array, offset: mx.array
+    ) -> tuple[mx.array, Any, Any]:  # k, v: None on a KV-shared layer
         """x [B, L, H] -> (q [B, nh, L, hd], k, v [B, nkv, L, hd] with RoPE; None on a KV-shared layer)."""
         a = self.attn
         B, L, _ = x.shape
@@ -167,7 +171,15 @@ class FastLayer:
 
     # --- the layer ---------------------------------------------------------------------------
 
-    def __call__(self, x, mask=None, cache=None, per_layer_input=None, shared_kv=None, offset=None):
+    def __call__(
+        self,
+        x: mx.array,
+        mask: Any = None,
+        cache: Any = None,
+        per_layer_input: mx.array | None = None,
+        shared_kv: Any = None,
+        offset: Any = None,
+    ) -> Any:
         L = x.shape[1]
         if self.moe or L > COMPILED_MAX_LEN:
             return self.layer(x, mask, cache, per_layer_input=per_layer_input, shared_kv=shared_kv, offset=offset)

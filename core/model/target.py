@@ -59,7 +59,7 @@ class TargetCache:
         """Every key and value buffer: what a prefill chunk must evaluate, and nothing more."""
         return [a for c in self.layers for a in (c.keys, c.values) if a is not None]
 
-    def first_of(self, layer_type: str):
+    def first_of(self, layer_type: str) -> SlidingKVCache | FullKVCache | None:
         for t, c in zip(self.layer_types, self.layers):
             if t == layer_type:
                 return c
@@ -217,6 +217,7 @@ class Target:
                 masks[FULL] = attention_mask(P, L, 0, P + L, None, spans)
         sliding = cache.first_of(SLIDING)
         if sliding is not None:
+            assert isinstance(sliding, SlidingKVCache)
             start = _sliding_start_after(sliding, L)
             masks[SLIDING] = attention_mask(
                 P, L, start, P + L - start, self.window, spans, spans_past_window=self.vision_all_layers
