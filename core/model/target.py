@@ -191,37 +191,8 @@ class Target:
         ids = ids.reshape(1, -1)
         L = ids.shape[1]
         inner = self.inner
-        h = self.embed(ids)
-        if embeddings is not None:
-            assert embedding_mask is not None, "embeddings need their embedding_mask"
-            m = embedding_mask.reshape(1, L, 1)
-            h = mx.where(m, embeddings.reshape(1, L, -1).astype(h.dtype), h)
-
-        per_layer = [None] * self.n_layers
-        if inner.hidden_size_per_layer_input:
-            ple_ids = ids
-            if embeddings is not None and embedding_mask is not None:
-                ple_ids = mx.where(embedding_mask.reshape(1, L), self.pad_id, ids)
-            pli = inner._get_per_layer_inputs(ple_ids)
-            pli = inner._project_per_layer_inputs(h, pli)
-            per_layer = [pli[:, :, i, :] for i in range(self.n_layers)]
-
-        P = cache.offset
-        masks: dict[str, mx.array | str | None] = {}
-        spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
-        full = cache.first_of(FULL)
-        if full is not None:
-            # full layers see every earlier key: sdpa's bottom-right aligned "causal" needs no mask array
-            masks[FULL] = "causal" if L > 1 else None
-            if spans and self.vision_all_layers:
-                masks[FULL] = attention_mask(P, L, 0, P + L, None, spans)
-        sliding = cache.first_of(SLIDING)
-        if sliding is not None:
-            assert isinstance(sliding, SlidingKVCache)
-            start = _sliding_start_after(sliding, L)
-            masks[SLIDING] = attention_mask(
-                P, L, start, P + L - start, self.window, spans, spans_past_window=self.vision_all_layers
-            )
+        h, per_layer = self._inputs(ids, embeddings, embedding_mask)
+        masks = self._masks(cache, L, bidirectional)
 
         intermediates = [(None, None)] * self.n_layers
         for i, layer in enumerate(self.layers):
@@ -247,6 +218,48 @@ class Target:
         else:
             rows = hidden[-int(logits) :]
         return self.logits(rows, softcap), hidden
+
+    def _inputs(
+        self, ids: mx.array, embeddings: mx.array | None, embedding_mask: mx.array | None
+    ) -> tuple[mx.array, list[mx.array | None]]:
+        """ids [1, L] -> (h [1, L, H] with soft-token rows placed, each layer's per-layer input or None)."""
+        L = ids.shape[1]
+        inner = self.inner
+        h = self.embed(ids)
+        if embeddings is not None:
+            assert embedding_mask is not None, "embeddings need their embedding_mask"
+            m = embedding_mask.reshape(1, L, 1)
+            h = mx.where(m, embeddings.reshape(1, L, -1).astype(h.dtype), h)
+        per_layer: list[mx.array | None] = [None] * self.n_layers
+        if inner.hidden_size_per_layer_input:
+            ple_ids = ids
+            if embeddings is not None and embedding_mask is not None:
+                ple_ids = mx.where(embedding_mask.reshape(1, L), self.pad_id, ids)
+            pli = inner._get_per_layer_inputs(ple_ids)
+            pli = inner._project_per_layer_inputs(h, pli)
+            per_layer = [pli[:, :, i, :] for i in range(self.n_layers)]
+        return h, per_layer
+
+    def _masks(
+        self, cache: TargetCache, L: int, bidirectional: list[tuple[int, int]] | None
+    ) -> dict[str, mx.array | str | None]:
+        """The attention mask of each layer type for L new tokens after the cached ones."""
+        P = cache.offset
+        masks: dict[str, mx.array | str | None] = {}
+        spans = bidirectional if (bidirectional and self.bidirectional_vision) else None
+        if cache.first_of(FULL) is not None:
+            # full layers see every earlier key: sdpa's bottom-right aligned "causal" needs no mask array
+            masks[FULL] = "causal" if L > 1 else None
+            if spans and self.vision_all_layers:
+                masks[FULL] = attention_mask(P, L, 0, P + L, None, spans)
+        sliding = cache.first_of(SLIDING)
+        if sliding is not None:
+            assert isinstance(sliding, SlidingKVCache)
+            start = _sliding_start_after(sliding, L)
+            masks[SLIDING] = attention_mask(
+                P, L, start, P + L - start, self.window, spans, spans_past_window=self.vision_all_layers
+            )
+        return masks
 
     def producer_kv(self, cache: TargetCache, layer_type: str, first: int) -> ProducerKV:
         """Producer-layer K/V of positions [max(first, 0), cache.offset)."""
