@@ -38,6 +38,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class AutoChoice:
+    """One choice of the controller: the block size, why (a code), and what it believes, in words."""
+
+    block_size: int
+    reason: str  # "drafting" | "parked" (K = 1: drafts do not pay) | "probe" (one round to re-measure)
+    note: str
+
+
 def expected_tokens(k: int, alpha: float) -> float:
     """Mean tokens emitted by a block of k (k-1 drafts + the target's own token)."""
     if alpha >= 1.0:
@@ -161,6 +170,17 @@ class AutoBlock:
             self._k1_streak = 0
             self._probe_wait = c.probe_every  # drafting pays again: probe eagerly next time
         return k
+
+    def decide(self) -> AutoChoice:
+        """`choose()`, with the reason and a sentence for the user (the panel shows it as it is)."""
+        k = self.choose()
+        accepted = f"{self.alpha * 100:.0f} % of drafts accepted lately"
+        if self._probing:
+            return AutoChoice(k, "probe", f"auto → {k}: one round to see if drafts pay again ({accepted})")
+        if k == 1:
+            left = max(self.probe_wait - self._k1_streak, 0)
+            return AutoChoice(k, "parked", f"auto → 1: drafts not paying ({accepted}); trying again in {left} rounds")
+        return AutoChoice(k, "drafting", f"auto → {k}: drafting pays ({accepted})")
 
     @property
     def probe_wait(self) -> int:
