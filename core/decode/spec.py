@@ -137,6 +137,22 @@ class _Round:
     token: mx.array  # [1] uint32: the target's own token (lazy)
     packed: mx.array | None  # K > 1: [2 + K - 1] uint32, n accepted, the target's token, the drafts
     H: mx.array  # [K, H] target hidden states of the verified block
+    ahead: bool = False  # submitted on an unread plain step (built while that step ran)
+
+
+def draft_cost_hint(target: Target, drafter: object | None) -> float | None:
+    """A first guess at one draft step's cost in target steps, before any round is timed: the drafter's
+    weight bytes against the target's (decoding is bandwidth-bound: a 4-bit drafter is cheaper), but not
+    under half its layer count against the target's (each layer's kernels cost time of their own)."""
+    model = getattr(target, "model", None)
+    layers = getattr(drafter, "layers", None)
+    if model is None or drafter is None or layers is None or not getattr(target, "n_layers", 0):
+        return None
+    target_bytes = memory.model_bytes(model)
+    if target_bytes <= 0:
+        return None
+    ratio = memory.model_bytes(drafter) / target_bytes
+    return min(1.0, max(ratio, 0.5 * len(layers) / target.n_layers))
 
 
 class Decoder:
@@ -172,7 +188,8 @@ class Decoder:
         if auto is None:
             # on Metal, auto block size stays where the fused attention kernel applies (core.model.memory)
             cap = target.metal_block_cap() if hasattr(target, "metal_block_cap") else None
-            auto = AutoBlock(AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap)))) if cap else AutoBlock()
+            config = AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap))) if cap else AutoBlockConfig()
+            auto = AutoBlock(config, draft_cost=draft_cost_hint(target, drafter))
         self.auto = auto
         self._wired_bytes: int | None = None
 
@@ -214,6 +231,7 @@ class Decoder:
         )
         self._check_prompt(cache, prompt)
         keys = sampling.KeyStream(settings.seed) if settings.temperature > 0 else None
+        self.auto.begin_turn(sampled=keys is not None)
         if self.detok is not None:
             self.detok.reset()
         mx.reset_peak_memory()
@@ -315,7 +333,9 @@ class Decoder:
             return None
         K, setting, choice = self._plan(controls, room)
         if after is not None:
-            return self._submit(turn, K, setting, choice, after.token, after.H[0])
+            rnd = self._submit(turn, K, setting, choice, after.token, after.H[0])
+            rnd.ahead = True
+            return rnd
         return self._submit(turn, K, setting, choice, mx.array([turn.b_tok], dtype=mx.uint32), turn.h)
 
     def _submit(
@@ -365,7 +385,7 @@ class Decoder:
         now = time.perf_counter()
         round_s, turn.last_sync = now - turn.last_sync, now
         if rnd.K > 1 or rnd.choice is not None:
-            self.auto.observe(rnd.K, n_acc, round_s=round_s)
+            self.auto.observe(rnd.K, n_acc, round_s=round_s, pipelined=rnd.ahead)
 
     # --- per-round bookkeeping -----------------------------------------------------------------
 
