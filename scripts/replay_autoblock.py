@@ -113,13 +113,17 @@ def replay(ctl: AutoBlock, trace: Trace, cost: Cost, rng: random.Random, noise: 
     """The controller on one trace (one reply): its true cost and the block sizes it chose."""
     ctl.begin_turn(sampled=trace.mode == "sampled")
     p, total, chosen = 0, 0.0, []
+    queued: int | None = None  # a round decided before the previous (plain) one was read
     while p < len(trace.runs):
-        k = ctl.decide().block_size
+        k = queued if queued is not None else ctl.decide().block_size
         n = min(trace.runs[p], k - 1)
+        # as in the engine: after a plain step the next round is decided before the step is read, and
+        # a time is clean only where the block size did not change (Decoder._observe)
+        queued = ctl.decide().block_size if k == 1 and p + 1 < len(trace.runs) else None
+        ahead = bool(chosen) and chosen[-1] == 1
+        clean = (ahead and queued == 1) if k == 1 else True
         t = cost(k)
-        # as in the engine, a plain step is timed alone only behind another (pipelined)
-        pipelined = bool(chosen) and chosen[-1] == 1
-        ctl.observe(k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), pipelined=pipelined)
+        ctl.observe(k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), clean=clean, ahead=ahead and k > 1)
         total += t
         chosen.append(k)
         p += n + 1

@@ -31,6 +31,7 @@ Pure Python, deterministic: the same observations give the same choices.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -76,7 +77,7 @@ class AutoBlockConfig:
     change_keep: float = 0.1  # ... and the counts before it shrink to this share
     draft_cost_prior: float = 0.15  # one draft step / one plain step, before any measurement
     verify_slope_prior: float = 0.03  # extra verify cost per extra token / one plain step
-    time_ewma: float = 0.25  # weight of a new time measurement
+    time_window: int = 9  # rounds whose median is a block size's cost
     probe_budget: float = 0.01  # share of the parked time probes may cost
     probe_every_min: int = 4  # plain rounds before the first probe
     probe_every_max: int = 256  # the wait after failed probes doubles up to this
@@ -102,22 +103,18 @@ class AutoBlockConfig:
 
 
 @dataclass
-class _Ewma:
-    """A moving average robust to a shared machine's slow moments: the median of the first three
-    samples, then an EWMA whose samples are clipped to [0.5, 2] x the current value."""
+class _Cost:
+    """A running cost robust to a shared machine: the median of the last `window` samples (another
+    process taking the core for a moment inflates a few rounds, not the estimate)."""
 
     value: float = 0.0
     count: int = 0
     last: int = 0  # the controller's round count at the last update
-    first: list[float] = field(default_factory=list)
+    recent: list[float] = field(default_factory=list)
 
-    def add(self, x: float, weight: float, now: int) -> None:
-        if self.count < 3:
-            self.first.append(x)
-            self.value = sorted(self.first)[(len(self.first) - 1) // 2]
-        else:
-            x = min(max(x, 0.5 * self.value), 2.0 * self.value)
-            self.value = (1.0 - weight) * self.value + weight * x
+    def add(self, x: float, window: int, now: int) -> None:
+        self.recent = (self.recent + [x])[-window:]
+        self.value = statistics.median(self.recent)
         self.count += 1
         self.last = now
 
@@ -177,9 +174,10 @@ class AutoBlock:
     _greedy: _Acceptance = field(init=False)
     _sampled: _Acceptance = field(init=False)
     _sampling: bool = False
-    _plain: _Ewma = field(default_factory=_Ewma)  # T(1)
-    _ratio: dict[int, _Ewma] = field(default_factory=dict)  # K >= 2: T(K) / T(1)
+    _plain: _Cost = field(default_factory=_Cost)  # T(1)
+    _ratio: dict[int, _Cost] = field(default_factory=dict)  # K >= 2: T(K) / T(1)
     _t1_guess: float = 0.0  # T(1) guessed from a drafting round, while no plain step is timed
+    _last_plain_s: float | None = None  # the last round's time, when it was a plain step
     _current: int | None = None
     _parked_for: int = 0  # plain rounds since the controller parked (or last probed)
     _wait: int = 0  # plain rounds between probes in this parked stretch
@@ -279,15 +277,17 @@ class AutoBlock:
         if c.k_max < 2:
             return c.probe_every_max
         self._probe_size = self._smallest_that_could_pay()
-        self._never = self._probe_size is None and len(self._ratio) >= 2
+        settled = [k for k, r in self._ratio.items() if r.count >= 2]
+        self._never = self._probe_size is None and len(settled) >= 2
         if self._never:
             return c.probe_every_max
         k = self._probe_size or max(2, min(c.probe_k, c.k_max))
-        extra = max(self.cost_ratio(k) - 1.0, 0.0)
         # waits w, 2w, 4w, ...: probe m costs `extra` after about w 2^m parked rounds, so the first
         # comes soon (parking on little evidence is the likeliest mistake) and the share they cost
-        # stays near `probe_budget` (at most twice it, right after parking)
-        base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget)))
+        # stays near `probe_budget` (at most twice it, right after parking). A cost resting on a round
+        # or two is no ground for a long wait: one slow moment of the machine must not park us for long.
+        extra = max(self.cost_ratio(k) - 1.0, 0.0)
+        base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget))) if k in settled else c.probe_every_min
         return min(base * 2**self._probe_fails, c.probe_every_max)
 
     def _smallest_that_could_pay(self) -> int | None:
@@ -296,7 +296,7 @@ class AutoBlock:
         sizes are timed, the sizes between and beyond them follow the measured line alone (the prior
         slope must not keep a hope alive that the measurements have ruled out)."""
         c = self.config
-        measured = len(self._ratio) >= 2
+        measured = len([r for r in self._ratio.values() if r.count >= 2]) >= 2
         ridge = c.ridge
         if measured:
             c.ridge = 1e-9
@@ -338,11 +338,14 @@ class AutoBlock:
                 self._wait = self._probe_wait()  # T(1) moves with the machine's load
             if self._parked_for < self._wait:  # parked: O(1), nothing changed that could move the choice
                 return self._parked_choice()
-        elif c.k_min == 1 < c.k_max and (
-            not self._plain.count or self.rounds - self._plain.last >= c.plain_timing_every
+        elif (
+            not was_probe
+            and c.k_min == 1 < c.k_max
+            and (self._plain.count < 3 or self.rounds - self._plain.last >= c.plain_timing_every)
         ):
-            # every choice weighs drafting against a plain step: time one now and then (it costs little)
-            return AutoChoice(1, "timing", "auto → 1: one plain round, to time a plain step against drafting")
+            # every choice weighs drafting against a plain step: time three at the start (the first ones
+            # after loading also build kernels) and one now and then (it costs little)
+            return AutoChoice(1, "timing", "auto → 1: timing a plain step, to weigh drafting against it")
         k = self.best()
         if k == 1 and c.k_max >= 2:
             if was_probe and self._last_accepted > 0 and self._burst < c.probe_burst and self._probe_size:
@@ -383,22 +386,31 @@ class AutoBlock:
         acc = self.acceptance()
         cost = self.round_time(2) / self.round_time(1) if self.config.k_max >= 2 else 1.0
         first = acc[0] * 100 if acc else 0.0
-        self._parked_words = f"auto → 1: drafts don't pay (1st kept {first:.0f} %, a round with one costs {cost:.2f}x)"
+        if self._never:
+            self._parked_words = f"auto → 1: drafts can't pay on this machine (a round with one costs {cost:.1f}x)"
+        else:
+            self._parked_words = (
+                f"auto → 1: drafts don't pay (1st kept {first:.0f} %, a round with one costs {cost:.1f}x)"
+            )
         self._parked_acc = tuple(acc[:1])
 
     def _parked_choice(self) -> AutoChoice:
-        left = self._wait - self._parked_for
-        if self._never:
-            tail = "; no test rounds: at this machine's costs drafts cannot pay"
-        else:
-            tail = f"; testing again in {left} rounds"
+        tail = "" if self._never else f"; trying again in {self._wait - self._parked_for} rounds"
         return AutoChoice(1, "parked", self._parked_words + tail, self._parked_acc)
 
-    def observe(self, k: int, accepted: int, *, round_s: float | None = None, pipelined: bool = True) -> None:
+    def observe(
+        self, k: int, accepted: int, *, round_s: float | None = None, clean: bool = True, ahead: bool = False
+    ) -> None:
         """Record a finished round: block size k, drafts accepted (0..k-1), and its time, sync to sync.
-        pipelined=False: the round was built after the previous one was read, so its time includes
-        building it; a parked stretch's plain steps are built while the previous one runs, so only
-        such plain steps time T(1) (a lone plain step between drafting rounds would overstate it)."""
+
+        clean=False: the time is not this block size's own. Rounds overlap (the next is built and
+        submitted before this one is read), so the time between two syncs holds the host's work for
+        one round and the device's for another; in a stretch of one block size that is the size's
+        true cost per round, but where the size changes it is not: a plain step then also paid for
+        building the drafting round queued behind it, and that round's time misses its own building.
+        The engine says which times are clean; only those enter the costs. ahead=True: a drafting round
+        queued on an unread plain step (a probe, the first drafting round after plain ones): its time
+        misses its own building, which the plain step before it paid; the two together make its cost."""
         c = self.config
         if k < 1 or not 0 <= accepted <= k - 1:
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
@@ -415,41 +427,53 @@ class AutoBlock:
                 self._run_from = 0.0  # once per run
             self._last_accepted = accepted
             self._last_emitted = accepted + 1
-        if round_s is not None and round_s > 0:
+        last_plain, self._last_plain_s = self._last_plain_s, (round_s if k == 1 else None)
+        if round_s is not None and k > 1 and ahead:
+            if last_plain is None or not self._plain.count:
+                return
+            round_s += max(last_plain - self._plain.value, 0.0)
+        if round_s is not None and round_s > 0 and clean:
             if k == 1:
-                if pipelined:
-                    self._plain.add(round_s, c.time_ewma, self.rounds)
+                self._plain.add(round_s, c.time_window, self.rounds)
             else:
                 if not self._plain.count and not self._t1_guess:
                     # no plain step timed yet (k_min > 1, or fixed sizes the user chose): guess T(1) from the prior
                     self._t1_guess = round_s / self.cost_ratio(k)
                 t1 = self._plain.value if self._plain.count else self._t1_guess
-                self._ratio.setdefault(k, _Ewma()).add(round_s / t1, c.time_ewma, self.rounds)
+                if round_s / t1 < 0.85 and self._plain.count and not ahead:
+                    # a drafting round under a plain step: the plain step's time is stale (the machine
+                    # got faster, or it was timed while kernels were still being built); time it again
+                    self._plain.last = -c.plain_timing_every
+                    if round_s / t1 < 0.6:
+                        return
+                ratio = max(round_s / t1, 1.0)  # verifying K tokens never costs less than one
+                self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds)
 
     # -- words --------------------------------------------------------------------------
 
     def _note(self, k: int, reason: str) -> AutoChoice:
         acc = self.acceptance()
         shown = acc[: max(k - 1, 1)]
-        kept = ", ".join(f"{a * 100:.0f}" for a in shown)
         if reason == "probe":
-            note = f"auto → {k}: one test round: are drafts being kept again? (1st kept {kept} % lately)"
+            note = f"auto → {k}: trying drafts again (1st kept {shown[0] * 100:.0f} % lately)"
         else:
+            # the chance each draft of the block is kept (given the ones before it were), first ones first
+            kept = " · ".join(f"{a * 100:.0f}" for a in shown[:4]) + (" …" if len(shown) > 4 else "")
             gain = self.rate(k, acc) * self.round_time(1)
-            note = f"auto → {k}: drafts pay, ~{gain:.1f}x plain; chance each draft is kept: {kept} %"
+            note = f"auto → {k}: drafts pay, ~{gain:.1f}x plain; kept {kept} %"
         return AutoChoice(k, reason, note, tuple(shown))
 
 
-def _weight(e: _Ewma, config: AutoBlockConfig) -> float:
-    """Rounds behind an average, capped at the EWMA's effective sample size. Cost ratios are a property
-    of the machine and the models, so old ones do not fade; new rounds replace them through the EWMA."""
-    return min(e.count, (2.0 - config.time_ewma) / config.time_ewma)
+def _weight(e: _Cost, config: AutoBlockConfig) -> float:
+    """Rounds behind a cost, up to its window. Cost ratios are a property of the machine and the models,
+    so old ones do not fade; new rounds replace them in the window."""
+    return float(min(e.count, config.time_window))
 
 
-def _line(points: dict[int, _Ewma], prior_ratio: float, config: AutoBlockConfig) -> tuple[float, float]:
+def _line(points: dict[int, _Cost], prior_ratio: float, config: AutoBlockConfig) -> tuple[float, float]:
     """Intercept a (the line's value at K = 1) and slope b per extra token, from per-K averages (K >= 2).
 
-    Weighted least squares (weight = rounds averaged, capped at the EWMA's effective sample size,
+    Weighted least squares (weight = rounds averaged, capped at the window,
     halved every `time_half_life` rounds since the block size was last run) with a ridge pull toward
     the prior slope prior_ratio * a, worth one round one block size away. The slope is kept >= 1 % of a.
     """

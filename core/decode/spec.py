@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from core import sampling
 from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice
@@ -122,7 +123,7 @@ class _Turn:
     emitted: list[int] = field(default_factory=list)
     committed: list[int] = field(default_factory=list)
     round_no: int = 0
-    last_sync: float = 0.0  # when the previous round's result was read (rounds are timed sync to sync)
+    last_sync: float = 0.0  # `Decoder._clock` when the previous round was read (rounds are timed sync to sync)
 
 
 @dataclass
@@ -141,18 +142,19 @@ class _Round:
 
 
 def draft_cost_hint(target: Target, drafter: object | None) -> float | None:
-    """A first guess at one draft step's cost in target steps, before any round is timed: the drafter's
-    weight bytes against the target's (decoding is bandwidth-bound: a 4-bit drafter is cheaper), but not
-    under half its layer count against the target's (each layer's kernels cost time of their own)."""
+    """A first guess at one draft step's cost in target steps, before any round is timed: the mean of
+    the drafter's weight bytes against the target's (decoding reads every weight once per step: a
+    4-bit drafter is cheaper) and its layers against the target's (each layer's kernels cost time of
+    their own, which dominates for small models). The controller's measurements replace it."""
     model = getattr(target, "model", None)
     layers = getattr(drafter, "layers", None)
-    if model is None or drafter is None or layers is None or not getattr(target, "n_layers", 0):
-        return None
+    if not isinstance(drafter, nn.Module) or model is None or layers is None or not getattr(target, "n_layers", 0):
+        return None  # a stand-in drafter (tests, the bench's simulated one): no sizes to compare
     target_bytes = memory.model_bytes(model)
     if target_bytes <= 0:
         return None
     ratio = memory.model_bytes(drafter) / target_bytes
-    return min(1.0, max(ratio, 0.5 * len(layers) / target.n_layers))
+    return min(1.0, (ratio + len(layers) / target.n_layers) / 2)
 
 
 class Decoder:
@@ -192,6 +194,11 @@ class Decoder:
             auto = AutoBlock(config, draft_cost=draft_cost_hint(target, drafter))
         self.auto = auto
         self._wired_bytes: int | None = None
+        # Rounds are timed for the controller by the wall clock on Metal (the GPU's time is not the
+        # process's), and by the process's CPU time on the CPU backend: on a shared machine another
+        # process taking the cores inflates wall times by 2-5x at random, CPU time only a little.
+        self._clock = time.perf_counter if memory.on_metal() else time.process_time
+        self._timed_sizes: set[int] = set()  # block sizes that have run once (their kernels are built)
 
     def run(
         self,
@@ -210,7 +217,8 @@ class Decoder:
         if not memory.on_metal():
             return self._run(cache, prompt, settings, emit, controls, prompt_tokens, t_start)
         if self._wired_bytes is None:
-            self._wired_bytes = memory.model_bytes(getattr(self.target, "model", None), self.drafter)
+            drafter = self.drafter if isinstance(self.drafter, nn.Module) else None
+            self._wired_bytes = memory.model_bytes(getattr(self.target, "model", None), drafter)
         with memory.wired_limit(self._wired_bytes + cache.nbytes):
             return self._run(cache, prompt, settings, emit, controls, prompt_tokens, t_start)
 
@@ -248,7 +256,7 @@ class Decoder:
 
         t_first = time.perf_counter()
         stats.ttft_s = t_first - t_start
-        turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=t_first)
+        turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=self._clock())
         _, reason = self._stop_rule(turn, [b_tok])
         self._emit_token(turn, b_tok, False, emit)
         if reason is None:
@@ -285,7 +293,7 @@ class Decoder:
             # after a plain step the next round's inputs are known unread: queue it before the sync
             ahead = self._next_round(turn, controls, 1, after=rnd) if rnd.K == 1 else None
             n_acc, tokens = self._read(rnd)
-            self._observe(turn, rnd, n_acc)
+            self._observe(turn, rnd, n_acc, ahead)
             out, stop = self._stop_rule(turn, tokens)
             if stop is not None and ahead is not None:
                 cache.trim_to(ahead.P)
@@ -380,12 +388,20 @@ class Decoder:
         n = values[0]
         return n, values[2 : 2 + n] + [values[1]]
 
-    def _observe(self, turn: _Turn, rnd: _Round, n_acc: int) -> None:
-        """Time the round from the previous round's sync to this one's and feed the controller."""
-        now = time.perf_counter()
+    def _observe(self, turn: _Turn, rnd: _Round, n_acc: int, ahead: _Round | None) -> None:
+        """Time the round from the previous round's sync to this one's and feed the controller. The
+        time is the block size's own (clean) when the round ran as its size runs in a stretch: a plain
+        step queued behind a plain step with a plain step queued behind it, or a drafting round built
+        after the previous round was read (see AutoBlock.observe)."""
+        now = self._clock()
         round_s, turn.last_sync = now - turn.last_sync, now
         if rnd.K > 1 or rnd.choice is not None:
-            self.auto.observe(rnd.K, n_acc, round_s=round_s, pipelined=rnd.ahead)
+            # a plain step times T(1) only between plain steps; see AutoBlock.observe for `ahead`
+            clean = rnd.K > 1 or (rnd.ahead and ahead is not None and ahead.K == 1)
+            if rnd.K not in self._timed_sizes:  # its first round also built its kernels (MLX compiles per shape)
+                self._timed_sizes.add(rnd.K)
+                clean = False
+            self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead)
 
     # --- per-round bookkeeping -----------------------------------------------------------------
 

@@ -271,7 +271,11 @@ class FakeEngine:
         stats.ttft_s = stats.prefill_s  # like the real engine: the first token comes from the prefill
         self._rounds_done = 0
         emitted_ids: list[int] = []
-        controller = AutoBlock()  # one per turn: every turn starts from the same state, so tests can predict it
+        # one per turn, so every turn starts from the same state and tests can predict it: a controller
+        # that has timed its plain steps, as the engine's has after its first turn
+        controller = AutoBlock()
+        for _ in range(3):
+            controller.observe(1, 0, round_s=self.round_s)
         pos = 0
         # The first token is the prefill's: emitted before round 0, counted in no round.
         if tokens and settings.max_tokens > 0:
