@@ -506,9 +506,9 @@ class CountingDrafter:
         return mx.array([(t + 1) % self.vocab for t in self.sequence[P + 1 : P + 1 + n]], dtype=mx.uint32), None
 
 
-def _queued_ahead(tg, drafter, p, settings, controls=None):
+def _queued_ahead(tg, drafter, p, settings, controls=None, decoder=None):
     """Run a turn; per round event, the positions queued past the committed state (K/V of a round
-    already on the device) and the round's block size."""
+    already on the device), the round's block size and the controller's reason."""
     cache = tg.make_cache(slack=3)
     seen, ahead = [], []
 
@@ -518,7 +518,8 @@ def _queued_ahead(tg, drafter, p, settings, controls=None):
             emitted = sum(isinstance(x, TokenEvent) for x in seen)
             ahead.append((cache.offset - (len(p["prompt_ids"]) + emitted - 1), e.block_size, e.reason))
 
-    r = Decoder(tg, drafter, None, STOP).run(cache, Prompt(p["prompt_ids"]), settings, on_event, controls)
+    decoder = decoder or Decoder(tg, drafter, None, STOP)
+    r = decoder.run(cache, Prompt(p["prompt_ids"]), settings, on_event, controls)
     return r, ahead
 
 
@@ -550,11 +551,16 @@ def test_a_parked_controller_runs_plain_steps_and_probes_rarely(fam):
     p = ref["long"]
     full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
     drafter = CountingDrafter(full, tg.vocab_size)
-    r, ahead = _queued_ahead(tg, drafter, p, GenerationSettings(max_tokens=40, ignore_eos=True))
+    decoder = Decoder(tg, drafter, None, STOP)
+    # this machine's timings are noise here: the controller is told the costs (a drafting round 1.3 plain
+    # steps + 0.2 per extra draft) and the decoder's clock stands still, so its choices depend on acceptance
+    decoder._clock = lambda: 0.0
+    for k in (1, 1, 1, 2, 2, 2, 4, 4, 4):
+        decoder.auto.observe(k, 0, round_s=0.01 * (1.0 if k == 1 else 1.1 + 0.2 * (k - 1)))
+    decoder.auto.begin_turn()
+    r, ahead = _queued_ahead(tg, drafter, p, GenerationSettings(max_tokens=40, ignore_eos=True), decoder=decoder)
     assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:40]
     parked = [i for i, (_, k, why) in enumerate(ahead) if why == "parked"]
-    # (a drafter that never agrees is still believed at ~6 %: where a K = 2 round costs little more than a
-    # plain step, as on these tiny models, that keeps it drafting a few rounds)
-    assert len(parked) >= 15 and drafter.calls <= 14
+    assert len(parked) >= 25 and drafter.calls <= 8
     assert all(ahead[i][0] >= 1 for i in parked[:-1])  # each parked step had the next round queued behind it
     assert r.stats.drafted == sum(max(k - 1, 0) for _, k, _ in ahead)
