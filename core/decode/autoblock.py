@@ -1,31 +1,41 @@
 """Automatic block size: the K (tokens verified per round, K - 1 of them drafted) with the most
 expected tokens per second, K = 1 (no drafting) included, from this machine's own rounds.
 
-Model (DESIGN.md section 10)
-- Acceptance per draft position: a_i, the chance that draft i is accepted given drafts 1..i-1 were.
-  A round of block size K then emits on average
-      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_{K-1}      tokens (the target's own one included)
-  A round of K with n accepted tells: positions 1..n accepted, position n + 1 rejected (if n < K - 1);
-  deeper positions unseen. Each position's counts fade by `acceptance_decay` per drafting round (a
-  window of a few rounds, so a run of rejections moves the estimate at once), and a position with few
-  counts leans on the pooled acceptance of all positions (itself leaning on `acceptance_prior`). A new
-  turn keeps only `turn_keep` of the counts: a new reply, on a new topic, is judged on its own rounds.
-  Greedy and sampled turns keep separate estimates: rejection sampling accepts a draft with
-  probability min(1, p/q), not when it is the argmax, so the two rates differ.
-- Cost per round: T(1), a plain step, is a robust moving average of the plain rounds' times; T(K) for
-  K >= 2 is a line a + b (K - 1) through the drafting rounds' per-K averages (a ridge fit pulled
-  toward a prior slope, so it extrapolates to sizes not tried yet; a size not run lately counts less).
-  Before any drafting round, T(K) = T(1) (1 + (draft_cost + verify_slope) (K - 1)), with draft_cost
-  from the caller's hint (the drafter's size against the target's: a 4-bit drafter is cheaper).
-- Choice: argmax_K E(K) / T(K), ties to the smaller K, with a little hysteresis against noise.
+Acceptance (per draft position, DESIGN.md section 10)
+- a_i is the chance that draft i is accepted given drafts 1..i-1 were; a round of block size K emits
+      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_{K-1}      tokens on average (the target's own included).
+- A round of K with n accepted tells: positions 1..n accepted, position n + 1 rejected (if n < K - 1),
+  deeper ones unseen. Counts fade by `acceptance_decay` per drafting round (a window of a few rounds).
+  a_1 leans on `acceptance_prior`, each deeper a_i on a_{i-1} (a position seldom reached is believed as
+  likely as the one before: in text the drafter knows, long runs go on), so a good stretch reaches deep
+  blocks within a few rounds.
+- Change: `change_run` first drafts rejected in a row that the estimate made less likely than `surprise`
+  mean the text changed (a reply drifting off what the drafter knows): the counts before them shrink to
+  `change_keep`. A new turn keeps `turn_keep` of the counts. Greedy and sampled turns keep separate
+  counts: rejection sampling keeps a draft with probability min(1, p/q), not when it is the argmax.
 
-Parked (K = 1 wins): every round is the plain step and the controller does O(1) work. After
-`probe_wait` plain rounds it runs one probe (K = 2) to see whether drafts are accepted again. A probe
-costs T(2) - T(1) more than a plain step; the wait is set so probes cost at most `probe_budget` of the
-parked time, doubles after every probe that does not bring drafting back, and is short again at a new
-turn. When even a perfect drafter could not pay at the measured costs, it does not probe at all.
+Costs (of this machine, measured)
+- T(1) is the median of the last plain steps' times; T(K) for K >= 2 is kept as the ratio T(K) / T(1)
+  (so a machine that gets busier slows both and the ratio stands), the median of that size's last
+  rounds, blended with a line a + b (K - 1) through all sizes' ratios that fills in sizes not tried yet
+  (a ridge fit pulled toward a prior slope). Before any drafting round the ratio is
+  1 + (draft_cost + verify_slope) (K - 1), draft_cost the caller's hint (the drafter's bytes and layers
+  against the target's: a 4-bit drafter is cheaper). Only clean times count (see `observe`); plain
+  steps are timed now and then while drafting, and three of them before the first drafting round.
+- Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
+  last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), and now
+  and then a neighbouring size, so one slow moment cannot leave a size untried for ever.
 
-Pure Python, deterministic: the same observations give the same choices.
+Parked (K = 1 wins)
+- Every round is the plain step and the controller does O(1) work per round. After `probe_wait` plain
+  rounds it probes: one round at the smallest block that could beat a plain step if every draft were
+  kept. The wait is set from the probe's measured extra cost so probes take about `probe_budget` of the
+  parked time; it doubles after every probe that does not bring drafting back, probes go on at once
+  while they are accepted, and a new turn probes in its first rounds. When even a drafter that is always
+  right could not pay at the measured costs, it does not probe at all.
+
+Pure Python, deterministic: the same observations give the same choices. scripts/replay_autoblock.py
+replays it on recorded acceptance traces under several cost models.
 """
 
 from __future__ import annotations
@@ -67,9 +77,9 @@ def expected_tokens_per_position(k: int, acceptance: list[float] | tuple[float, 
 class AutoBlockConfig:
     k_min: int = 1
     k_max: int = 8
-    acceptance_prior: float = 0.5  # pooled acceptance before any round
-    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it (it fades as rounds come)
-    position_weight: float = 1.0  # pseudo-drafts tying each position to the pooled estimate
+    acceptance_prior: float = 0.5  # a_1 before any round
+    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it
+    position_weight: float = 1.0  # pseudo-drafts tying each a_i to a_{i-1}
     acceptance_decay: float = 0.85  # per drafting round
     turn_keep: float = 0.3  # share of the acceptance counts a new turn keeps
     change_run: int = 3  # first drafts rejected in a row before the controller asks whether the text changed:
@@ -125,7 +135,7 @@ class _Acceptance:
 
     accepted: list[float]
     seen: list[float]
-    rounds: int = 0  # drafting rounds observed (fades the pooled prior)
+    rounds: int = 0  # drafting rounds observed
 
     @classmethod
     def empty(cls, positions: int) -> _Acceptance:
@@ -471,12 +481,9 @@ def _weight(e: _Cost, config: AutoBlockConfig) -> float:
 
 
 def _line(points: dict[int, _Cost], prior_ratio: float, config: AutoBlockConfig) -> tuple[float, float]:
-    """Intercept a (the line's value at K = 1) and slope b per extra token, from per-K averages (K >= 2).
-
-    Weighted least squares (weight = rounds averaged, capped at the window,
-    halved every `time_half_life` rounds since the block size was last run) with a ridge pull toward
-    the prior slope prior_ratio * a, worth one round one block size away. The slope is kept >= 1 % of a.
-    """
+    """Intercept a (the line's value at K = 1) and slope b per extra token, through the per-size costs
+    (K >= 2): weighted least squares (weight = rounds behind a cost, up to its window) with a ridge pull
+    toward the prior slope prior_ratio * a, worth `ridge` rounds one size away. The slope stays >= 1 % of a."""
     ks = sorted(points)
     w = [_weight(points[k], config) for k in ks]
     t = [points[k].value for k in ks]
