@@ -380,7 +380,9 @@ class Engine:
         progress("audio", 1.0)
         return (audio, audio_spec) if audio is not None else (None, None)
 
-    def _prepare_kernels(self, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, on_event) -> None:
+    def _prepare_kernels(
+        self, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, on_event: Callable[[Any], None] | None
+    ) -> None:
         from core.engine.kernels import preparer
         from core.model import memory
 

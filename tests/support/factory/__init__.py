@@ -234,7 +234,7 @@ def build_pairing(
 
 
 def quantize_drafter(
-    src, out_dir, bits: int = 4, group_size: int = GROUP_SIZE, scales_dtype: str | None = None
+    src: Path, out_dir: Path, bits: int = 4, group_size: int = GROUP_SIZE, scales_dtype: str | None = None
 ) -> Path:
     """Copy a drafter checkpoint with its linear and embedding weights quantized, as mlx-community's 4-bit
     assistants are (`<module>.weight` packed uint32 beside `<module>.scales` / `.biases`, and a
