@@ -34,6 +34,10 @@ class RoundEvent:
     block_size: int  # K used this round (drafts + 1)
     auto: bool  # whether auto mode chose K
     emitted: int  # tokens emitted this round (accepted + 1, fewer at a stop)
+    # auto mode only (core.decode.autoblock): why the controller chose this K ("drafting", "parked",
+    # "probe", "room": the reply's end cut the block), and what it believed, in words for the user
+    reason: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,14 @@ class TurnStats:
     stop_reason: str = ""
     drafter_enabled: bool = True
     block_size_counts: dict[int, int] = field(default_factory=dict)
+
+    def add_round(self, ev: RoundEvent) -> None:
+        """Fold one round's summary into the turn's figures (the one place every engine does it)."""
+        self.rounds += 1
+        self.drafted += ev.drafted
+        self.accepted += ev.accepted
+        self.decode_tokens += ev.emitted
+        self.block_size_counts[ev.block_size] = self.block_size_counts.get(ev.block_size, 0) + 1
 
     @property
     def prefill_tps(self) -> float:

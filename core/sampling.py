@@ -120,7 +120,7 @@ def verify_greedy(draft_tokens: mx.array, target_logits: mx.array) -> tuple[mx.a
 
 def verify_speculative(
     draft_tokens: mx.array,
-    draft_logprobs: mx.array,
+    draft_logprobs: mx.array | SparseLogProbs,
     target_logprobs: mx.array,
     key: mx.array,
 ) -> tuple[mx.array, mx.array]:

@@ -10,10 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from core import units
-from core.decode.autoblock import AutoBlockConfig
 from core.events import PrefillDone, RoundEvent, TurnStats
-
-_AUTO = AutoBlockConfig()  # the engine's auto block size rules (core.decode.autoblock), to explain its choice
 
 SPARK_ROUNDS = 30  # one column per round: the side panel has 31 columns inside its border
 
@@ -63,12 +60,8 @@ class LiveStats:
     sent_at: float | None = None
     first_token_at: float | None = None
     dirty: bool = True
-    # auto block size, as the engine's AutoBlock plays it (core.decode.autoblock): plain rounds since it last
-    # drafted, the wait before its next probe, and how the recent drafting rounds went
-    plain_streak: int = 0
-    probe_wait: int = _AUTO.probe_every
-    recent_drafted: float = 0.0
-    recent_accepted: float = 0.0
+    # auto block size: what the engine's controller said about its last choice (RoundEvent.note)
+    last_note: str = ""
     context_tokens: int | None = None  # the conversation's tokens in the model's context
     context_length: int | None = None
 
@@ -107,7 +100,8 @@ class LiveStats:
         self.dirty = True
 
     def on_round(self, ev: RoundEvent) -> None:
-        self._follow_auto(ev)
+        if ev.auto:
+            self.last_note = ev.note
         if self.context_tokens is not None:
             self.context_tokens += ev.emitted
         self.rounds += 1
@@ -131,35 +125,13 @@ class LiveStats:
             self.peak_memory_bytes = stats.peak_memory_bytes
         self.dirty = True
 
-    def _follow_auto(self, ev: RoundEvent) -> None:
-        if not ev.auto:
-            return
-        if ev.block_size == 1:
-            self.plain_streak += 1
-            return
-        probe = self.plain_streak > 0 and ev.block_size == _AUTO.probe_k
-        if probe and not ev.accepted:
-            self.probe_wait = min(2 * self.probe_wait, _AUTO.probe_every_max)
-        else:
-            self.probe_wait = _AUTO.probe_every
-        self.plain_streak = 0
-        # recent drafting rounds, fading like the engine's acceptance estimate
-        self.recent_drafted = self.recent_drafted * _AUTO.alpha_decay + ev.drafted
-        self.recent_accepted = self.recent_accepted * _AUTO.alpha_decay + ev.accepted
-
     def auto_note(self, tuning: Tuning) -> str | None:
-        """Why auto block size chose what it did, in words, or None when it is not choosing."""
+        """Why auto block size chose what it did, in the controller's words, or None when it is not choosing."""
         if tuning.block_size != "auto" or not tuning.drafting:
             return None
-        k = self.last_block_size
-        if k is None:
+        if self.last_block_size is None or not self.last_auto:
             return None
-        rate = self.recent_accepted / self.recent_drafted if self.recent_drafted else None
-        accepted = "" if rate is None else f", {rate * 100:.0f} % accepted"
-        if k == 1:
-            left = max(self.probe_wait - self.plain_streak, 0)
-            return f"auto → 1: drafts not paying{accepted}; trying again in {left} rounds"
-        return f"auto → {k}: drafting pays{accepted}"
+        return self.last_note or None
 
     @property
     def acceptance(self) -> float | None:

@@ -1,219 +1,491 @@
-"""Automatic block size: pick K (tokens verified per round, K-1 of them drafted) that maximises
-expected tokens per second, from what recent rounds showed.
+"""Automatic block size: the K (tokens verified per round, K - 1 of them drafted) with the most
+expected tokens per second, K = 1 (no drafting) included, from this machine's own rounds.
 
-Model
-- Each draft is accepted with probability alpha, independently, until the first rejection, so a
-  block of K emits on average E(K) = 1 + alpha + ... + alpha^(K-1) = (1 - alpha^K) / (1 - alpha)
-  tokens (the bonus token included).
-- A round costs T(K) = t_verify(K) + (K-1) * t_draft, with t_verify(K) = a + b*(K-1) (a K-token
-  target forward: on bandwidth-bound hardware b is small against a).
-- Choose argmax_K E(K) / T(K) over k_min..k_max (ties -> smaller K), changing K only when the
-  gain exceeds `hysteresis`, so noise does not make it flap.
+Acceptance (per draft position, DESIGN.md section 10)
+- a_i is the chance that draft i is accepted given drafts 1..i-1 were; a round of block size K emits
+      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_{K-1}      tokens on average (the target's own included).
+- A round of K with n accepted tells: positions 1..n accepted, position n + 1 rejected (if n < K - 1),
+  deeper ones unseen. Counts fade by `acceptance_decay` per drafting round (a window of a few rounds).
+  a_1 leans on `acceptance_prior`, each deeper a_i on a_{i-1} (a position seldom reached is believed as
+  likely as the one before: in text the drafter knows, long runs go on), so a good stretch reaches deep
+  blocks within a few rounds.
+- Change: `change_run` first drafts rejected in a row that the estimate made less likely than `surprise`
+  mean the text changed (a reply drifting off what the drafter knows): the counts before them shrink to
+  `change_keep`. A new turn keeps `turn_keep` of the counts. Greedy and sampled turns keep separate
+  counts: rejection sampling keeps a draft with probability min(1, p/q), not when it is the argmax.
 
-Estimates
-- alpha: accepted and rejected drafts counted with exponential forgetting (`alpha_decay` per
-  round), plus `alpha_prior_weight` pseudo-drafts at `alpha_prior` that fade with the same decay
-  as drafting rounds are observed (a prior that never faded kept alpha >= 0.1 with a drafter that
-  never agrees, enough to keep drafting). A round with n of K-1 drafts accepted is n successes
-  and, if n < K-1, one failure.
-- times: per-K exponential moving averages of the measured round time (or of the verify time and
-  the per-step draft time when the caller measures them apart), then a line through the
-  per-K averages, pulled toward a prior slope when few block sizes have been tried (a ridge
-  fit), so it can extrapolate to sizes it has not tried. A block size not run lately counts less
-  (its weight halves every `time_half_life` rounds): otherwise a K = 1 time taken in a slow moment
-  of the machine stays, K = 1 looks dear for ever and the controller never leaves drafting.
-- K = 1 means no drafting. When K = 1 keeps winning, one round at `probe_k` measures acceptance
-  again after `probe_every` K = 1 rounds, so the controller can come back when drafting pays. A
-  probe is not free (it also breaks the pipelined plain decoding): each probe that accepts nothing
-  doubles the wait before the next, up to `probe_every_max`; a probe that accepts anything, or
-  drafting winning again, resets it. With a drafter that never agrees (the random-weight demo
-  pairing) probing every 16 rounds cost ~20 % of plain decoding; backed off, auto runs within
-  noise of K = 1 there.
+Costs (of this machine, measured)
+- T(1) is the median of the last plain steps' times; T(K) for K >= 2 is kept as the ratio T(K) / T(1)
+  (so a machine that gets busier slows both and the ratio stands), the median of that size's last
+  rounds, blended with a line a + b (K - 1) through all sizes' ratios that fills in sizes not tried yet
+  (a ridge fit pulled toward a prior slope). Before any drafting round the ratio is
+  1 + (draft_cost + verify_slope) (K - 1), draft_cost the caller's hint (the drafter's bytes and layers
+  against the target's: a 4-bit drafter is cheaper). Only clean times count (see `observe`); plain
+  steps are timed now and then while drafting, and three of them before the first drafting round.
+- Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
+  last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), and now
+  and then a neighbouring size, so one slow moment cannot leave a size untried for ever.
 
-Pure Python, deterministic: the same observations give the same choices.
+Parked (K = 1 wins)
+- Every round is the plain step and the controller does O(1) work per round. After `probe_wait` plain
+  rounds it probes: one round at the smallest block that could beat a plain step if every draft were
+  kept. The wait is set from the probe's measured extra cost so probes take about `probe_budget` of the
+  parked time; it doubles after every probe that does not bring drafting back, probes go on at once
+  while they are accepted, and a new turn probes in its first rounds. When even a drafter that is always
+  right could not pay at the measured costs, it does not probe at all.
+
+Pure Python, deterministic: the same observations give the same choices. scripts/replay_autoblock.py
+replays it on recorded acceptance traces under several cost models.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class AutoChoice:
+    """One choice of the controller: the block size, why (a code), and what it believes, in words."""
+
+    block_size: int
+    # "drafting" | "parked" (K = 1: drafts do not pay) | "probe" (one round to re-measure acceptance) |
+    # "timing" (one plain round to re-measure a plain step) | "room" (the reply ends within the block)
+    reason: str
+    note: str
+    acceptance: tuple[float, ...] = ()  # believed a_1, a_2, ... (chance draft i is kept given i-1 were)
+
+
 def expected_tokens(k: int, alpha: float) -> float:
-    """Mean tokens emitted by a block of k (k-1 drafts + the target's own token)."""
+    """Mean tokens emitted by a block of k (k-1 drafts + the target's own token) at one acceptance rate."""
     if alpha >= 1.0:
         return float(k)
     return (1.0 - alpha**k) / (1.0 - alpha)
+
+
+def expected_tokens_per_position(k: int, acceptance: list[float] | tuple[float, ...]) -> float:
+    """E(k) = 1 + a_1 + a_1 a_2 + ... over the first k - 1 positions."""
+    total, run = 1.0, 1.0
+    for a in acceptance[: k - 1]:
+        run *= a
+        total += run
+    return total
 
 
 @dataclass
 class AutoBlockConfig:
     k_min: int = 1
     k_max: int = 8
-    alpha_prior: float = 0.6
-    alpha_prior_weight: float = 2.0  # in drafts
-    alpha_decay: float = 0.9  # per observed round
-    time_ewma: float = 0.25  # weight of a new time measurement
-    time_half_life: float = 64.0  # rounds after which a block size's time counts half
-    draft_cost_prior: float = 0.15  # one draft step / one target step, before any measurement
-    verify_slope_prior: float = 0.03  # extra verify cost per extra token / one target step
-    probe_every: int = 16  # K = 1 rounds before a probe
+    acceptance_prior: float = 0.5  # a_1 before any round
+    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it
+    position_weight: float = 1.0  # pseudo-drafts tying each a_i to a_{i-1}
+    acceptance_decay: float = 0.85  # per drafting round
+    turn_keep: float = 0.3  # share of the acceptance counts a new turn keeps
+    change_run: int = 3  # first drafts rejected in a row before the controller asks whether the text changed:
+    surprise: float = 0.01  # a run less likely than this under the estimate is a change ...
+    change_keep: float = 0.1  # ... and the counts before it shrink to this share
+    draft_cost_prior: float = 0.15  # one draft step / one plain step, before any measurement
+    verify_slope_prior: float = 0.03  # extra verify cost per extra token / one plain step
+    time_window: int = 9  # rounds whose median is a block size's cost
+    probe_budget: float = 0.01  # share of the parked time probes may cost
+    probe_every_min: int = 4  # plain rounds before the first probe
     probe_every_max: int = 256  # the wait after failed probes doubles up to this
     probe_k: int = 2
-    hysteresis: float = 0.03  # relative gain needed to move away from the current K
+    probe_burst: int = 4  # probes in a row while they are accepted
+    pay_margin: float = 0.08  # a size "could pay" when k tokens cost under k / (1 + this) plain steps
+    turn_start_k: int = 3  # the largest block of a turn's first drafting round
+    turn_probe_after: int = 1  # a parked controller probes this many rounds into a new turn
+    refresh_every: int = 16  # parked rounds between re-checks of the probe wait against T(1)
+    explore_every: int = 16  # drafting rounds between tries of a neighbouring size
+    ridge: float = 0.5  # rounds one block size away that the prior slope counts as
+    plain_timing_every: int = 64  # while drafting, a plain round if none was timed for this many rounds
+    hysteresis: float = 0.02  # relative gain needed to move away from the current K
+    park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
             raise ValueError("need 1 <= k_min <= k_max")
-        if not 1 <= self.probe_every <= self.probe_every_max:
-            raise ValueError("need 1 <= probe_every <= probe_every_max")
-        if not 0.0 <= self.alpha_prior <= 1.0 or not 0.0 < self.alpha_decay <= 1.0:
-            raise ValueError("alpha_prior must be in [0, 1] and alpha_decay in (0, 1]")
+        if not 1 <= self.probe_every_min <= self.probe_every_max:
+            raise ValueError("need 1 <= probe_every_min <= probe_every_max")
+        if not 0.0 <= self.acceptance_prior <= 1.0 or not 0.0 < self.acceptance_decay <= 1.0:
+            raise ValueError("acceptance_prior must be in [0, 1] and acceptance_decay in (0, 1]")
 
 
 @dataclass
-class _Ewma:
+class _Cost:
+    """A running cost robust to a shared machine: the median of the last `window` samples (another
+    process taking the core for a moment inflates a few rounds, not the estimate)."""
+
     value: float = 0.0
     count: int = 0
     last: int = 0  # the controller's round count at the last update
+    recent: list[float] = field(default_factory=list)
 
-    def add(self, x: float, weight: float, now: int = 0) -> None:
-        self.value = x if self.count == 0 else (1.0 - weight) * self.value + weight * x
+    def add(self, x: float, window: int, now: int) -> None:
+        self.recent = (self.recent + [x])[-window:]
+        self.value = statistics.median(self.recent)
         self.count += 1
         self.last = now
 
 
 @dataclass
-class AutoBlock:
-    """Block-size controller for one target/drafter pair.
+class _Acceptance:
+    """Faded counts per draft position: accepted[i], seen[i] for position i + 1."""
 
-    Per round: `k = ctl.choose()`, run the round, then
-    `ctl.observe(k, accepted, round_s=...)` (or with `draft_s` and `verify_s` measured apart).
-    Rounds of a fixed, user-chosen K may be observed too; they keep the estimates fresh.
+    accepted: list[float]
+    seen: list[float]
+    rounds: int = 0  # drafting rounds observed
+
+    @classmethod
+    def empty(cls, positions: int) -> _Acceptance:
+        return cls([0.0] * positions, [0.0] * positions)
+
+    def observe(self, k: int, n: int, decay: float) -> None:
+        self.rounds += 1
+        for i in range(len(self.seen)):
+            self.accepted[i] *= decay
+            self.seen[i] *= decay
+        for i in range(min(n + 1, k - 1)):
+            self.seen[i] += 1.0
+            if i < n:
+                self.accepted[i] += 1.0
+
+    def scale(self, keep: float) -> None:
+        self.accepted = [a * keep for a in self.accepted]
+        self.seen = [s * keep for s in self.seen]
+
+    def estimates(self, c: AutoBlockConfig) -> list[float]:
+        """a_1 leans on `acceptance_prior`, each deeper a_i on a_{i-1}: a position seldom reached is
+        believed as likely as the one before it (in text the drafter knows, a run that got this far
+        tends to go on), so the first rounds of a good stretch reach deep blocks, and a first draft
+        rejected again and again drags the deeper beliefs down with it."""
+        prev, w = c.acceptance_prior, c.acceptance_prior_weight
+        out = []
+        for a, s in zip(self.accepted, self.seen):
+            prev = (a + w * prev) / (s + w) if s + w > 0 else prev
+            out.append(prev)
+            w = c.position_weight
+        return out
+
+
+@dataclass
+class AutoBlock:
+    """Block-size controller for one target/drafter pair (it lives as long as the loaded pairing).
+
+    Per turn: `ctl.begin_turn(sampled)`. Per round: `choice = ctl.decide()`, run a round of
+    `choice.block_size`, then `ctl.observe(k, accepted, round_s=...)`. Rounds of a fixed, user-chosen
+    K may be observed too; they keep the estimates fresh.
     """
 
     config: AutoBlockConfig = field(default_factory=AutoBlockConfig)
-    _accepted: float = 0.0
-    _rejected: float = 0.0
-    _round_time: dict[int, _Ewma] = field(default_factory=dict)
-    _verify_time: dict[int, _Ewma] = field(default_factory=dict)
-    _draft_step: _Ewma = field(default_factory=_Ewma)
-    _current: int | None = None
-    _k1_streak: int = 0
-    _probe_wait: int = field(init=False)  # K = 1 rounds before the next probe
-    _probing: bool = False  # the last choice was a probe
-    _draft_rounds: int = 0  # rounds with drafts observed (fades the alpha prior)
+    draft_cost: float | None = None  # the caller's hint: one draft step / one plain step
     rounds: int = 0
+    _greedy: _Acceptance = field(init=False)
+    _sampled: _Acceptance = field(init=False)
+    _sampling: bool = False
+    _plain: _Cost = field(default_factory=_Cost)  # T(1)
+    _ratio: dict[int, _Cost] = field(default_factory=dict)  # K >= 2: T(K) / T(1)
+    _t1_guess: float = 0.0  # T(1) guessed from a drafting round, while no plain step is timed
+    _last_plain_s: float | None = None  # the last round's time, when it was a plain step
+    _current: int | None = None
+    _parked_for: int = 0  # plain rounds since the controller parked (or last probed)
+    _wait: int = 0  # plain rounds between probes in this parked stretch
+    _probe_fails: int = 0  # probes in a row that did not bring drafting back
+    _probing: bool = False  # the last choice was a probe
+    _burst: int = 0  # probes in a row after accepted ones
+    _last_accepted: int = 0  # drafts accepted in the last drafting round
+    _last_emitted: int = 0  # tokens of the last drafting round of this turn
+    _drafting_rounds: int = 0
+    _zero_run: int = 0  # drafting rounds in a row whose first draft was rejected
+    _never: bool = False  # at the measured costs even a drafter that is always right could not pay
+    _probe_size: int | None = None
+    _run_from: float = 0.0
+    _parked_words: str = ""
+    _parked_acc: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        self._probe_wait = self.config.probe_every
+        positions = max(self.config.k_max - 1, 0)
+        self._greedy = _Acceptance.empty(positions)
+        self._sampled = _Acceptance.empty(positions)
 
     # -- estimates ----------------------------------------------------------------------
 
     @property
+    def _acc(self) -> _Acceptance:
+        return self._sampled if self._sampling else self._greedy
+
+    def acceptance(self) -> list[float]:
+        """Believed a_1 .. a_{k_max - 1} for the current turn's kind (greedy or sampled)."""
+        return self._acc.estimates(self.config)
+
+    @property
     def alpha(self) -> float:
-        c = self.config
-        prior = c.alpha_prior_weight * c.alpha_decay**self._draft_rounds
-        return (self._accepted + c.alpha_prior * prior) / (self._accepted + self._rejected + prior)
+        """The believed acceptance of the first draft (the gatekeeper of every round)."""
+        est = self.acceptance()
+        return est[0] if est else 0.0
 
     def round_time(self, k: int) -> float:
         """Predicted seconds for a round of block size k (relative units before any timing)."""
-        c = self.config
-        if self._verify_time:
-            a, b = _line(self._verify_time, c.verify_slope_prior, c, self.rounds, min_ratio=0.01)
-            step = self._draft_step.value if self._draft_step.count else c.draft_cost_prior * a
-            return a + (b + step) * (k - 1)
-        if self._round_time:
-            # a round of K > 1 also drafts: it costs at least a few % more than a plain step
-            a, b = _line(self._round_time, c.draft_cost_prior + c.verify_slope_prior, c, self.rounds, min_ratio=0.05)
-            return a + b * (k - 1)
-        return 1.0 + (c.draft_cost_prior + c.verify_slope_prior) * (k - 1)
+        t1 = self._plain.value if self._plain.count else (self._t1_guess or 1.0)
+        return t1 if k == 1 else t1 * self.cost_ratio(k)
 
-    def rate(self, k: int) -> float:
+    def cost_ratio(self, k: int) -> float:
+        """T(k) / T(1). Kept as ratios to the plain step timed around them, so a busy spell of the machine,
+        which slows every round alike, does not make measured sizes look dear or cheap for ever."""
+        c = self.config
+        prior_step = (self.draft_cost if self.draft_cost is not None else c.draft_cost_prior) + c.verify_slope_prior
+        if k == 1:
+            return 1.0
+        if not self._ratio:
+            return 1.0 + prior_step * (k - 1)
+        a, b = _line(self._ratio, prior_step, c)
+        line = a + b * (k - 1)
+        own = self._ratio.get(k)
+        if own is None:
+            return line
+        # a size run lately is believed as measured: costs jump between sizes (kernel tiles, SIMD
+        # widths), which no line follows; the line fills in the sizes not run
+        w = _weight(own, c)
+        return (w * own.value + line) / (w + 1.0)
+
+    def rate(self, k: int, acceptance: list[float] | None = None) -> float:
         """Expected tokens per second (per unit time) at block size k."""
-        return expected_tokens(k, self.alpha) / self.round_time(k)
+        acc = self.acceptance() if acceptance is None else acceptance
+        return expected_tokens_per_position(k, acc) / self.round_time(k)
 
     def best(self) -> int:
         """argmax of `rate` over the allowed sizes, with hysteresis around the current K."""
         c = self.config
-        ks = range(c.k_min, c.k_max + 1)
-        rates = {k: self.rate(k) for k in ks}
+        acc = self.acceptance()
+        # ramp: a block at most twice the last round's tokens (a new turn starts small), and no
+        # more than twice the largest size timed yet: one failed round never costs much
+        top = max([1] + list(self._ratio))
+        reach = min(c.k_max, max(c.turn_start_k, 2 * self._last_emitted), 2 * top)
+        ks = range(c.k_min, max(c.k_min, reach) + 1)
+        rates = {k: self.rate(k, acc) for k in ks}
         best = max(ks, key=lambda k: (rates[k], -k))
+        if best == 1 and self._current not in (None, 1) and len(rates) > 1:
+            # leaving drafting stops all news about acceptance: do it only when plain clearly wins
+            drafting = max(k for k in ks if k > 1 and rates[k] == max(rates[j] for j in ks if j > 1))
+            if rates[1] <= rates[drafting] * (1.0 + c.park_margin):
+                best = drafting
         cur = self._current
         if cur is not None and cur in rates and rates[best] <= rates[cur] * (1.0 + c.hysteresis):
             return cur
         return best
 
-    # -- per round ----------------------------------------------------------------------
+    @property
+    def probe_wait(self) -> int:
+        """Plain rounds between probes while parked (fixed when the controller parks)."""
+        return self._wait
+
+    def _probe_wait(self) -> int:
+        """Probes cost at most `probe_budget` of the parked time, doubling after each that failed;
+        none, when even a drafter that is always right could not pay at the measured costs."""
+        c = self.config
+        if c.k_max < 2:
+            return c.probe_every_max
+        self._probe_size = self._smallest_that_could_pay()
+        settled = [k for k, r in self._ratio.items() if r.count >= 2]
+        self._never = self._probe_size is None and len(settled) >= 2
+        if self._never:
+            return c.probe_every_max
+        k = self._probe_size or max(2, min(c.probe_k, c.k_max))
+        # waits w, 2w, 4w, ...: probe m costs `extra` after about w 2^m parked rounds, so the first
+        # comes soon (parking on little evidence is the likeliest mistake) and the share they cost
+        # stays near `probe_budget` (at most twice it, right after parking). A cost resting on a round
+        # or two is no ground for a long wait: one slow moment of the machine must not park us for long.
+        extra = max(self.cost_ratio(k) - 1.0, 0.0)
+        base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget))) if k in settled else c.probe_every_min
+        return min(base * 2**self._probe_fails, c.probe_every_max)
+
+    def _smallest_that_could_pay(self) -> int | None:
+        """The smallest block that would beat a plain step if every draft were accepted (k tokens for
+        less than k plain steps), from `probe_k` up: a probe smaller than that tells nothing. Once two
+        sizes are timed, the sizes between and beyond them follow the measured line alone (the prior
+        slope must not keep a hope alive that the measurements have ruled out)."""
+        c = self.config
+        measured = len([r for r in self._ratio.values() if r.count >= 2]) >= 2
+        ridge = c.ridge
+        if measured:
+            c.ridge = 1e-9
+        try:
+            ratios = {k: self.cost_ratio(k) for k in range(max(2, min(c.probe_k, c.k_max)), c.k_max + 1)}
+        finally:
+            c.ridge = ridge
+        # a size must beat plain decoding by a margin the timing noise cannot fake
+        k = next((k for k, r in ratios.items() if k > r * (1.0 + c.pay_margin)), None)
+        if k is not None and len(self._ratio) == 1:
+            k = min(k, max(self._ratio) + 1)  # one size timed: the next one up, to learn the slope cheaply
+        return k
+
+    # -- per turn and per round -------------------------------------------------------------
+
+    def begin_turn(self, sampled: bool = False) -> None:
+        """A new reply: its acceptance is judged mostly on its own rounds, and a parked controller
+        probes soon (a new question may be one the drafter knows)."""
+        self._sampling = sampled
+        self._acc.scale(self.config.turn_keep)
+        self._last_emitted = 0
+        self._probe_fails = 0
+        if self._current == 1:
+            self._park()  # the wait is back to its base
+            if self._wait < self.config.probe_every_max:
+                self._parked_for = self._wait - self.config.turn_probe_after  # and the turn's first probe comes soon
 
     def choose(self) -> int:
         """Block size for the next round."""
-        c = self.config
-        k = self.best()
-        self._current = k
-        self._probing = False
-        if k == 1 and c.k_max >= 2:
-            self._k1_streak += 1
-            if self._k1_streak > self.probe_wait:
-                self._k1_streak = 0
-                self._probing = True
-                return max(2, min(c.probe_k, c.k_max))
-        else:
-            self._k1_streak = 0
-            self._probe_wait = c.probe_every  # drafting pays again: probe eagerly next time
-        return k
+        return self.decide().block_size
 
-    @property
-    def probe_wait(self) -> int:
-        """K = 1 rounds before the next probe."""
-        return self._probe_wait
+    def decide(self) -> AutoChoice:
+        """The next round's block size, with the reason and a sentence for the user."""
+        c = self.config
+        was_probe, self._probing = self._probing, False
+        if self._current == 1 and not was_probe:
+            self._parked_for += 1
+            if self._parked_for % c.refresh_every == 0:
+                self._wait = self._probe_wait()  # T(1) moves with the machine's load
+            if self._parked_for < self._wait:  # parked: O(1), nothing changed that could move the choice
+                return self._parked_choice()
+        elif (
+            not was_probe
+            and c.k_min == 1 < c.k_max
+            and (self._plain.count < 3 or self.rounds - self._plain.last >= c.plain_timing_every)
+        ):
+            # every choice weighs drafting against a plain step: time three at the start (the first ones
+            # after loading also build kernels) and one now and then (it costs little)
+            return AutoChoice(1, "timing", "auto → 1: timing a plain step, to weigh drafting against it")
+        k = self.best()
+        if k == 1 and c.k_max >= 2:
+            if was_probe and self._last_accepted > 0 and self._burst < c.probe_burst and self._probe_size:
+                # the probe was accepted: probe on at once (one round is weak evidence either way)
+                self._burst += 1
+                self._probing = True
+                return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
+            self._burst = 0
+            if was_probe:
+                self._probe_fails += 1
+            if self._current != 1 or was_probe or self._never:
+                self._current = 1
+                self._park()
+                return self._parked_choice()
+            self._parked_for = 0
+            self._probing = True
+            return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
+        self._current = k
+        self._probe_fails = self._burst = 0
+        self._drafting_rounds += 1
+        if self._drafting_rounds % c.explore_every == 0:
+            # now and then a neighbouring size, so one slow moment cannot keep a size untried for ever
+            k = self._neighbour(k)
+        return self._note(k, "drafting")
+
+    def _neighbour(self, k: int) -> int:
+        """The size next to k (within the allowed range) timed longest ago."""
+        c = self.config
+        options = [j for j in (k - 1, k + 1) if 2 <= j <= c.k_max]
+        if not options:
+            return k
+        return min(options, key=lambda j: self._ratio[j].last if j in self._ratio else -1)
+
+    def _park(self) -> None:
+        """Start (or restart) a parked stretch: the wait before the next probe, and its words."""
+        self._parked_for = 0
+        self._wait = self._probe_wait()
+        acc = self.acceptance()
+        cost = self.round_time(2) / self.round_time(1) if self.config.k_max >= 2 else 1.0
+        first = acc[0] * 100 if acc else 0.0
+        if self._never:
+            self._parked_words = f"auto → 1: drafts can't pay on this machine (a round with one costs {cost:.1f}x)"
+        else:
+            self._parked_words = (
+                f"auto → 1: drafts don't pay (1st kept {first:.0f} %, a round with one costs {cost:.1f}x)"
+            )
+        self._parked_acc = tuple(acc[:1])
+
+    def _parked_choice(self) -> AutoChoice:
+        tail = "" if self._never else f"; trying again in {self._wait - self._parked_for} rounds"
+        return AutoChoice(1, "parked", self._parked_words + tail, self._parked_acc)
 
     def observe(
-        self,
-        k: int,
-        accepted: int,
-        *,
-        round_s: float | None = None,
-        draft_s: float | None = None,
-        verify_s: float | None = None,
+        self, k: int, accepted: int, *, round_s: float | None = None, clean: bool = True, ahead: bool = False
     ) -> None:
-        """Record a finished round: block size k, drafts accepted (0..k-1), and its timing.
+        """Record a finished round: block size k, drafts accepted (0..k-1), and its time, sync to sync.
 
-        round_s: whole round; draft_s / verify_s: its two parts when measured apart (then
-        round_s is not needed). Missing times only update the acceptance estimate.
-        """
+        clean=False: the time is not this block size's own. Rounds overlap (the next is built and
+        submitted before this one is read), so the time between two syncs holds the host's work for
+        one round and the device's for another; in a stretch of one block size that is the size's
+        true cost per round, but where the size changes it is not: a plain step then also paid for
+        building the drafting round queued behind it, and that round's time misses its own building.
+        The engine says which times are clean; only those enter the costs. ahead=True: a drafting round
+        queued on an unread plain step (a probe, the first drafting round after plain ones): its time
+        misses its own building, which the plain step before it paid; the two together make its cost."""
         c = self.config
         if k < 1 or not 0 <= accepted <= k - 1:
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
         self.rounds += 1
-        if self._probing and k > 1:
-            self._probing = False
-            self._probe_wait = c.probe_every if accepted else min(2 * self._probe_wait, c.probe_every_max)
         if k > 1:
-            self._draft_rounds += 1
-            self._accepted = self._accepted * c.alpha_decay + accepted
-            self._rejected = self._rejected * c.alpha_decay + (1 if accepted < k - 1 else 0)
-        if verify_s is not None:
-            self._verify_time.setdefault(k, _Ewma()).add(verify_s, c.time_ewma, self.rounds)
-            if k > 1 and draft_s is not None:
-                self._draft_step.add(draft_s / (k - 1), c.time_ewma, self.rounds)
-        total = round_s if round_s is not None else (verify_s + (draft_s or 0.0) if verify_s is not None else None)
-        if total is not None:
-            self._round_time.setdefault(k, _Ewma()).add(total, c.time_ewma, self.rounds)
+            if accepted == 0 and self._zero_run == 0:
+                self._run_from = self.alpha  # what was believed when the rejections began
+            self._acc.observe(min(k, c.k_max), accepted, c.acceptance_decay)
+            self._zero_run = self._zero_run + 1 if accepted == 0 else 0
+            if self._zero_run >= c.change_run and (1.0 - self._run_from) ** self._zero_run < c.surprise:
+                # rejections the estimate made unlikely: the text changed; forget what came before them
+                self._acc.scale(c.change_keep)
+                self._acc.seen[0] += self._zero_run * (1.0 - c.change_keep)  # but not the run itself
+                self._run_from = 0.0  # once per run
+            self._last_accepted = accepted
+            self._last_emitted = accepted + 1
+        last_plain, self._last_plain_s = self._last_plain_s, (round_s if k == 1 else None)
+        if round_s is not None and k > 1 and ahead:
+            if last_plain is None or not self._plain.count:
+                return
+            round_s += max(last_plain - self._plain.value, 0.0)
+        if round_s is not None and round_s > 0 and clean:
+            if k == 1:
+                self._plain.add(round_s, c.time_window, self.rounds)
+            else:
+                if not self._plain.count and not self._t1_guess:
+                    # no plain step timed yet (k_min > 1, or fixed sizes the user chose): guess T(1) from the prior
+                    self._t1_guess = round_s / self.cost_ratio(k)
+                t1 = self._plain.value if self._plain.count else self._t1_guess
+                if round_s / t1 < 0.85 and self._plain.count and not ahead:
+                    # a drafting round under a plain step: the plain step's time is stale (the machine
+                    # got faster, or it was timed while kernels were still being built); time it again
+                    self._plain.last = -c.plain_timing_every
+                    if round_s / t1 < 0.6:
+                        return
+                ratio = max(round_s / t1, 1.0)  # verifying K tokens never costs less than one
+                self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds)
+
+    # -- words --------------------------------------------------------------------------
+
+    def _note(self, k: int, reason: str) -> AutoChoice:
+        acc = self.acceptance()
+        shown = acc[: max(k - 1, 1)]
+        if reason == "probe":
+            note = f"auto → {k}: trying drafts again (1st kept {shown[0] * 100:.0f} % lately)"
+        else:
+            # the chance each draft of the block is kept (given the ones before it were), first ones first
+            kept = " · ".join(f"{a * 100:.0f}" for a in shown[:4]) + (" …" if len(shown) > 4 else "")
+            gain = self.rate(k, acc) * self.round_time(1)
+            note = f"auto → {k}: drafts pay, ~{gain:.1f}x plain; kept {kept} %"
+        return AutoChoice(k, reason, note, tuple(shown))
 
 
-def _line(
-    points: dict[int, _Ewma], prior_ratio: float, config: AutoBlockConfig, now: int, min_ratio: float
-) -> tuple[float, float]:
-    """Intercept a = time at K=1 and slope b per extra token, from per-K averages.
+def _weight(e: _Cost, config: AutoBlockConfig) -> float:
+    """Rounds behind a cost, up to its window. Cost ratios are a property of the machine and the models,
+    so old ones do not fade; new rounds replace them in the window."""
+    return float(min(e.count, config.time_window))
 
-    Weighted least squares (weight = rounds averaged, capped at the EWMA's effective sample
-    size, halved every `time_half_life` rounds since the block size was last run) with a ridge
-    pull toward the prior slope prior_ratio * a, worth one round one block size away. The slope
-    is kept >= min_ratio * a.
-    """
-    cap = (2.0 - config.time_ewma) / config.time_ewma
+
+def _line(points: dict[int, _Cost], prior_ratio: float, config: AutoBlockConfig) -> tuple[float, float]:
+    """Intercept a (the line's value at K = 1) and slope b per extra token, through the per-size costs
+    (K >= 2): weighted least squares (weight = rounds behind a cost, up to its window) with a ridge pull
+    toward the prior slope prior_ratio * a, worth `ridge` rounds one size away. The slope stays >= 1 % of a."""
     ks = sorted(points)
-    w = [min(points[k].count, cap) * 0.5 ** ((now - points[k].last) / config.time_half_life) for k in ks]
+    w = [_weight(points[k], config) for k in ks]
     t = [points[k].value for k in ks]
     x = [k - 1 for k in ks]
     sw = sum(w)
@@ -221,13 +493,10 @@ def _line(
     mt = sum(wi * ti for wi, ti in zip(w, t)) / sw
     sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
     sxt = sum(wi * (xi - mx) * (ti - mt) for wi, xi, ti in zip(w, x, t))
-    # the prior slope, with `a` guessed from the (weighted) mean point under the prior ratio
     a_guess = mt / (1.0 + prior_ratio * mx)
     prior_slope = prior_ratio * a_guess
-    slope = (sxt + prior_slope) / (sxx + 1.0)
+    slope = (sxt + config.ridge * prior_slope) / (sxx + config.ridge)
     intercept = mt - slope * mx
     if intercept <= 0:  # noise on tiny timings: fall back to the prior shape
         intercept, slope = a_guess, prior_slope
-    # a verify or draft step is never free; keep the slope from going to zero or below
-    slope = max(slope, min_ratio * intercept)
-    return intercept, slope
+    return intercept, max(slope, 0.01 * intercept)

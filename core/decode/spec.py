@@ -19,20 +19,44 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from core import sampling
-from core.decode.autoblock import AutoBlock, AutoBlockConfig
+from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
 from core.limits import context_error
 from core.model import memory
-from core.model.target import TargetCache
+from core.model.target import Target, TargetCache
 from core.settings import GenerationSettings
 
+if TYPE_CHECKING:
+    from core.decode.detok import Detokenizer
+
 PREFILL_CHUNK = 512
+
+
+class DraftModel(Protocol):
+    """What the round loop needs of a drafter (`core.model.drafter.Drafter`; the bench's simulated
+    drafter and the tests' oracles wrap or imitate it)."""
+
+    def draft(
+        self,
+        target: Target,
+        cache: TargetCache,
+        bonus: mx.array,
+        hidden: mx.array,
+        n: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        keys: list[mx.array] | None = None,
+    ) -> tuple[mx.array, mx.array | sampling.SparseLogProbs | None]: ...
 
 
 class TurnError(Exception):
@@ -99,37 +123,66 @@ class _Turn:
     emitted: list[int] = field(default_factory=list)
     committed: list[int] = field(default_factory=list)
     round_no: int = 0
-    last_sync: float = 0.0  # when the previous round's result was read (rounds are timed sync to sync)
+    last_sync: float = 0.0  # `Decoder._clock` when the previous round was read (rounds are timed sync to sync)
 
 
 @dataclass
 class _Round:
-    """A speculative round built and submitted to the device, not read yet.
-
-    Its verify has appended K positions to the cache at [P, P + K)."""
+    """A round built and submitted to the device, not read yet: a plain step (K = 1, no drafts)
+    or a speculative round (draft K - 1, verify K). It has appended K positions at [P, P + K)."""
 
     K: int
-    auto: bool
+    setting: int | str  # what the controls asked for when it was planned (`Decoder._setting`)
+    choice: AutoChoice | None  # the controller's choice, when auto planned it
     P: int
-    drafts: mx.array  # [K - 1] uint32
-    packed: mx.array  # [2 + K - 1]: n accepted, the target's token, the drafts
+    token: mx.array  # [1] uint32: the target's own token (lazy)
+    packed: mx.array | None  # K > 1: [2 + K - 1] uint32, n accepted, the target's token, the drafts
     H: mx.array  # [K, H] target hidden states of the verified block
+    ahead: bool = False  # submitted on an unread plain step (built while that step ran)
+
+
+def draft_cost_hint(target: Target, drafter: object | None) -> float | None:
+    """A first guess at one draft step's cost in target steps, before any round is timed: the mean of
+    the drafter's weight bytes against the target's (decoding reads every weight once per step: a
+    4-bit drafter is cheaper) and its layers against the target's (each layer's kernels cost time of
+    their own, which dominates for small models). The controller's measurements replace it."""
+    model = getattr(target, "model", None)
+    layers = getattr(drafter, "layers", None)
+    if not isinstance(drafter, nn.Module) or model is None or layers is None or not getattr(target, "n_layers", 0):
+        return None  # a stand-in drafter (tests, the bench's simulated one): no sizes to compare
+    target_bytes = memory.model_bytes(model)
+    if target_bytes <= 0:
+        return None
+    ratio = memory.model_bytes(drafter) / target_bytes
+    return min(1.0, (ratio + len(layers) / target.n_layers) / 2)
 
 
 class Decoder:
     """Runs chat turns for one target (+ optional drafter) on the calling thread.
 
-    A turn is `_prefill`, then rounds until a stop: a plain step (`_plain_step`, K = 1) or a
-    speculative round (`_queue_round` builds and submits it, `_read_round` syncs once), each
-    followed by `_commit` (trim the cache, carry b and h) and `_emit_round` (events, detokenizer,
-    block-size controller). Both kinds are pipelined one round deep: the next plain step or
-    speculative round is queued on the device before the host emits this round's tokens, so
-    emission, detokenizing and the controller overlap device work. A queued round that turns
-    out unwanted (a stop, cancel, a new block size, the drafter toggled) is dropped and its K/V
-    trimmed; drafting writes nothing, so dropping costs only the wasted work.
+    A turn is `_prefill`, then rounds until a stop (`_decode`). Every round, a plain step included
+    (a round with no drafts), goes the same way: `_plan` decides its block size from the controls
+    (the one plan rule), `_submit` builds it and hands it to the device, `_read` syncs once,
+    `_stop_rule` says how many of its tokens go out and why it ends (the one stop rule), `_commit`
+    trims the cache and carries b and h, and `_emit_round` sends the events.
+
+    One round is in flight ahead of the host: the next round is submitted before this one's
+    tokens are emitted, so emission, detokenizing and the controller overlap device work. After
+    a plain step the next round's inputs (its token, hidden row and position) are known without
+    reading it, so the next round is submitted even before the sync, as mlx-lm keeps one step
+    queued; after a speculative round it is submitted right after the sync. A queued round that
+    turns out unwanted (a stop, cancel, new controls) is dropped and its K/V trimmed; drafting
+    writes nothing, so dropping costs only the wasted work.
     """
 
-    def __init__(self, target, drafter=None, detokenizer=None, stop_ids=frozenset(), auto: AutoBlock | None = None):
+    def __init__(
+        self,
+        target: Target,
+        drafter: DraftModel | None = None,
+        detokenizer: Detokenizer | None = None,
+        stop_ids: Iterable[int] = frozenset(),
+        auto: AutoBlock | None = None,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.detok = detokenizer
@@ -137,13 +190,19 @@ class Decoder:
         if auto is None:
             # on Metal, auto block size stays where the fused attention kernel applies (core.model.memory)
             cap = target.metal_block_cap() if hasattr(target, "metal_block_cap") else None
-            auto = AutoBlock(AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap)))) if cap else AutoBlock()
+            config = AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap))) if cap else AutoBlockConfig()
+            auto = AutoBlock(config, draft_cost=draft_cost_hint(target, drafter))
         self.auto = auto
         self._wired_bytes: int | None = None
+        # Rounds are timed for the controller by the wall clock on Metal (the GPU's time is not the
+        # process's), and by the process's CPU time on the CPU backend: on a shared machine another
+        # process taking the cores inflates wall times by 2-5x at random, CPU time only a little.
+        self._clock = time.perf_counter if memory.on_metal() else time.process_time
+        self._timed_sizes: set[int] = set()  # block sizes that have run once (their kernels are built)
 
     def run(
         self,
-        cache,
+        cache: TargetCache,
         prompt: Prompt,
         settings: GenerationSettings,
         emit: Callable[[object], None],
@@ -153,30 +212,34 @@ class Decoder:
         t_start: float | None = None,
     ) -> TurnResult:
         """One turn: prefill `prompt` into `cache`, then decode until a stop; events go to `emit`."""
+        controls = controls or Controls(settings.block_size, settings.drafter_enabled)
+        t_start = time.perf_counter() if t_start is None else t_start
         if not memory.on_metal():
             return self._run(cache, prompt, settings, emit, controls, prompt_tokens, t_start)
         if self._wired_bytes is None:
-            self._wired_bytes = memory.model_bytes(getattr(self.target, "model", None), self.drafter)
+            drafter = self.drafter if isinstance(self.drafter, nn.Module) else None
+            self._wired_bytes = memory.model_bytes(getattr(self.target, "model", None), drafter)
         with memory.wired_limit(self._wired_bytes + cache.nbytes):
             return self._run(cache, prompt, settings, emit, controls, prompt_tokens, t_start)
 
-    def _run(self, cache, prompt, settings, emit, controls, prompt_tokens, t_start) -> TurnResult:
-        controls = controls or Controls(settings.block_size, settings.drafter_enabled)
-        t_start = time.perf_counter() if t_start is None else t_start
-        tg = self.target
+    def _run(
+        self,
+        cache: TargetCache,
+        prompt: Prompt,
+        settings: GenerationSettings,
+        emit: Callable[[object], None],
+        controls: Controls,
+        prompt_tokens: int | None,
+        t_start: float,
+    ) -> TurnResult:
         stats = TurnStats(
             prompt_tokens=prompt_tokens if prompt_tokens is not None else prompt.start + len(prompt.ids),
             reused_tokens=prompt.start,
             drafter_enabled=self.drafter is not None and controls.drafter_enabled,
         )
-        if not prompt.ids:
-            raise TurnError("empty prompt: nothing to generate from")
-        if cache.offset != prompt.start:
-            raise TurnError(f"internal: cache holds {cache.offset} tokens, prompt continues at {prompt.start}")
-        too_long = context_error(prompt.start + len(prompt.ids), tg.context_length)
-        if too_long:
-            raise TurnError(too_long)
+        self._check_prompt(cache, prompt)
         keys = sampling.KeyStream(settings.seed) if settings.temperature > 0 else None
+        self.auto.begin_turn(sampled=keys is not None)
         if self.detok is not None:
             self.detok.reset()
         mx.reset_peak_memory()
@@ -193,79 +256,212 @@ class Decoder:
 
         t_first = time.perf_counter()
         stats.ttft_s = t_first - t_start
-        turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=t_first)
-        reason = self._emit_token(b_tok, False, 0, turn.emitted, emit, settings)
-        # Plain rounds keep one step queued (`pending`), as mlx-lm does: its input (the last emitted
-        # token) is then already in the cache, one past the invariant, and is trimmed off again
-        # whenever the step is not used. `queued` is a speculative round submitted the same way.
-        pending = None
-        queued: _Round | None = None
-        plan: tuple[int, bool] | None = None  # (K, auto) of the round queued ahead, if any
-        while reason is None:
+        turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=self._clock())
+        _, reason = self._stop_rule(turn, [b_tok])
+        self._emit_token(turn, b_tok, False, emit)
+        if reason is None:
+            reason = self._decode(turn, controls, emit)
+        return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
+
+    def _check_prompt(self, cache: TargetCache, prompt: Prompt) -> None:
+        if not prompt.ids:
+            raise TurnError("empty prompt: nothing to generate from")
+        if cache.offset != prompt.start:
+            raise TurnError(f"internal: cache holds {cache.offset} tokens, prompt continues at {prompt.start}")
+        too_long = context_error(prompt.start + len(prompt.ids), self.target.context_length)
+        if too_long:
+            raise TurnError(too_long)
+
+    # --- the rounds ---------------------------------------------------------------------------
+
+    def _decode(self, turn: _Turn, controls: Controls, emit: Callable[[object], None]) -> str:
+        """Rounds until a stop, one in flight ahead of the host (see the class docstring); the stop reason."""
+        cache = turn.cache
+        rnd: _Round | None = None
+        while True:
             if controls.cancelled:
                 reason = "cancelled"
                 break
-            P = cache.offset - (1 if pending is not None else 0) - (queued.K if queued is not None else 0)
-            # the reply and the prompt together fit the context (P cached + the emitted token not yet in it)
-            room = min(settings.max_tokens - len(turn.emitted), tg.context_length - P - 1)
-            if room < 1:
-                reason = "max_tokens" if len(turn.emitted) >= settings.max_tokens else "context_full"
+            if rnd is not None and rnd.setting != self._setting(controls):
+                cache.trim_to(rnd.P)  # the controls changed while it was queued: drop it, plan again
+                rnd = None
+            if rnd is None:
+                rnd = self._next_round(turn, controls, 0)
+                if rnd is None:
+                    reason = "max_tokens" if len(turn.emitted) >= turn.settings.max_tokens else "context_full"
+                    break
+            # after a plain step the next round's inputs are known unread: queue it before the sync
+            ahead = self._next_round(turn, controls, 1, after=rnd) if rnd.K == 1 else None
+            n_acc, tokens = self._read(rnd)
+            self._observe(turn, rnd, n_acc, ahead)
+            out, stop = self._stop_rule(turn, tokens)
+            if stop is not None and ahead is not None:
+                cache.trim_to(ahead.P)
+                ahead = None
+            self._commit(turn, rnd, tokens, out, trim=ahead is None)
+            if ahead is None and stop is None and not controls.cancelled:
+                ahead = self._next_round(turn, controls, out)  # before this round's events go out
+            self._emit_round(turn, rnd, n_acc, tokens[:out], emit)
+            rnd = ahead
+            if stop is not None:
+                reason = stop
                 break
-            if plan is not None and self._plan_holds(plan, controls, room):
-                K, auto = plan
-            else:  # the controls changed while a round was queued: drop it, decide again
-                if queued is not None:
-                    cache.trim_to(queued.P)
-                    queued = None
-                K, auto = self._block_size(controls, room)
-            plan = None
-            turn.round_no += 1
-
-            if K == 1:
-                if pending is None:
-                    pending = self._plain_step(mx.array([turn.b_tok], dtype=mx.uint32), cache, settings, keys)
-                t_arr, H = pending
-                pending = None
-                if room > 1 and P + 2 <= tg.context_length:
-                    pending = self._plain_step(t_arr, cache, settings, keys)
-                    mx.async_eval(pending[0])
-                n_acc, round_tokens = 0, [int(t_arr.item())]  # the round's one host sync
-                self._observe(turn, K, auto, n_acc)
-                out, reason = self._emit_count(turn, round_tokens)
-                if reason is not None:
-                    pending = None
-                self._commit(turn, P, round_tokens, out, H, trim=pending is None)
-            else:
-                if pending is not None:
-                    cache.trim(1)
-                    pending = None
-                rnd = queued if queued is not None else self._queue_round(turn, K, auto)
-                queued = None
-                n_acc, round_tokens = self._read_round(rnd)
-                self._observe(turn, K, auto, n_acc)
-                out, reason = self._emit_count(turn, round_tokens)
-                self._commit(turn, rnd.P, round_tokens, out, rnd.H, trim=True)
-                next_room = min(settings.max_tokens - len(turn.emitted) - out, tg.context_length - cache.offset)
-                if reason is None and not controls.cancelled and next_room >= 1:
-                    # queue the next round before emitting this one: the host work below overlaps it
-                    plan = self._block_size(controls, next_room)
-                    if plan[0] > 1:
-                        queued = self._queue_round(turn, *plan)
-                    else:
-                        pending = self._plain_step(mx.array([turn.b_tok], dtype=mx.uint32), cache, settings, keys)
-                        mx.async_eval(pending[0])
-            reason = self._emit_round(turn, K, auto, n_acc, round_tokens, out, emit, reason)
             if len(turn.emitted) // memory.CLEAR_CACHE_EVERY != (len(turn.emitted) - out) // memory.CLEAR_CACHE_EVERY:
                 mx.clear_cache()  # keep the buffer cache from growing over a long reply (as mlx-lm)
-        if pending is not None:  # a queued step whose token was never emitted
-            cache.trim(1)
-        if queued is not None:  # a queued round that was never read
-            cache.trim_to(queued.P)
-        return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
+        if rnd is not None:  # a queued round that was never read
+            cache.trim_to(rnd.P)
+        return reason
+
+    def _setting(self, controls: Controls) -> int | str:
+        """What the controls ask for: "auto", a fixed block size, or 1 (no drafter, or the drafter off)."""
+        if self.drafter is None or not controls.drafter_enabled:
+            return 1
+        return "auto" if controls.block_size == "auto" else int(controls.block_size)
+
+    def _plan(self, controls: Controls, room: int) -> tuple[int, int | str, AutoChoice | None]:
+        """The one plan rule: (K, setting, the controller's choice) for the next round, K <= room.
+        An auto setting asks the controller, once per round."""
+        setting = self._setting(controls)
+        if setting != "auto":
+            return min(int(setting), room), setting, None
+        choice = self.auto.decide()
+        if choice.block_size > room:
+            k = max(1, room)
+            choice = AutoChoice(k, "room", f"auto → {k}: the reply ends within {k} tokens")
+        return choice.block_size, setting, choice
+
+    def _next_round(self, turn: _Turn, controls: Controls, pending: int, after: _Round | None = None) -> _Round | None:
+        """Plan and submit the round that follows the committed state, or, with `after` (an unread
+        plain step), the one that follows that step; None when the reply has no room left.
+        `pending`: tokens decided but not emitted yet (the unread step's one, or a read round's)."""
+        P = turn.cache.offset
+        # the prompt and the reply together fit the context: P cached, plus the decided token not in it yet
+        room = min(turn.settings.max_tokens - len(turn.emitted) - pending, self.target.context_length - P - 1)
+        if room < 1:
+            return None
+        K, setting, choice = self._plan(controls, room)
+        if after is not None:
+            rnd = self._submit(turn, K, setting, choice, after.token, after.H[0])
+            rnd.ahead = True
+            return rnd
+        return self._submit(turn, K, setting, choice, mx.array([turn.b_tok], dtype=mx.uint32), turn.h)
+
+    def _submit(
+        self, turn: _Turn, K: int, setting: int | str, choice: AutoChoice | None, b: mx.array, h: mx.array
+    ) -> _Round:
+        """Build a round on token b [1] (whose K/V is not in the cache yet) and the hidden h [H]
+        before it, and hand it to the device; nothing waits. The drafts are submitted as soon as
+        they are built, so the device drafts while the host builds the verify."""
+        s, tg, cache = turn.settings, self.target, turn.cache
+        temp = s.temperature
+        P = cache.offset
+        if K == 1:
+            logits, H = tg.forward(b, cache, logits="all", softcap=temp > 0)
+            assert logits is not None  # asked for
+            t = self._pick(logits[0], s, turn.keys).reshape(1).astype(mx.uint32)
+            mx.async_eval(t)
+            return _Round(K, setting, choice, P, t, None, H)
+        assert self.drafter is not None, "a speculative round needs a drafter"
+        draft_keys = turn.keys.split(K - 1) if turn.keys is not None else None
+        drafts, q_lp = self.drafter.draft(
+            tg, cache, b, h, K - 1, temperature=temp, top_k=s.top_k, top_p=s.top_p, keys=draft_keys
+        )
+        mx.async_eval(drafts)
+        logits, H = tg.forward(mx.concatenate([b, drafts]), cache, logits="all", softcap=temp > 0)
+        assert logits is not None  # asked for
+        if turn.keys is not None:
+            assert q_lp is not None, "a sampled draft comes with its distribution"
+            p_lp = sampling.transform_logits_compiled(logits, temp, s.top_k, s.top_p)
+            n, t = sampling.verify_speculative(drafts, q_lp, p_lp, turn.keys.next())
+        else:
+            n, t = sampling.verify_greedy(drafts, logits)
+        t = t.reshape(1).astype(mx.uint32)
+        packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t, drafts])
+        mx.async_eval(packed, H)
+        return _Round(K, setting, choice, P, t, packed, H)
+
+    def _read(self, rnd: _Round) -> tuple[int, list[int]]:
+        """The round's one host sync: (accepted drafts n, the tokens it decided: d1..dn, t)."""
+        if rnd.packed is None:
+            return 0, [cast(int, rnd.token.item())]
+        values: list[int] = rnd.packed.tolist()  # type: ignore[assignment]  # a 1-D uint32 array
+        n = values[0]
+        return n, values[2 : 2 + n] + [values[1]]
+
+    def _observe(self, turn: _Turn, rnd: _Round, n_acc: int, ahead: _Round | None) -> None:
+        """Time the round from the previous round's sync to this one's and feed the controller. The
+        time is the block size's own (clean) when the round ran as its size runs in a stretch: a plain
+        step queued behind a plain step with a plain step queued behind it, or a drafting round built
+        after the previous round was read (see AutoBlock.observe)."""
+        now = self._clock()
+        round_s, turn.last_sync = now - turn.last_sync, now
+        if rnd.K > 1 or rnd.choice is not None:
+            # a plain step times T(1) only between plain steps; see AutoBlock.observe for `ahead`
+            clean = rnd.K > 1 or (rnd.ahead and ahead is not None and ahead.K == 1)
+            if rnd.K not in self._timed_sizes:  # its first round also built its kernels (MLX compiles per shape)
+                self._timed_sizes.add(rnd.K)
+                clean = False
+            self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead)
+
+    # --- per-round bookkeeping -----------------------------------------------------------------
+
+    def _stop_rule(self, turn: _Turn, tokens: list[int]) -> tuple[int, str | None]:
+        """The one stop rule: how many of `tokens` (decided, not yet emitted) go out, and the stop
+        they end on, if any (a stop token unless eos is ignored, or max tokens)."""
+        s = turn.settings
+        for j, tok in enumerate(tokens):
+            if tok in self.stop_ids and not s.ignore_eos:
+                return j + 1, "eos"
+            if len(turn.emitted) + j + 1 >= s.max_tokens:
+                return j + 1, "max_tokens"
+        return len(tokens), None
+
+    def _commit(self, turn: _Turn, rnd: _Round, tokens: list[int], out: int, trim: bool) -> None:
+        """Keep b and the accepted drafts before the last emitted token (next round's b) in the cache;
+        trim=False: a round queued on top of this (plain) step keeps its K/V, which needs no trim."""
+        if trim:
+            turn.cache.trim_to(rnd.P + out)
+        turn.h = rnd.H[out - 1]
+        turn.committed.append(turn.b_tok)
+        turn.committed.extend(tokens[: out - 1])
+        turn.b_tok = tokens[out - 1]
+
+    def _emit_round(
+        self, turn: _Turn, rnd: _Round, n_acc: int, tokens: list[int], emit: Callable[[object], None]
+    ) -> None:
+        turn.round_no += 1
+        for j, tok in enumerate(tokens):
+            self._emit_token(turn, tok, j < n_acc, emit)
+        choice = rnd.choice
+        ev = RoundEvent(
+            turn.round_no,
+            rnd.K - 1,
+            min(n_acc, len(tokens)),
+            rnd.K,
+            choice is not None,
+            len(tokens),
+            reason=choice.reason if choice else "",
+            note=choice.note if choice else "",
+        )
+        turn.stats.add_round(ev)
+        emit(ev)
+
+    def _emit_token(self, turn: _Turn, tok: int, from_draft: bool, emit: Callable[[object], None]) -> None:
+        turn.emitted.append(tok)
+        text = self.detok.add(tok) if self.detok is not None else ""
+        emit(TokenEvent(tok, text, from_draft, turn.round_no))
 
     # --- prefill ------------------------------------------------------------------------------
 
-    def _prefill(self, cache, prompt: Prompt, settings, keys, controls, committed) -> tuple[int, mx.array] | None:
+    def _prefill(
+        self,
+        cache: TargetCache,
+        prompt: Prompt,
+        settings: GenerationSettings,
+        keys: sampling.KeyStream | None,
+        controls: Controls,
+        committed: list[int],
+    ) -> tuple[int, mx.array] | None:
         """Run the prompt through the target in chunks; (first token, hidden at its last position),
         or None when cancelled between chunks.
 
@@ -277,7 +473,8 @@ class Decoder:
         tg = self.target
         n = len(prompt.ids)
         rel_spans = [(a - prompt.start, b - prompt.start) for a, b in prompt.bidirectional]
-        logits = hidden = None
+        logits: mx.array | None = None
+        hidden: mx.array | None = None
         size = tg.prefill_chunk_size() if hasattr(tg, "prefill_chunk_size") else None
         split_last = n > 1 and not any(s <= n - 1 < e for s, e in rel_spans)
         chunks = (
@@ -288,7 +485,7 @@ class Decoder:
                 return None
             last = b == n
             emb = mask = None
-            if prompt.embeddings is not None:
+            if prompt.embeddings is not None and prompt.embedding_mask is not None:
                 emb, mask = prompt.embeddings[a:b], prompt.embedding_mask[a:b]
             spans = [(s + prompt.start, e + prompt.start) for s, e in rel_spans if s < b and e > a]
             logits, hidden = tg.forward(
@@ -305,133 +502,29 @@ class Decoder:
                 mx.clear_cache()
                 controls.prefilled = b
             committed.extend(prompt.ids[a:b])
+        assert logits is not None and hidden is not None  # the last chunk asked for its logits
         h = hidden[-1]
         first = self._pick(logits[0], settings, keys)
         mx.eval(first, h)
         controls.prefilled = len(prompt.ids)
-        return int(first.item()), h
+        return cast(int, first.item()), h
 
-    def _pick(self, logits: mx.array, settings: GenerationSettings, keys) -> mx.array:
+    def _pick(self, logits: mx.array, settings: GenerationSettings, keys: sampling.KeyStream | None) -> mx.array:
         """One token from one row of logits [V]: the argmax, or a sample from the transformed distribution."""
-        if settings.temperature > 0:
+        if keys is not None:
             lp = sampling.transform_logits_compiled(logits, settings.temperature, settings.top_k, settings.top_p)
             return sampling.sample(lp, keys.next())
         return mx.argmax(logits)
 
-    # --- a plain step ---------------------------------------------------------------------------
-
-    def _plain_step(self, b: mx.array, cache, settings: GenerationSettings, keys) -> tuple[mx.array, mx.array]:
-        """Queue one plain decoding step on token b [1] (lazy): (next token [1], hidden [1, H])."""
-        logits, H = self.target.forward(b, cache, logits="all", softcap=settings.temperature > 0)
-        return self._pick(logits[0], settings, keys).reshape(1).astype(mx.uint32), H
-
-    # --- a speculative round ------------------------------------------------------------------
-
-    def _block_size(self, controls: Controls, room: int) -> tuple[int, bool]:
-        """(K, auto) for the next round (an auto choice asks the controller, once per round)."""
-        use_drafter = self.drafter is not None and controls.drafter_enabled
-        auto = use_drafter and controls.block_size == "auto"
-        if not use_drafter:
-            K = 1
-        elif auto:
-            K = self.auto.choose()
-        else:
-            K = int(controls.block_size)
-        return max(1, min(K, room)), auto
-
-    def _plan_holds(self, plan: tuple[int, bool], controls: Controls, room: int) -> bool:
-        """Whether a round decided ahead still matches the controls (they may change while it runs)."""
-        K, auto = plan
-        use_drafter = self.drafter is not None and controls.drafter_enabled
-        if use_drafter and controls.block_size == "auto":
-            return auto and K <= room  # the controller's choice stands
-        want = max(1, min(int(controls.block_size), room)) if use_drafter else 1
-        return not auto and K == want
-
-    def _observe(self, turn: _Turn, K: int, auto: bool, n_acc: int) -> None:
-        """Time the round from the previous round's sync to this one's and feed the controller."""
-        now = time.perf_counter()
-        round_s, turn.last_sync = now - turn.last_sync, now
-        if K > 1 or auto:
-            self.auto.observe(K, n_acc, round_s=round_s)
-
-    def _queue_round(self, turn: _Turn, K: int, auto: bool) -> _Round:
-        """Build round (draft K - 1, verify K) on the committed state and submit it; nothing waits.
-
-        The drafts are submitted as soon as they are built, so the device drafts while the host
-        builds the verify."""
-        s, tg, cache = turn.settings, self.target, turn.cache
-        temp = s.temperature
-        P = cache.offset
-        b = mx.array([turn.b_tok], dtype=mx.uint32)
-        draft_keys = turn.keys.split(K - 1) if temp > 0 else None
-        drafts, q_lp = self.drafter.draft(
-            tg, cache, b, turn.h, K - 1, temperature=temp, top_k=s.top_k, top_p=s.top_p, keys=draft_keys
-        )
-        mx.async_eval(drafts)
-        logits, H = tg.forward(mx.concatenate([b, drafts]), cache, logits="all", softcap=temp > 0)
-        if temp > 0:
-            p_lp = sampling.transform_logits_compiled(logits, temp, s.top_k, s.top_p)
-            n, t = sampling.verify_speculative(drafts, q_lp, p_lp, turn.keys.next())
-        else:
-            n, t = sampling.verify_greedy(drafts, logits)
-        packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t.reshape(1).astype(mx.uint32), drafts])
-        mx.async_eval(packed, H)
-        return _Round(K, auto, P, drafts, packed, H)
-
-    def _read_round(self, rnd: _Round) -> tuple[int, list[int]]:
-        """The round's one host sync: (accepted drafts n, the tokens it decided: d1..dn, t)."""
-        values: list[int] = rnd.packed.tolist()  # a 1-D uint32 array
-        n = values[0]
-        return n, values[2 : 2 + n] + [values[1]]
-
-    # --- per-round bookkeeping -----------------------------------------------------------------
-
-    def _emit_count(self, turn: _Turn, round_tokens: list[int]) -> tuple[int, str | None]:
-        """How many of the round's tokens will be emitted, and the stop reason they end on (decided
-        before emitting, so the next round can be queued first). Mirrors `_emit_token`."""
-        s = turn.settings
-        for j, tok in enumerate(round_tokens):
-            if tok in self.stop_ids and not s.ignore_eos:
-                return j + 1, "eos"
-            if len(turn.emitted) + j + 1 >= s.max_tokens:
-                return j + 1, "max_tokens"
-        return len(round_tokens), None
-
-    def _commit(self, turn: _Turn, P: int, round_tokens: list[int], out: int, H: mx.array, trim: bool) -> None:
-        """Keep b and the accepted drafts before the last emitted token (next round's b) in the cache."""
-        if trim:
-            turn.cache.trim_to(P + out)
-        turn.h = H[out - 1]
-        turn.committed.append(turn.b_tok)
-        turn.committed.extend(round_tokens[: out - 1])
-        turn.b_tok = round_tokens[out - 1]
-
-    def _emit_round(self, turn: _Turn, K, auto, n_acc, round_tokens, out, emit, reason) -> str | None:
-        s, stats = turn.settings, turn.stats
-        got = None
-        for j, tok in enumerate(round_tokens[:out]):
-            got = self._emit_token(tok, j < n_acc, turn.round_no, turn.emitted, emit, s)
-        accepted = min(n_acc, out)
-        stats.rounds += 1
-        stats.drafted += K - 1
-        stats.accepted += accepted
-        stats.block_size_counts[K] = stats.block_size_counts.get(K, 0) + 1
-        stats.decode_tokens += out
-        emit(RoundEvent(turn.round_no, K - 1, accepted, K, auto, out))
-        return got if got is not None else reason
-
-    def _emit_token(self, tok: int, from_draft: bool, round_no: int, emitted: list[int], emit, settings) -> str | None:
-        emitted.append(tok)
-        text = self.detok.add(tok) if self.detok is not None else ""
-        emit(TokenEvent(tok, text, from_draft, round_no))
-        if tok in self.stop_ids and not settings.ignore_eos:
-            return "eos"
-        if len(emitted) >= settings.max_tokens:
-            return "max_tokens"
-        return None
-
-    def _finish(self, stats, emitted, committed, reason, t0, t_first) -> TurnResult:
+    def _finish(
+        self,
+        stats: TurnStats,
+        emitted: list[int],
+        committed: list[int],
+        reason: str,
+        t0: float,
+        t_first: float | None,
+    ) -> TurnResult:
         now = time.perf_counter()
         if t_first is None:
             stats.prefill_s = now - t0

@@ -295,14 +295,12 @@ class Engine:
         from core.decode import prompt as prompt_mod
         from core.decode.detok import Detokenizer
         from core.decode.spec import Decoder
-        from core.model.drafter import check_pair, load_drafter
-        from core.model.loader import CheckpointError, load_tokenizer, resolve_checkpoint
-        from core.model.target import load_target
+        from core.engine.loading import load_pairing
+        from core.model.drafter import QUERY_POSITIONS, SLIDING_KEYS
+        from core.model.loader import CheckpointError
 
         def progress(stage: str, fraction: float, message: str = "") -> None:
             _safe_call(on_event, LoadProgress(stage, fraction, message))
-
-        from core.model.drafter import QUERY_POSITIONS, SLIDING_KEYS
 
         # a bad convention is refused before the loaded pairing is let go
         if spec.drafter_position not in QUERY_POSITIONS:
@@ -316,37 +314,16 @@ class Engine:
         _thaw_heap()
         mx.clear_cache()
         try:
-            target_dir = resolve_checkpoint(spec.target)
-            drafter_dir = resolve_checkpoint(spec.drafter) if spec.drafter else None
-            progress("target", 0.0, f"loading {target_dir.name}")
-            target = load_target(target_dir, spec.dtype)
-            progress("target", 1.0)
-            drafter = None
-            if drafter_dir is not None:
-                progress("drafter", 0.0, f"loading {drafter_dir.name}")
-                drafter = load_drafter(drafter_dir, spec.dtype or _dtype_name(target.dtype))
-                check_pair(target, drafter)
-                drafter.configure(query_position=spec.drafter_position, sliding_keys=spec.drafter_window)
-                progress("drafter", 1.0)
-            progress("vision", 0.0)
-            vision = None
-            try:
-                from core.model.encoders import load_vision
-
-                vision = load_vision(target_dir, getattr(mx, spec.dtype) if spec.dtype else None)
-            except Exception as e:  # text chat still works without the tower
-                log.warning("vision tower not loaded: %s", e)
-                progress("vision", 1.0, f"no vision: {e}")
-            progress("vision", 1.0)
-            audio, audio_spec = self._load_audio(target_dir, spec, progress)
-            progress("tokenizer", 0.0)
-            tokenizer = load_tokenizer(target_dir)
-            stops = prompt_mod.stop_ids(target_dir, tokenizer)
-            progress("tokenizer", 1.0)
+            loaded = load_pairing(spec, progress)
+            audio, audio_spec = self._load_audio(loaded.target_dir, spec, progress)
         except CheckpointError as e:
             raise EngineError(str(e)) from e
         except (OSError, ValueError, KeyError) as e:
             raise EngineError(f"cannot load {spec.name}: {e}") from e
+        if loaded.vision_error:
+            log.warning("vision tower not loaded: %s", loaded.vision_error)
+        target, drafter, vision, tokenizer = loaded.target, loaded.drafter, loaded.vision, loaded.tokenizer
+        target_dir, drafter_dir, stops = loaded.target_dir, loaded.drafter_dir, loaded.stop_ids
 
         info = PairingInfo(
             name=spec.name,
@@ -403,7 +380,9 @@ class Engine:
         progress("audio", 1.0)
         return (audio, audio_spec) if audio is not None else (None, None)
 
-    def _prepare_kernels(self, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, on_event) -> None:
+    def _prepare_kernels(
+        self, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, on_event: Callable[[Any], None] | None
+    ) -> None:
         from core.engine.kernels import preparer
         from core.model import memory
 
@@ -769,13 +748,11 @@ def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:
         log.exception("event callback failed")
 
 
-def _dtype_name(dtype: mx.Dtype) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
-
-
 def _describe_dtype(target: Target) -> str:
+    from core.engine.loading import dtype_name
+
     q = target.config.get("quantization") or {}
-    name = _dtype_name(target.dtype)
+    name = dtype_name(target.dtype)
     if isinstance(q, dict) and q.get("bits"):
         return f"{q['bits']}-bit ({name})"
     return name

@@ -594,10 +594,7 @@ class RemoteEngine:
         accepted = int(now["accepted"] - seen["accepted"])
         turn.metrics_seen = now
         for ev in split_rounds(drafts, drafted, accepted, turn.stats.rounds):
-            turn.stats.rounds += 1
-            turn.stats.drafted += ev.drafted
-            turn.stats.accepted += ev.accepted
-            turn.stats.block_size_counts[ev.block_size] = turn.stats.block_size_counts.get(ev.block_size, 0) + 1
+            turn.stats.add_round(ev)  # decode_tokens is recounted from the tokens at the end
             _emit(turn.on_event, ev)
 
 

@@ -30,12 +30,20 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core.engine.loading import LoadedPairing, dtype_name
 from core.limits import MAX_BLOCK_SIZE
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from core.decode.spec import DraftModel
+    from core.model.target import Target, TargetCache
+    from core.sampling import SparseLogProbs
 
 DEFAULT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 DEMO_PROMPT = "What is speculative decoding?"  # `bench --demo`: a question the tiny demo was trained on
@@ -173,7 +181,7 @@ class SimulatedDrafter:
     draft that decides a round, so each tested draft is accepted with probability alpha (or by the
     drafter's own luck)."""
 
-    def __init__(self, drafter, sequence: list[int], alpha: float, seed: int = 0, slack: int = 32):
+    def __init__(self, drafter: DraftModel, sequence: list[int], alpha: float, seed: int = 0, slack: int = 32) -> None:
         import mlx.core as mx
         import numpy as np
 
@@ -185,7 +193,9 @@ class SimulatedDrafter:
         self.mask = mx.array(rng.random(n) < alpha)
         mx.eval(self.teacher, self.mask)
 
-    def draft(self, target, cache, bonus, hidden, n, **kw):
+    def draft(
+        self, target: Target, cache: TargetCache, bonus: mx.array, hidden: mx.array, n: int, **kw: Any
+    ) -> tuple[mx.array, mx.array | SparseLogProbs | None]:
         import mlx.core as mx
 
         drafts, logprobs = self.drafter.draft(target, cache, bonus, hidden, n, **kw)
@@ -218,7 +228,15 @@ class _Clock:
         return (self.count - 1) / (self.last - self.first)
 
 
-def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int, block) -> RunResult:
+def run_ours(
+    target: Target,
+    drafter: DraftModel | None,
+    tokenizer: Any,
+    stops: Iterable[int],
+    ids: list[int],
+    max_tokens: int,
+    block: int | str | None,
+) -> RunResult:
     """block: None (drafter off), an int K or "auto"."""
     from core.decode.detok import Detokenizer
     from core.decode.spec import Controls, Decoder, Prompt
@@ -227,7 +245,7 @@ def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int,
 
     clock = _Clock()
 
-    def emit(e) -> None:
+    def emit(e: object) -> None:
         if isinstance(e, TokenEvent):
             clock.tick()
 
@@ -251,7 +269,7 @@ def run_ours(target, drafter, tokenizer, stops, ids: list[int], max_tokens: int,
     )
 
 
-def prefill_prompt(tokenizer, text: str, n: int) -> list[int]:
+def prefill_prompt(tokenizer: Any, text: str, n: int) -> list[int]:
     """A chat-formatted prompt of at least n tokens: the text repeated (whole messages, so the chat
     template's tail stays intact)."""
     from core.decode import prompt as prompt_mod
@@ -272,7 +290,7 @@ def time_prefill(run: Callable[[], object], n_tokens: int) -> float:
     return n_tokens / (time.perf_counter() - t0)
 
 
-def run_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> RunResult:
+def run_mlx_lm(model: Any, tokenizer: Any, ids: list[int], max_tokens: int) -> RunResult:
     """mlx-lm's own streaming generation (greedy; the tokenizer's eos set must be empty)."""
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
@@ -288,7 +306,7 @@ def run_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> RunResult:
 # --- costs ----------------------------------------------------------------------------------
 
 
-def _timed(fn, repeats: int) -> float:
+def _timed(fn: Callable[[], None], repeats: int) -> float:
     fn()  # warm up
     times = []
     for _ in range(repeats):
@@ -298,7 +316,9 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: list[int], repeats: int):
+def measure_costs(
+    target: Target, drafter: DraftModel | None, ids: list[int], continuation: list[int], ks: list[int], repeats: int
+) -> tuple[float, dict[int, float], dict[int, float]]:
     """Synced costs on a cache warm with the prompt, each the median of `repeats`:
     (decode step s, {K: verify of K tokens s}, {n: draft chain of n steps s} (empty without a drafter)).
 
@@ -315,9 +335,10 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
     need = max(ks)
     block = (list(continuation) + [0] * need)[:need]
 
-    def verify(k):
-        def go():
+    def verify(k: int) -> Callable[[], None]:
+        def go() -> None:
             logits, H = target.forward(block[:k], cache, logits="all")
+            assert logits is not None  # asked for
             mx.eval(mx.argmax(logits, axis=-1), H)
             cache.trim_to(P)
 
@@ -328,8 +349,8 @@ def measure_costs(target, drafter, ids: list[int], continuation: list[int], ks: 
     if drafter is not None:
         b = mx.array(block[:1], dtype=mx.uint32)
 
-        def chain(n):
-            def go():
+        def chain(n: int) -> Callable[[], None]:
+            def go() -> None:
                 drafts, _ = drafter.draft(target, cache, b, h, n)
                 mx.eval(drafts)
 
@@ -354,155 +375,186 @@ def bound_tps(run: RunResult, verify_s: dict, chains: dict) -> float | None:
 # --- the whole bench ------------------------------------------------------------------------
 
 
-def _config_names(block_sizes, with_drafter: bool, baseline: bool) -> list:
-    out = (["mlx-lm"] if baseline else []) + [None]
+def _config_names(block_sizes: list[int | str], with_drafter: bool, baseline: bool) -> list[int | str | None]:
+    out: list[int | str | None] = ["mlx-lm"] if baseline else []
+    out.append(None)
     if with_drafter:
         out += list(block_sizes)
     return out
 
 
+@dataclass
+class _Bench:
+    """What every configuration of one bench shares: the loaded pairing, the prompts, the teacher."""
+
+    pairing: LoadedPairing
+    options: BenchOptions
+    ids: list[int]  # the decode prompt
+    long_ids: list[int]  # the prefill prompt ([] : prefill not timed)
+    teacher: RunResult  # plain greedy decoding by the target alone
+    base_tok: Any = None  # mlx-lm's tokenizer for the baseline, with no eos (None: no baseline)
+
+    def drafter_for(self, rep: int) -> DraftModel | None:
+        """The drafter of repeat `rep`: the real one, or wrapped to simulate an acceptance rate."""
+        o, drafter = self.options, self.pairing.drafter
+        if o.simulate_acceptance is None or drafter is None:
+            return drafter
+        return SimulatedDrafter(drafter, self.ids + self.teacher.token_ids, o.simulate_acceptance, o.seed + rep)
+
+    def run(self, config: int | str | None, drafter: DraftModel | None, max_tokens: int) -> RunResult:
+        """One run of a configuration name from `_config_names` ("mlx-lm", None: drafter off, K or "auto")."""
+        p = self.pairing
+        if config == "mlx-lm":
+            return run_mlx_lm(p.target.model, self.base_tok, self.ids, max_tokens)
+        return run_ours(p.target, drafter, p.tokenizer, p.stop_ids, self.ids, max_tokens, config)
+
+    def prefillers(self) -> dict[str, Callable[[], object]]:
+        p, long_ids = self.pairing, self.long_ids
+        if not long_ids:
+            return {}
+        out: dict[str, Callable[[], object]] = {}
+        if self.base_tok is not None:
+            out["mlx-lm"] = lambda: run_mlx_lm(p.target.model, self.base_tok, long_ids, 1)
+        out["off"] = lambda: run_ours(p.target, None, p.tokenizer, p.stop_ids, long_ids, 1, None)
+        return out
+
+
+@dataclass
+class _Measured:
+    runs: dict[str, list[RunResult]] = field(default_factory=dict)
+    bounds: dict[str, list[float | None]] = field(default_factory=dict)  # per run, aligned with runs
+    costs: list[tuple[float, dict[int, float], dict[int, float]]] = field(default_factory=list)
+    prefill_runs: dict[str, list[float]] = field(default_factory=dict)
+
+
 def run_bench(
-    target_dir, drafter_dir, options: BenchOptions | None = None, progress: Callable[[str], None] | None = None
+    target_dir: str | Path,
+    drafter_dir: str | Path | None,
+    options: BenchOptions | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Load the pairing, run every configuration interleaved, measure the costs; see the module doc."""
     import mlx.core as mx
 
-    from core.decode import prompt as prompt_mod
-    from core.model.drafter import check_pair, load_drafter
-    from core.model.loader import load_tokenizer
-    from core.model.target import load_target
-
     o = options or BenchOptions()
     say = progress or (lambda s: None)
-    target_dir = Path(target_dir)
+    bench = _prepare(Path(target_dir), Path(drafter_dir) if drafter_dir is not None else None, o, say)
+    measured = _measure(bench, say)
+    mx.clear_cache()
+    return _report(bench, measured)
+
+
+def _prepare(target_dir: Path, drafter_dir: Path | None, o: BenchOptions, say: Callable[[str], None]) -> _Bench:
+    """Load through the engine's own path (core.engine.loading), check the options, run the teacher."""
+    from core.decode import prompt as prompt_mod
+    from core.engine.contract import PairingSpec
+    from core.engine.loading import load_pairing
+    from core.model.loader import load_tokenizer
+
     say(f"loading {target_dir.name}")
-    target = load_target(target_dir, o.dtype)
-    dtype_name = str(target.dtype).removeprefix("mlx.core.")
-    drafter = None
-    if drafter_dir is not None:
-        drafter = load_drafter(drafter_dir, o.dtype or dtype_name)
-        check_pair(target, drafter)
+    spec = PairingSpec(
+        target_dir.name, str(target_dir), str(drafter_dir) if drafter_dir is not None else None, dtype=o.dtype
+    )
+    pairing = load_pairing(spec, vision=False)
     if o.simulate_acceptance is not None:
-        if drafter is None:
+        if pairing.drafter is None:
             raise BenchError("--simulate-acceptance needs a drafter")
         if not 0.0 <= o.simulate_acceptance <= 1.0:
             raise BenchError("--simulate-acceptance must be between 0 and 1")
-    tokenizer = load_tokenizer(target_dir)
-    stops = prompt_mod.stop_ids(target_dir, tokenizer)
+    target, tokenizer = pairing.target, pairing.tokenizer
     ids = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": o.prompt}])
     if len(ids) + o.max_tokens + 16 >= target.context_length:
         raise BenchError("prompt + max tokens do not fit the model's context")
     # a small model's context caps the prefill prompt (at half of it, so the repeats' overshoot fits)
     n_prefill = min(o.prefill_tokens, target.context_length // 2)
     long_ids = prefill_prompt(tokenizer, o.prompt, n_prefill) if n_prefill > 0 else []
-
-    # the teacher: plain greedy decoding by the target alone
     say("teacher run")
-    teacher = run_ours(target, None, tokenizer, stops, ids, o.max_tokens, None)
-
-    def simulated(rep):
-        if o.simulate_acceptance is None:
-            return drafter
-        return SimulatedDrafter(drafter, ids + teacher.token_ids, o.simulate_acceptance, o.seed + rep)
-
-    base_model = base_tok = None
-    if o.baseline:
-        base_model = target.model  # the very weights mlx_lm.load builds (mlx_lm.utils.load_model)
-        base_tok = load_tokenizer(target_dir)
+    teacher = run_ours(target, None, tokenizer, pairing.stop_ids, ids, o.max_tokens, None)
+    base_tok = None
+    if o.baseline:  # mlx-lm runs on the very weights mlx_lm.load builds (mlx_lm.utils.load_model)
+        base_tok = load_tokenizer(pairing.target_dir)
         base_tok.eos_token_ids = set()  # never stop: every run emits max_tokens tokens
+    return _Bench(pairing, o, ids, long_ids, teacher, base_tok)
 
-    configs = _config_names(o.block_sizes, drafter is not None, o.baseline)
+
+def _measure(bench: _Bench, say: Callable[[str], None]) -> _Measured:
+    """Warm up, then every repeat: the costs, every configuration once, the prefill timings."""
+    o, pairing = bench.options, bench.pairing
+    configs = _config_names(o.block_sizes, pairing.drafter is not None, o.baseline)
     say("warm-up")
     for c in configs:  # first-call costs (kernel builds, compiled functions) stay out of the figures
-        if c == "mlx-lm":
-            run_mlx_lm(base_model, base_tok, ids, min(8, o.max_tokens))
-        else:
-            run_ours(target, simulated(0), tokenizer, stops, ids, min(8, o.max_tokens), c)
-    prefillers: dict[str, Callable[[], object]] = {}
-    if long_ids:
-        if o.baseline:
-            prefillers["mlx-lm"] = lambda: run_mlx_lm(base_model, base_tok, long_ids, 1)
-        prefillers["off"] = lambda: run_ours(target, None, tokenizer, stops, long_ids, 1, None)
-        for fn in prefillers.values():  # warm: the long prompt's chunk shapes are new
-            fn()
-    prefill_runs: dict[str, list[float]] = {}
+        bench.run(c, bench.drafter_for(0), min(8, o.max_tokens))
+    prefillers = bench.prefillers()
+    for fn in prefillers.values():  # warm: the long prompt's chunk shapes are new
+        fn()
     # every size up to the largest asked for: a turn's last rounds shrink to fit max_tokens;
     # auto's rounds get a bound only when it kept to the measured sizes
     fixed = [k for k in o.block_sizes if k != "auto"]
-    ks = list(range(1, max(fixed + [2]) + 1)) if drafter is not None else [1]
-    runs: dict[str, list[RunResult]] = {}
-    bounds: dict[str, list[float | None]] = {}  # per run, aligned with runs
-    costs = []
+    ks = list(range(1, max([int(k) for k in fixed] + [2]) + 1)) if pairing.drafter is not None else [1]
+    m = _Measured()
     for rep in range(o.repeats):
         # the costs are measured in every repeat too, so each run meets a bound from the same conditions
-        cost = measure_costs(target, drafter, ids, teacher.token_ids, ks, o.cost_repeats)
-        costs.append(cost)
-        sim = simulated(rep)
+        cost = measure_costs(pairing.target, pairing.drafter, bench.ids, bench.teacher.token_ids, ks, o.cost_repeats)
+        m.costs.append(cost)
+        sim = bench.drafter_for(rep)
         for c in configs:
-            b = None
-            if c == "mlx-lm":
-                r = run_mlx_lm(base_model, base_tok, ids, o.max_tokens)
-            else:
-                r = run_ours(target, sim, tokenizer, stops, ids, o.max_tokens, c)
-                b = bound_tps(r, cost[1], cost[2])
-            bounds.setdefault(r.config, []).append(b)
+            r = bench.run(c, sim, o.max_tokens)
+            m.bounds.setdefault(r.config, []).append(None if c == "mlx-lm" else bound_tps(r, cost[1], cost[2]))
             say(f"repeat {rep + 1}/{o.repeats} {r.config}: {r.tps:.1f} tok/s")
-            runs.setdefault(r.config, []).append(r)
-            if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != teacher.token_ids:
+            m.runs.setdefault(r.config, []).append(r)
+            if o.simulate_acceptance is not None and r.config != "mlx-lm" and r.token_ids != bench.teacher.token_ids:
                 raise BenchError(
                     f"{r.config} with simulated acceptance changed the greedy output "
-                    f"(first difference at token {_first_diff(r.token_ids, teacher.token_ids)})"
+                    f"(first difference at token {_first_diff(r.token_ids, bench.teacher.token_ids)})"
                 )
         for name, fn in prefillers.items():
-            tps = time_prefill(fn, len(long_ids))
-            prefill_runs.setdefault(name, []).append(tps)
+            tps = time_prefill(fn, len(bench.long_ids))
+            m.prefill_runs.setdefault(name, []).append(tps)
             say(f"repeat {rep + 1}/{o.repeats} prefill {name}: {tps:.1f} tok/s")
+    return m
 
-    decode_s = statistics.median(c[0] for c in costs)
-    verify_s = {k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]}
-    chains = {n: statistics.median(c[2][n] for c in costs) for n in costs[0][2]}
 
-    base_tps = runs["mlx-lm"][median_repeat(runs["mlx-lm"])].tps if "mlx-lm" in runs else None
+def _report(bench: _Bench, m: _Measured) -> BenchReport:
+    o, teacher = bench.options, bench.teacher
+    base_tps = m.runs["mlx-lm"][median_repeat(m.runs["mlx-lm"])].tps if "mlx-lm" in m.runs else None
     summaries = []
-    for name, rs in runs.items():
+    for name, rs in m.runs.items():
         # One repeat stands for the row: its tok/s, bound and efficiency are measured together,
         # so the row reconciles (tok/s = effic x bound); medians taken column by column do not.
         mid = median_repeat(rs)
         tps = rs[mid].tps
-        bound = bounds[name][mid]
+        bound = m.bounds[name][mid]
         drafted = sum(r.drafted for r in rs)
-        acceptance = sum(r.accepted for r in rs) / drafted if drafted else None
         rounds = sum(r.rounds for r in rs)
-        tpr = sum(r.tokens - 1 for r in rs) / rounds if rounds else None
         summaries.append(
             ConfigSummary(
                 config=name,
                 tps=tps,
                 tps_runs=[r.tps for r in rs],
-                acceptance=acceptance,
-                tokens_per_round=tpr,
+                acceptance=sum(r.accepted for r in rs) / drafted if drafted else None,
+                tokens_per_round=sum(r.tokens - 1 for r in rs) / rounds if rounds else None,
                 bound_tps=bound,
                 efficiency=tps / bound if bound else None,
                 vs_baseline=tps / base_tps if base_tps else None,
                 matches_teacher=all(r.token_ids == teacher.token_ids for r in rs),
             )
         )
-    mx.clear_cache()
+    p, costs = bench.pairing, m.costs
     return BenchReport(
         machine=machine_info(),
-        target=str(target_dir),
-        drafter=str(drafter_dir) if drafter_dir else None,
-        dtype=dtype_name,
-        prompt_tokens=len(ids),
+        target=str(p.target_dir),
+        drafter=str(p.drafter_dir) if p.drafter_dir else None,
+        dtype=dtype_name(p.target.dtype),
+        prompt_tokens=len(bench.ids),
         max_tokens=o.max_tokens,
         repeats=o.repeats,
         simulate_acceptance=o.simulate_acceptance,
-        decode_step_s=decode_s,
-        verify_s=verify_s,
-        draft_s=chains,
+        decode_step_s=statistics.median(c[0] for c in costs),
+        verify_s={k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]},
+        draft_s={n: statistics.median(c[2][n] for c in costs) for n in costs[0][2]},
         configs=summaries,
-        prefill_tokens=len(long_ids),
-        prefill_runs=prefill_runs,
+        prefill_tokens=len(bench.long_ids),
+        prefill_runs=m.prefill_runs,
     )
 
 
@@ -595,7 +647,7 @@ def format_markdown(report: BenchReport) -> str:
     mem = f", {m['memory_gb']} GiB" if m.get("memory_gb") else ""
     off = report.config("off")
 
-    def num(v, fmt):
+    def num(v: float | None, fmt: str) -> str:
         return format(v, fmt) if v is not None else "-"
 
     lines = [
@@ -645,7 +697,7 @@ def format_table(report: BenchReport) -> str:
         f"{'bound':>8} {'effic':>6} {'same':>5}",
     ]
 
-    def num(v, fmt):
+    def num(v: float | None, fmt: str) -> str:
         return format(v, fmt) if v is not None else "-"
 
     for c in report.configs:

@@ -43,21 +43,29 @@ class Pairing:
     target_repo: str
     quant: str
     target_bytes: int
-    confirmed: bool  # a public source names this exact repository
+    confirmed: bool  # public sources name these exact repositories (the target, and its drafter if its own)
     source: str  # what the name and size rest on
     context: int  # context length used for memory_needed
+    # a drafter of its own instead of the family's (a 4-bit assistant), with its size and precision
+    own_drafter: str | None = None
+    own_drafter_bytes: int | None = None
+    drafter_quant: str = "bf16"
 
     @property
     def drafter_repo(self) -> str:
-        return self.family.drafter_repo
+        return self.own_drafter or self.family.drafter_repo
 
     @property
     def repos(self) -> tuple[str, str]:
         return (self.target_repo, self.drafter_repo)
 
     @property
+    def drafter_bytes(self) -> int:
+        return self.own_drafter_bytes if self.own_drafter_bytes is not None else self.family.drafter_bytes
+
+    @property
     def download_bytes(self) -> int:
-        return self.target_bytes + self.family.drafter_bytes
+        return self.target_bytes + self.drafter_bytes
 
     @property
     def vision(self) -> bool:
@@ -73,6 +81,8 @@ class Pairing:
 
     @property
     def label(self) -> str:
+        if self.drafter_quant != "bf16":  # "4bit d4": with its own 4-bit drafter (the details name it)
+            return f"{self.family.label} {self.quant.removesuffix('bit')}+d{self.drafter_quant.removesuffix('bit')}"
         return f"{self.family.label} {self.quant}"
 
     def memory(self, context: int | None = None) -> fit.MemoryEstimate:
@@ -127,6 +137,7 @@ def parse_catalog(text: str) -> Catalog:
     for raw in data["pairings"]:
         if raw["family"] not in families:
             raise ValueError(f"catalogue pairing {raw['name']!r}: unknown family {raw['family']!r}")
+        own = raw.get("drafter")
         pairings.append(
             Pairing(
                 raw["name"],
@@ -134,9 +145,12 @@ def parse_catalog(text: str) -> Catalog:
                 raw["target"],
                 raw["quant"],
                 int(raw["download_bytes"]),
-                bool(raw.get("confirmed", False)),
+                bool(raw.get("confirmed", False)) and bool(raw.get("drafter_confirmed", True)),
                 raw.get("source", ""),
                 context,
+                own_drafter=own,
+                own_drafter_bytes=int(raw["drafter_bytes"]) if own and "drafter_bytes" in raw else None,
+                drafter_quant=raw.get("drafter_quant", "bf16") if own else "bf16",
             )
         )
     names = [p.name for p in pairings]

@@ -48,7 +48,9 @@ def test_json_stream_matches_reference_greedy(capsys):
 
 def test_plain_prints_answer_and_summary(capsys):
     ref = json.load(open(f"{REFS}/text/dense-style.json"))["prompts"]["short"]
-    rc = main(["generate", *_pair("dense-style"), "--prompt", "How do I reverse a list in place?"])
+    # a fixed block size: auto's first reply times plain steps before it drafts, so this 6-token reply
+    # would draft nothing, and the summary names acceptance only for a reply that drafted
+    rc = main(["generate", *_pair("dense-style"), "--prompt", "How do I reverse a list in place?", "--block-size", "3"])
     out, err = capsys.readouterr()
     assert rc == 0
     assert out == ref["greedy_eos_stop"]["text_until_eos"] + "\n"

@@ -145,7 +145,7 @@ def test_the_warm_up_steps_run_on_a_scratch_cache():
     try:
         eng.load(demo_spec(), None).result(60)
         st = eng._state
-        offset, learned = st.cache.offset, st.decoder.auto._draft_rounds
+        offset, learned = st.cache.offset, st.decoder.auto.rounds
         fractions: list[float] = []
         mx.disable_compile()
         try:
@@ -153,6 +153,6 @@ def test_the_warm_up_steps_run_on_a_scratch_cache():
         finally:
             mx.enable_compile()
         assert len(fractions) >= 20 and fractions[-1] == 1.0 and fractions == sorted(fractions)
-        assert st.cache.offset == offset and st.decoder.auto._draft_rounds == learned and st.token_log.ids == []
+        assert st.cache.offset == offset and st.decoder.auto.rounds == learned and st.token_log.ids == []
     finally:
         eng.close()

@@ -489,3 +489,78 @@ def test_prefill_runs_the_last_position_alone_and_matches_one_forward(monkeypatc
         kept = max(getattr(ours, "start", 0), getattr(one, "start", 0))  # sliding buffers may have compacted
         for a, b in zip(ours.fetch(kept), one.fetch(kept)):
             np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4, rtol=1e-4)
+
+
+# --- one round in flight; a parked controller costs nothing ------------------------------------
+
+
+class CountingDrafter:
+    """Proposes the continuation's token + 1 (never what the target decides) and counts its calls."""
+
+    def __init__(self, sequence, vocab):
+        self.sequence, self.vocab, self.calls = sequence, vocab, 0
+
+    def draft(self, target, cache, bonus, hidden, n, **kw):
+        self.calls += 1
+        P = cache.offset
+        return mx.array([(t + 1) % self.vocab for t in self.sequence[P + 1 : P + 1 + n]], dtype=mx.uint32), None
+
+
+def _queued_ahead(tg, drafter, p, settings, controls=None, decoder=None):
+    """Run a turn; per round event, the positions queued past the committed state (K/V of a round
+    already on the device), the round's block size and the controller's reason."""
+    cache = tg.make_cache(slack=3)
+    seen, ahead = [], []
+
+    def on_event(e):
+        seen.append(e)
+        if isinstance(e, RoundEvent):
+            emitted = sum(isinstance(x, TokenEvent) for x in seen)
+            ahead.append((cache.offset - (len(p["prompt_ids"]) + emitted - 1), e.block_size, e.reason))
+
+    decoder = decoder or Decoder(tg, drafter, None, STOP)
+    r = decoder.run(cache, Prompt(p["prompt_ids"]), settings, on_event, controls)
+    return r, ahead
+
+
+def test_plain_decoding_keeps_one_step_queued(fam):
+    """As mlx-lm: while a plain step's token is emitted, the next step is already on the device."""
+    _, tg, _, ref = fam
+    p = ref["long"]
+    r, ahead = _queued_ahead(tg, None, p, GenerationSettings(max_tokens=24, ignore_eos=True))
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:24]
+    assert [a for a, _, _ in ahead[:-1]] == [1] * (len(ahead) - 1) and ahead[-1][0] == 0
+
+
+def test_block_size_1_with_a_drafter_is_the_plain_step(fam):
+    _, tg, _, ref = fam
+    p = ref["long"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    drafter = CountingDrafter(full, tg.vocab_size)
+    settings = GenerationSettings(max_tokens=24, ignore_eos=True, block_size=1)
+    r, ahead = _queued_ahead(tg, drafter, p, settings)
+    plain, plain_ahead = _queued_ahead(tg, None, p, settings)
+    assert drafter.calls == 0 and r.token_ids == plain.token_ids
+    assert ahead == plain_ahead  # the same pipelined steps, one queued ahead
+
+
+def test_a_parked_controller_runs_plain_steps_and_probes_rarely(fam):
+    """A drafter that is never right: auto parks after a few rounds; parked rounds are the plain step
+    (pipelined, no drafter call), and the probes that remain are few and queued on a plain step too."""
+    _, tg, _, ref = fam
+    p = ref["long"]
+    full = p["prompt_ids"] + p["greedy_no_eos_stop"]["ids"]
+    drafter = CountingDrafter(full, tg.vocab_size)
+    decoder = Decoder(tg, drafter, None, STOP)
+    # this machine's timings are noise here: the controller is told the costs (a drafting round 1.3 plain
+    # steps + 0.2 per extra draft) and the decoder's clock stands still, so its choices depend on acceptance
+    decoder._clock = lambda: 0.0
+    for k in (1, 1, 1, 2, 2, 2, 4, 4, 4):
+        decoder.auto.observe(k, 0, round_s=0.01 * (1.0 if k == 1 else 1.1 + 0.2 * (k - 1)))
+    decoder.auto.begin_turn()
+    r, ahead = _queued_ahead(tg, drafter, p, GenerationSettings(max_tokens=40, ignore_eos=True), decoder=decoder)
+    assert r.token_ids == p["greedy_no_eos_stop"]["ids"][:40]
+    parked = [i for i, (_, k, why) in enumerate(ahead) if why == "parked"]
+    assert len(parked) >= 25 and drafter.calls <= 8
+    assert all(ahead[i][0] >= 1 for i in parked[:-1])  # each parked step had the next round queued behind it
+    assert r.stats.drafted == sum(max(k - 1, 0) for _, k, _ in ahead)

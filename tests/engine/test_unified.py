@@ -475,12 +475,14 @@ def test_doctor_and_models_list_show_a_downloaded_12b_pairing(tmp_path):
     )
     assert doctor.returncode == 0, doctor.stderr
     lines = {line.split()[0]: line.split()[1:] for line in doctor.stdout.splitlines() if line.startswith("  ")}
-    assert lines["ready"] == ["12b-4bit"] and lines["partial"] == ["12b,", "12b-8bit"]
+    # 12b and 12b-8bit share the drafter, 12b-d4 the 4-bit target (with a 4-bit drafter of its own)
+    assert lines["ready"] == ["12b-4bit"] and lines["partial"] == ["12b,", "12b-8bit,", "12b-d4"]
     listed = subprocess.run(
         [sys.executable, "-m", "app", "models", "list", "--json"], capture_output=True, text=True, env=env, timeout=60
     )
     rows = {r["name"]: r for r in json.loads(listed.stdout)["pairings"]}
     assert rows["12b-4bit"]["status"] == "ready" and rows["12b-8bit"]["status"] == "partial"  # shares the drafter
+    assert rows["12b-d4"]["status"] == "partial"  # shares the target
     assert rows["12b-4bit"]["vision"] is True and rows["12b"]["fit"] in ("ok", "tight", "wont_fit")
 
 

@@ -8,9 +8,11 @@ Like the real engine, the first token comes from the prefill (after PrefillDone,
 in no RoundEvent and not in TurnStats.decode_tokens). Rounds: with block size K and the drafter on,
 a round proposes K-1 drafts and accepts min(K-1, accept_pattern[round % len]) of them, then emits
 those drafted tokens followed by one token of the target's own. With the drafter off every round
-emits one target token. Timing is virtual (`round_s` per round) so the statistics in TurnDone are
-deterministic; `delay_s` is real sleep per round, for watching it stream. `step=True` holds every
-round until `allow(n)` releases it.
+emits one target token. Auto block size is the engine's own controller (core.decode.autoblock),
+fed the fake's virtual round times, and its choice and reason ride on the RoundEvent as the real
+engine's do. Timing is virtual (`round_s` per plain round, `draft_cost` of it more per draft) so the
+statistics in TurnDone are deterministic; `delay_s` is real sleep per round, for watching it stream.
+`step=True` holds every round until `allow(n)` releases it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from core.decode.autoblock import AutoBlock
 from core.engine.contract import EngineFeatures, PairingInfo, PairingSpec
 from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
@@ -39,7 +42,6 @@ DEFAULT_REPLY = (
     "Every accepted draft is a token the target did not have to generate alone."
 )
 
-AUTO_START_K = 4
 IMAGE_TOKENS = DEFAULT_IMAGE_BUDGET  # soft tokens per image
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
@@ -67,7 +69,8 @@ class _Control:
 class FakeEngine:
     replies: list[str] = field(default_factory=lambda: [DEFAULT_REPLY])
     accept_pattern: tuple[int, ...] = (3, 1, 2, 0, 3, 2)
-    round_s: float = 0.02  # virtual seconds per round (statistics only)
+    round_s: float = 0.02  # virtual seconds per plain round (statistics and the auto controller only)
+    draft_cost: float = 0.1  # virtual cost of one draft, in plain rounds
     delay_s: float = 0.0  # real seconds slept per round
     step: bool = False
     load_delay_s: float = 0.0
@@ -232,15 +235,6 @@ class FakeEngine:
         on_event(LoadProgress("ready", 1.0, "ready"))
         return self._info
 
-    def _auto_k(self, current: int, last_accepted: int | None, last_drafted: int) -> int:
-        if last_accepted is None or last_drafted == 0:
-            return current
-        if last_accepted == last_drafted:
-            return min(current + 1, 8)
-        if last_accepted * 2 < last_drafted:
-            return max(current - 1, 2)
-        return current
-
     def _chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> TurnDone:
         stats = TurnStats()
         if self._info is None:
@@ -277,8 +271,11 @@ class FakeEngine:
         stats.ttft_s = stats.prefill_s  # like the real engine: the first token comes from the prefill
         self._rounds_done = 0
         emitted_ids: list[int] = []
-        auto_k = AUTO_START_K
-        last: tuple[int | None, int] = (None, 0)
+        # one per turn, so every turn starts from the same state and tests can predict it: a controller
+        # that has timed its plain steps, as the engine's has after its first turn
+        controller = AutoBlock()
+        for _ in range(3):
+            controller.observe(1, 0, round_s=self.round_s)
         pos = 0
         # The first token is the prefill's: emitted before round 0, counted in no round.
         if tokens and settings.max_tokens > 0:
@@ -299,11 +296,10 @@ class FakeEngine:
                 if ctl.cancel:
                     cancelled = True
                     break
-                auto = ctl.block_size == "auto"
-                if auto:
-                    auto_k = self._auto_k(auto_k, *last)
-                k = auto_k if auto else int(ctl.block_size)
-                drafted = k - 1 if ctl.drafter_enabled else 0
+                auto = ctl.block_size == "auto" and ctl.drafter_enabled
+                choice = controller.decide() if auto else None
+                k = choice.block_size if choice else int(ctl.block_size) if ctl.drafter_enabled else 1
+                drafted = k - 1
                 r = self._rounds_done
                 accepted = min(drafted, self.accept_pattern[r % len(self.accept_pattern)])
                 room = settings.max_tokens - len(emitted_ids)
@@ -315,21 +311,21 @@ class FakeEngine:
                     self.tokens.append(tok)
                     on_event(tok)
                 pos += len(chunk)
-                round_event = RoundEvent(r, drafted, accepted, k, auto, len(chunk))
+                cost = self.round_s * (1 + self.draft_cost * drafted)
+                if k > 1 or auto:
+                    controller.observe(k, accepted, round_s=cost)
+                reason, note = (choice.reason, choice.note) if choice else ("", "")
+                round_event = RoundEvent(r, drafted, accepted, k, auto, len(chunk), reason=reason, note=note)
                 self.rounds.append(round_event)
                 on_event(round_event)
-                stats.rounds += 1
-                stats.drafted += drafted
-                stats.accepted += accepted
-                stats.block_size_counts[k] = stats.block_size_counts.get(k, 0) + 1
+                stats.add_round(round_event)
+                stats.decode_s += cost
                 self._rounds_done = r + 1
-                last = (accepted, drafted)
         finally:
             self._rounds_done = None
         stop = "cancelled" if cancelled else "eos" if pos >= len(tokens) else "max_tokens"
         stats.tokens = len(emitted_ids)
-        stats.decode_tokens = len(emitted_ids) - (1 if emitted_ids else 0)  # the rounds' tokens
-        stats.decode_s = stats.rounds * self.round_s
+        assert stats.decode_tokens == len(emitted_ids) - (1 if emitted_ids else 0)  # the rounds' tokens
         stats.peak_memory_bytes = PEAK_MEMORY_BYTES
         stats.stop_reason = stop
         stats.drafter_enabled = ctl.drafter_enabled if stats.rounds else settings.drafter_enabled

@@ -248,23 +248,22 @@ async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_
 
 
 # -- auto block size explains itself; the sparkline is scaled to the block size; context use -----------
-def test_auto_note_explains_plain_decoding_and_counts_down_to_the_next_try():
+def test_auto_note_shows_what_the_controller_said():
+    # the panel re-derives nothing: it shows the note of the last auto round, as the engine sent it
     from app.tui.live_stats import LiveStats, Tuning
     from core.events import RoundEvent
 
     auto = Tuning("auto")
     s = LiveStats()
-    s.on_round(RoundEvent(1, 3, 0, 4, True, 1))  # drafting, nothing accepted
-    for i in range(5):
-        s.on_round(RoundEvent(2 + i, 0, 0, 1, True, 1))
-    assert s.auto_note(auto) == "auto → 1: drafts not paying, 0 % accepted; trying again in 11 rounds"
-    for i in range(11):
-        s.on_round(RoundEvent(10 + i, 0, 0, 1, True, 1))
-    s.on_round(RoundEvent(30, 1, 0, 2, True, 1))  # the probe: nothing accepted, the wait doubles
-    s.on_round(RoundEvent(31, 0, 0, 1, True, 1))
-    assert s.auto_note(auto).endswith("trying again in 31 rounds")
-    s.on_round(RoundEvent(32, 3, 3, 4, True, 4))
-    assert s.auto_note(auto).startswith("auto → 4: drafting pays")
+    assert s.auto_note(auto) is None
+    s.on_round(RoundEvent(1, 3, 0, 4, True, 1, reason="drafting", note="auto → 4: drafting pays"))
+    assert s.auto_note(auto) == "auto → 4: drafting pays"
+    s.on_round(RoundEvent(2, 0, 0, 1, True, 1, reason="parked", note="auto → 1: trying again in 11 rounds"))
+    assert s.auto_note(auto) == "auto → 1: trying again in 11 rounds"
+    s.on_round(RoundEvent(3, 2, 1, 3, False, 2))  # a manual round: no controller, no note
+    assert s.auto_note(auto) is None
+    s.on_round(RoundEvent(4, 1, 0, 2, True, 1, reason="probe", note="auto → 2: one round to see"))
+    assert s.auto_note(auto) == "auto → 2: one round to see"
     assert s.auto_note(Tuning(3)) is None
     assert s.auto_note(Tuning("auto", drafter_enabled=False)) is None
 

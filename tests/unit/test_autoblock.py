@@ -1,12 +1,16 @@
-"""core.decode.autoblock: block-size choice from acceptance and timing, probing, bounds, determinism."""
+"""core.decode.autoblock: per-position acceptance, measured costs, parking and probing, determinism.
+
+The controller is judged on recorded traces of real replies in test_replay_autoblock.py; these tests
+pin its parts on synthetic rounds."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
-from core.decode.autoblock import AutoBlock, AutoBlockConfig, expected_tokens
+from core.decode.autoblock import AutoBlock, AutoBlockConfig, expected_tokens, expected_tokens_per_position
 
 
 def test_expected_tokens():
@@ -14,207 +18,229 @@ def test_expected_tokens():
     assert expected_tokens(3, 0.5) == pytest.approx(1.75)
     assert expected_tokens(4, 1.0) == 4.0
     assert expected_tokens(5, 0.0) == 1.0
+    assert expected_tokens_per_position(3, [0.5, 0.5]) == pytest.approx(1.75)
+    assert expected_tokens_per_position(4, [1.0, 0.5, 0.0]) == pytest.approx(2.5)
+    assert expected_tokens_per_position(1, [0.9]) == 1.0
 
 
 def _simulate(
     ctl: AutoBlock,
-    alpha: float,
-    t_target: float,
-    t_draft: float,
+    accept: float | Callable[[int], float],
     rounds: int,
-    seed: int = 0,
-    split: bool = False,
+    t_target: float = 0.030,
+    t_draft: float = 0.003,
     verify_slope: float = 0.02,
-):
-    """Run rounds against a synthetic model; returns the chosen block sizes and tokens/second."""
+    seed: int = 0,
+    noise: float = 0.03,
+) -> tuple[list[int], float]:
+    """Rounds against a synthetic model (each draft accepted with probability `accept`, or accept(round));
+    the chosen block sizes and tokens per second. As in the engine, the round after a plain step is decided
+    before the step is read, and only times where the block size did not change are clean."""
     rng = random.Random(seed)
-    chosen, tokens, seconds = [], 0, 0.0
-    for _ in range(rounds):
-        k = ctl.choose()
+    chosen: list[int] = []
+    tokens, seconds = 0, 0.0
+    queued = None
+    for i in range(rounds):
+        k = queued if queued is not None else ctl.decide().block_size
+        alpha = accept(i) if callable(accept) else accept
         n = 0
         while n < k - 1 and rng.random() < alpha:
             n += 1
-        verify = t_target * (1 + verify_slope * (k - 1)) * rng.uniform(0.97, 1.03)
-        draft = t_draft * (k - 1) * rng.uniform(0.97, 1.03)
-        if split:
-            ctl.observe(k, n, draft_s=draft, verify_s=verify)
-        else:
-            ctl.observe(k, n, round_s=draft + verify)
+        queued = ctl.decide().block_size if k == 1 else None  # decided before the plain step is read
+        ahead = bool(chosen) and chosen[-1] == 1
+        t = (t_target * (1 + verify_slope * (k - 1)) + t_draft * (k - 1)) * rng.uniform(1 - noise, 1 + noise)
+        ctl.observe(k, n, round_s=t, clean=(ahead and queued == 1) if k == 1 else True, ahead=ahead and k > 1)
         chosen.append(k)
         tokens += n + 1
-        seconds += draft + verify
+        seconds += t
     return chosen, tokens / seconds
 
 
-def _optimum(alpha, t_target, t_draft, k_max, verify_slope=0.02):
-    def rate(k):
-        return expected_tokens(k, alpha) / (t_target * (1 + verify_slope * (k - 1)) + t_draft * (k - 1))
-
-    best = max(range(1, k_max + 1), key=rate)
-    return best, rate(best), rate
+def _rate(alpha: float, k: int, t_target: float = 0.030, t_draft: float = 0.003, verify_slope: float = 0.02) -> float:
+    return expected_tokens(k, alpha) / (t_target * (1 + verify_slope * (k - 1)) + t_draft * (k - 1))
 
 
-def _mode(xs):
+def _mode(xs: list[int]) -> int:
     return max(sorted(set(xs)), key=xs.count)
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_high_acceptance_and_cheap_drafts_pick_large_blocks(split):
-    ctl = AutoBlock(AutoBlockConfig(k_max=8))
-    chosen, _ = _simulate(ctl, alpha=0.95, t_target=0.030, t_draft=0.001, rounds=150, split=split)
-    assert _mode(chosen[-50:]) >= 7
-    assert ctl.alpha > 0.85
-
-
-@pytest.mark.parametrize("split", [False, True])
-def test_no_acceptance_falls_back_to_no_drafting(split):
-    ctl = AutoBlock(AutoBlockConfig(k_max=8, probe_every=16))
-    chosen, _ = _simulate(ctl, alpha=0.0, t_target=0.030, t_draft=0.004, rounds=200, split=split)
-    tail = chosen[-100:]
-    assert tail.count(1) >= 90  # only the probes draft
-    assert set(tail) <= {1, 2}
-    assert ctl.alpha < 0.15  # the prior's pseudo-drafts keep it above 0
-
-
-def test_expensive_drafts_pick_smaller_blocks():
-    cheap = AutoBlock(AutoBlockConfig(k_max=8))
-    dear = AutoBlock(AutoBlockConfig(k_max=8))
-    c_chosen, _ = _simulate(cheap, alpha=0.8, t_target=0.030, t_draft=0.0015, rounds=200)
-    d_chosen, _ = _simulate(dear, alpha=0.8, t_target=0.030, t_draft=0.012, rounds=200)
-    assert _mode(d_chosen[-80:]) < _mode(c_chosen[-80:])
-    # so expensive that drafting never pays: alpha 0.3 with a draft step half a target step
-    none = AutoBlock(AutoBlockConfig(k_max=8))
-    chosen, _ = _simulate(none, alpha=0.3, t_target=0.030, t_draft=0.015, rounds=200)
-    assert chosen[-100:].count(1) >= 90
-
-
-@pytest.mark.parametrize(
-    "alpha, t_draft",
-    [(0.9, 0.002), (0.7, 0.003), (0.5, 0.006), (0.75, 0.009)],
-)
-def test_converges_near_the_best_throughput(alpha, t_draft):
-    ctl = AutoBlock(AutoBlockConfig(k_max=8))
-    k_opt, best_rate, rate = _optimum(alpha, 0.030, t_draft, 8)
-    chosen, _ = _simulate(ctl, alpha=alpha, t_target=0.030, t_draft=t_draft, rounds=400, seed=1)
-    settled = _mode(chosen[-150:])
-    assert abs(settled - k_opt) <= 1
-    assert rate(settled) >= 0.95 * best_rate
-
-
-def _probe_gaps(chosen: list[int], start: int = 0) -> list[int]:
-    probes = [i for i, k in enumerate(chosen[start:], start=start) if k != 1]
-    return [b - a for a, b in zip(probes, probes[1:])]
-
-
-def test_failed_probes_back_off_and_recovery_still_comes():
-    ctl = AutoBlock(AutoBlockConfig(k_max=8, probe_every=10, probe_every_max=80))
-    chosen, _ = _simulate(ctl, alpha=0.0, t_target=0.030, t_draft=0.003, rounds=600)
-    assert chosen[-100:].count(1) >= 98
-    # every failed probe doubles the wait (gap = wait + the probe round), up to the cap
-    first_k1 = chosen.index(1)
-    assert _probe_gaps(chosen, first_k1 - 1)[:6] == [11, 21, 41, 81, 81, 81]
-    # the text changes and drafts are now accepted: the next probe notices, probing turns eager
-    # again and K climbs
-    chosen, _ = _simulate(ctl, alpha=0.9, t_target=0.030, t_draft=0.003, rounds=250, seed=5)
-    assert _mode(chosen[-40:]) >= 4
-
-
-def test_a_probe_that_accepts_resets_the_wait():
-    ctl = AutoBlock(AutoBlockConfig(k_max=8, probe_every=16, probe_every_max=256))
-    _simulate(ctl, alpha=0.0, t_target=0.030, t_draft=0.003, rounds=1000)
-    assert ctl.probe_wait == 256
-    while (k := ctl.choose()) == 1:
-        ctl.observe(1, 0, round_s=0.030)
-    ctl.observe(k, 1, round_s=0.034)  # the probe's draft was accepted
-    assert ctl.probe_wait == 16
-
-
-def test_probing_costs_little_when_drafts_never_pay():
-    # the random-weight demo pairing: its drafter never agrees with the target. Probing every 17th
-    # round there cost ~20 % of plain decoding (a probe also breaks the pipelined K = 1 steps).
+@pytest.mark.parametrize("alpha, t_draft", [(0.95, 0.001), (0.8, 0.003), (0.6, 0.004), (0.75, 0.009), (0.2, 0.01)])
+def test_runs_near_the_best_fixed_block_size(alpha, t_draft):
     ctl = AutoBlock()
-    chosen, _ = _simulate(ctl, alpha=0.0, t_target=0.006, t_draft=0.002, rounds=3000)
-    probes = sum(k != 1 for k in chosen[100:])
-    assert probes / len(chosen[100:]) < 0.01
+    _simulate(ctl, alpha, 100, t_draft=t_draft, seed=1)  # learn this machine and this text
+    chosen, tps = _simulate(ctl, alpha, 600, t_draft=t_draft, seed=2)
+    best = max(_rate(alpha, k, t_draft=t_draft) for k in range(1, 9))
+    assert tps >= 0.85 * best, (tps / best, chosen[-40:])
+    assert tps >= 0.98 * _rate(alpha, 1, t_draft=t_draft)  # never slower than plain decoding
 
 
-def test_bounds_are_respected():
+def test_starts_with_plain_rounds_that_time_a_plain_step():
+    ctl = AutoBlock()
+    first = ctl.decide()
+    assert first.block_size == 1 and first.reason == "timing"
+    ctl.observe(1, 0, round_s=0.09, clean=False)  # built after the prefill was read: not T(1)
+    for t in (0.05, 0.03, 0.03):  # the first plain steps after loading also build kernels
+        assert ctl.decide().reason == "timing"
+        ctl.observe(1, 0, round_s=t, clean=True)
+    assert ctl.round_time(1) == pytest.approx(0.03)  # the median of the first three
+    assert ctl.decide().block_size == 2  # cold: no drafting round timed yet, so the smallest block first
+
+
+def test_a_drafting_round_faster_than_a_plain_step_asks_for_a_new_timing():
+    ctl = AutoBlock()
+    for _ in range(4):
+        ctl.decide()
+        ctl.observe(1, 0, round_s=0.05)  # timed while the machine was busy
+    ctl.observe(2, 1, round_s=0.02)  # a drafting round cannot cost 0.4 plain steps: T(1) is stale
+    assert not ctl._ratio and ctl.decide().reason == "timing"
+
+
+def test_per_position_acceptance_is_estimated_from_the_accepted_prefix():
+    ctl = AutoBlock(AutoBlockConfig(acceptance_prior_weight=0.0, position_weight=0.0, acceptance_decay=1.0))
+    ctl.observe(4, 3)  # positions 1, 2, 3 accepted
+    ctl.observe(4, 1)  # 1 accepted, 2 rejected, 3 unseen
+    ctl.observe(4, 0)  # 1 rejected
+    est = ctl.acceptance()
+    assert est[0] == pytest.approx(2 / 3) and est[1] == pytest.approx(1 / 2) and est[2] == pytest.approx(1.0)
+    assert ctl.alpha == est[0]
+
+
+def test_unseen_deep_positions_lean_on_the_one_before():
+    ctl = AutoBlock()
+    for _ in range(4):
+        ctl.observe(3, 2)  # the first two drafts always accepted; deeper ones never tried
+    est = ctl.acceptance()
+    assert est[2] >= est[1] * 0.95 and est[6] >= 0.8  # so the controller dares a deeper block soon
+
+
+def test_a_run_of_rejections_parks_within_a_few_rounds_and_a_new_turn_probes():
+    ctl = AutoBlock()
+    chosen, _ = _simulate(ctl, 0.95, 60)
+    assert _mode(chosen[-20:]) >= 6
+    chosen, _ = _simulate(ctl, 0.0, 40, seed=2)  # the reply drifts off what the drafter knows
+    first_plain = chosen.index(1)
+    assert first_plain <= 8 and sum(chosen[first_plain:]) <= len(chosen[first_plain:]) + 10
+    assert all(k <= 3 for k in chosen[3:])  # the block shrinks at once
+    ctl.begin_turn()  # a new reply: a parked controller tries drafts again within its first rounds
+    first = [ctl.decide() for _ in range(2)]
+    assert any(c.block_size > 1 for c in first), first
+    ctl.observe(2, 1)
+    assert ctl.decide().block_size >= 2  # accepted: drafting again
+
+
+def test_parked_rounds_do_no_work_and_probes_back_off():
+    ctl = AutoBlock(AutoBlockConfig(probe_every_min=4, probe_every_max=64))
+    _simulate(ctl, 0.0, 200)
+    calls = 0
+    best = ctl.best
+
+    def counting() -> int:
+        nonlocal calls
+        calls += 1
+        return best()
+
+    ctl.best = counting  # type: ignore[method-assign]
+    chosen, _ = _simulate(ctl, 0.0, 640, seed=3)
+    probes = [i for i, k in enumerate(chosen) if k > 1]
+    assert len(probes) <= 12  # the wait doubles after every failed probe, up to 64
+    assert calls <= 2 * len(probes) + 640 // ctl.config.refresh_every + 2  # no estimate is touched per parked round
+    assert ctl.probe_wait == 64
+
+
+def test_no_probes_when_even_a_perfect_drafter_cannot_pay():
+    # a real-size target on a CPU: verifying K tokens costs K plain steps
+    ctl = AutoBlock()
+    chosen, tps = _simulate(ctl, 1.0, 400, verify_slope=1.0, t_draft=0.005)
+    assert ctl.probe_wait == ctl.config.probe_every_max
+    assert sum(k > 1 for k in chosen[100:]) == 0
+    assert tps >= 0.97 / 0.030  # within 3 % of plain decoding, cold start included
+
+
+def test_a_cheaper_draft_step_is_seen_before_any_round():
+    dear, cheap = AutoBlock(draft_cost=0.6), AutoBlock(draft_cost=0.05)
+    for ctl in (dear, cheap):
+        ctl.observe(1, 0, round_s=0.03)
+    assert cheap.cost_ratio(5) < dear.cost_ratio(5)
+    assert cheap.round_time(4) == pytest.approx(0.03 * (1 + 3 * (0.05 + 0.03)))
+
+
+def test_costs_are_ratios_to_the_plain_step_and_follow_measured_jumps():
+    ctl = AutoBlock()
+    ctl.observe(1, 0, round_s=0.010)
+    for _ in range(6):
+        ctl.observe(2, 1, round_s=0.011)  # K = 2 almost free ...
+        ctl.observe(3, 2, round_s=0.016)  # ... K = 3 much dearer (a kernel tile boundary)
+    assert ctl.cost_ratio(2) == pytest.approx(1.1, rel=0.05)
+    assert ctl.cost_ratio(3) == pytest.approx(1.6, rel=0.05)
+    # the machine gets twice as slow: a plain step and the drafting rounds alike
+    for _ in range(10):
+        ctl.observe(1, 0, round_s=0.020)
+    assert ctl.round_time(3) == pytest.approx(0.032, rel=0.1)
+
+
+def test_greedy_and_sampled_turns_keep_their_own_acceptance():
+    ctl = AutoBlock()
+    ctl.begin_turn(sampled=False)
+    for _ in range(10):
+        ctl.observe(4, 3)
+    ctl.begin_turn(sampled=True)
+    for _ in range(10):
+        ctl.observe(4, 0)
+    sampled = ctl.alpha
+    ctl.begin_turn(sampled=False)
+    assert sampled < 0.2 and ctl.alpha > 0.8
+
+
+def test_slow_spells_do_not_trap_the_controller_in_drafting():
+    # A drafter that never agrees on a machine with slow spells (1.5-3x for 5-60 rounds): the old
+    # controller once kept a K = 1 time from a slow spell for ever and drafted at half speed.
+    rng = random.Random(7)
+    ctl = AutoBlock()
+    slow_left, slow = 0, 1.0
+    chosen: list[int] = []
+    for _ in range(4000):
+        if slow_left == 0 and rng.random() < 0.01:
+            slow_left, slow = rng.randint(5, 60), rng.uniform(1.5, 3.0)
+        factor = slow if slow_left else 1.0
+        slow_left = max(0, slow_left - 1)
+        k = ctl.decide().block_size
+        base = 0.0055 if k == 1 else 0.011 + 0.004 * (k - 2)
+        ctl.observe(k, 0, round_s=base * factor * rng.uniform(0.9, 1.1), clean=not chosen or chosen[-1] == k)
+        chosen.append(k)
+    assert sum(k > 1 for k in chosen[200:]) / len(chosen[200:]) < 0.02
+
+
+def test_notes_say_what_the_controller_believes():
+    ctl = AutoBlock()
+    _simulate(ctl, 0.9, 40)
+    choice = ctl.decide()
+    assert choice.reason == "drafting" and choice.note.startswith(f"auto → {choice.block_size}: drafts pay, ~")
+    assert " · " in choice.note and len(choice.acceptance) == choice.block_size - 1
+    assert all(f"{a * 100:.0f}" in choice.note for a in choice.acceptance[:4])
+    _simulate(ctl, 0.0, 30)
+    notes = [ctl.decide() for _ in range(3)]
+    parked = next(c for c in notes if c.reason == "parked")
+    assert "drafts don't pay (1st kept" in parked.note and "trying again in" in parked.note
+
+
+def test_bounds_and_bad_input():
     ctl = AutoBlock(AutoBlockConfig(k_min=2, k_max=5))
-    chosen, _ = _simulate(ctl, alpha=0.0, t_target=0.03, t_draft=0.01, rounds=60)
-    chosen2, _ = _simulate(ctl, alpha=1.0, t_target=0.03, t_draft=0.0001, rounds=60)
-    assert set(chosen + chosen2) <= {2, 3, 4, 5}
-    assert chosen[-1] == 2 and chosen2[-1] == 5
+    chosen, _ = _simulate(ctl, 0.0, 60)
+    chosen2, _ = _simulate(ctl, 1.0, 60, t_draft=0.0001)
+    assert set(chosen + chosen2) <= {2, 3, 4, 5} and chosen2[-1] == 5
     single = AutoBlock(AutoBlockConfig(k_max=1))
-    chosen, _ = _simulate(single, alpha=0.9, t_target=0.03, t_draft=0.0001, rounds=40)
-    assert set(chosen) == {1}  # no probing beyond k_max
+    chosen, _ = _simulate(single, 0.9, 40)
+    assert set(chosen) == {1}
     with pytest.raises(ValueError):
         AutoBlockConfig(k_min=3, k_max=2)
     with pytest.raises(ValueError):
         AutoBlock().observe(3, 3)
     with pytest.raises(ValueError):
-        AutoBlockConfig(probe_every=32, probe_every_max=16)
+        AutoBlockConfig(probe_every_min=32, probe_every_max=16)
 
 
-def test_deterministic_and_prior_start():
+def test_deterministic():
     a, b = AutoBlock(), AutoBlock()
-    ca, _ = _simulate(a, alpha=0.7, t_target=0.02, t_draft=0.002, rounds=100, seed=3)
-    cb, _ = _simulate(b, alpha=0.7, t_target=0.02, t_draft=0.002, rounds=100, seed=3)
+    ca, _ = _simulate(a, 0.7, 150, seed=3)
+    cb, _ = _simulate(b, 0.7, 150, seed=3)
     assert ca == cb
-    # before any observation: the prior (alpha 0.6, cheap drafts) already drafts
-    fresh = AutoBlock()
-    assert 2 <= fresh.choose() <= 4
-    assert fresh.alpha == pytest.approx(0.6)
-
-
-def test_acceptance_estimate_counts_rejections_once_per_round():
-    ctl = AutoBlock(AutoBlockConfig(alpha_prior_weight=0.0, alpha_decay=1.0))
-    ctl.observe(4, 3, round_s=0.1)  # 3 accepted, no rejection
-    ctl.observe(4, 1, round_s=0.1)  # 1 accepted, then rejected
-    ctl.observe(1, 0, round_s=0.05)  # nothing drafted: no information on alpha
-    assert ctl.alpha == pytest.approx(4 / 5)
-
-
-def test_time_model_extrapolates_from_measurements():
-    ctl = AutoBlock()
-    for _ in range(10):
-        ctl.observe(2, 1, round_s=0.040)
-        ctl.observe(4, 3, round_s=0.060)
-    # a line through (2, 0.040) and (4, 0.060): 0.030 + 0.010 * (k - 1)
-    assert ctl.round_time(1) == pytest.approx(0.030, rel=0.03)
-    assert ctl.round_time(8) == pytest.approx(0.100, rel=0.03)
-    split = AutoBlock()
-    for _ in range(10):
-        split.observe(3, 2, draft_s=0.010, verify_s=0.032)
-        split.observe(1, 0, verify_s=0.030)
-    assert split.round_time(1) == pytest.approx(0.030, rel=0.02)
-    assert split.round_time(5) == pytest.approx(0.034 + 4 * 0.005, rel=0.03)
-
-
-def _noisy_machine(ctl: AutoBlock, rounds: int, seed: int) -> list[int]:
-    """A drafter that never agrees, on a machine like the random-weight demo's: a plain step is
-    cheap only when pipelined behind the previous plain step, a drafting round costs about two
-    plain steps, and the machine has slow spells (1.5-3x, 5-60 rounds) now and then."""
-    rng = random.Random(seed)
-    chosen, prev, slow_left, slow = [], 1, 0, 1.0
-    for _ in range(rounds):
-        if slow_left == 0 and rng.random() < 0.01:
-            slow_left, slow = rng.randint(5, 60), rng.uniform(1.5, 3.0)
-        factor = slow if slow_left else 1.0
-        slow_left = max(0, slow_left - 1)
-        k = ctl.choose()
-        base = (0.0055 if prev == 1 else 0.010) if k == 1 else 0.011 + 0.004 * (k - 2)
-        ctl.observe(k, 0, round_s=base * factor * rng.uniform(0.9, 1.1))
-        chosen.append(k)
-        prev = k
-    return chosen
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_slow_spells_do_not_trap_the_controller_in_drafting(seed):
-    # A K = 1 time measured in a slow spell used to stay for ever once the controller moved to
-    # K = 2 (nothing re-measured K = 1), and the alpha prior never faded below 0.1: on this model
-    # it then drafted for thousands of rounds at half the plain speed.
-    chosen = _noisy_machine(AutoBlock(), 4000, seed)
-    runs = "".join("x" if k > 1 else "." for k in chosen[200:]).split(".")
-    assert sum(k > 1 for k in chosen[200:]) / len(chosen[200:]) < 0.02
-    assert max(len(r) for r in runs) < 20

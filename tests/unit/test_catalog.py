@@ -37,10 +37,22 @@ def test_the_official_pairings_name_their_own_assistant():
         p = catalog.get_pairing(name)
         assert (p.target_repo, p.drafter_repo) == (target, drafter)
         assert p.vision and p.quant == "bf16" and p.block_size >= 2
-    # Quantized variants reuse their family's bf16 assistant and carry a source note.
+    # Quantized variants reuse their family's bf16 assistant, or (the "-d4" ones) name a 4-bit assistant of
+    # their own; every one carries a source note.
     for p in cat.pairings:
-        assert p.drafter_repo.endswith("-it-assistant-bf16") and p.source
+        assert p.source
         assert re.fullmatch(r"mlx-community/gemma-4-(e2b|e4b|12B|26b-a4b|31b)-it-(bf16|8bit|4bit)", p.target_repo)
+        if p.name.endswith("-d4"):
+            assert re.fullmatch(
+                r"mlx-community/gemma-4-(E2B|E4B|12B|26B-A4B|31B)-it(-qat)?-assistant-4bit", p.drafter_repo
+            )
+            assert p.drafter_quant == "4bit" and p.drafter_bytes < p.family.drafter_bytes / 2
+            assert p.download_bytes == p.target_bytes + p.drafter_bytes and p.label.endswith(" 4+d4")
+        else:
+            assert p.drafter_repo.endswith("-it-assistant-bf16") and p.drafter_bytes == p.family.drafter_bytes
+    d4 = {p.name: p for p in cat.pairings if p.name.endswith("-d4")}
+    assert {"e2b-d4", "e4b-d4", "12b-d4", "26b-a4b-d4", "31b-d4"} == set(d4)
+    assert not d4["e2b-d4"].confirmed and d4["31b-d4"].confirmed  # one source vs several
 
 
 def test_unknown_pairing_name_suggests_close_ones():
@@ -260,7 +272,7 @@ def test_factory_mlx_quantized_targets_validate_with_their_drafter(factory_check
 def test_12b_pairings_name_the_unified_assistant_and_fit_a_16_gb_mac_when_quantized():
     """The 12B is the size a 16 GB laptop runs: its 4-bit pairing fits Metal's default 3/4 budget."""
     names = [p.name for p in catalog.load_catalog().pairings if p.family.key == "12b"]
-    assert names == ["12b", "12b-8bit", "12b-4bit"]
+    assert names == ["12b", "12b-8bit", "12b-4bit", "12b-d4"]
     mac16 = fit.MachineMemory(total_bytes=16 * 10**9, budget_bytes=12 * 10**9, note="test")
     four = catalog.get_pairing("12b-4bit")
     assert four.drafter_repo == "mlx-community/gemma-4-12B-it-assistant-bf16" and four.vision

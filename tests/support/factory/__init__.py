@@ -3,6 +3,7 @@
     build_checkpoint(out_dir, variant="e-style", layout="hf", dtype="float32", seed=0) -> Path
     build_drafter(out_dir, variant="e-style", dtype="float32", seed=0) -> Path
     build_pairing(out_dir, variant="e-style", layout="hf", dtype="float32", seed=0) -> (target, drafter)
+    quantize_drafter(drafter_dir, out_dir, bits=4) -> Path    (any drafter, e.g. the pack's trained ones)
 
 Variants (`VARIANTS`) together cover every architectural branch: `e-style` (E2B/E4B-like: PLE,
 KV sharing, double-wide MLP, clipped vision linears, centroid-head drafter), `moe-style`
@@ -67,6 +68,7 @@ __all__ = [
     "build_checkpoint",
     "build_drafter",
     "build_pairing",
+    "quantize_drafter",
     "chat_template",
     "resolve_spec",
     "target_config",
@@ -229,3 +231,39 @@ def build_pairing(
     )
     drafter = build_drafter(root / f"{name}-assistant", variant, dtype, seed, config_overrides, full_config)
     return target, drafter
+
+
+def quantize_drafter(
+    src: Path, out_dir: Path, bits: int = 4, group_size: int = GROUP_SIZE, scales_dtype: str | None = None
+) -> Path:
+    """Copy a drafter checkpoint with its linear and embedding weights quantized, as mlx-community's 4-bit
+    assistants are (`<module>.weight` packed uint32 beside `<module>.scales` / `.biases`, and a
+    "quantization" entry in config.json): the dense head's tied embedding, the centroid head's packed
+    embedding and its `centroids` projection included. Norms, `token_ordering` and any weight whose input
+    width is not a multiple of `group_size` stay as they are. `scales_dtype` defaults to the weights' own."""
+    import mlx.core as mx
+
+    src, out = Path(src), _prepare(out_dir)
+    weights: dict = {}
+    for f in sorted(src.glob("model*.safetensors")):
+        weights.update(mx.load(str(f)))  # type: ignore[arg-type]  # a dict for .safetensors files
+    quantized: dict = {}
+    for name, w in weights.items():
+        stem = name.removesuffix(".weight")
+        if name.endswith(".weight") and w.ndim == 2 and "norm" not in name and w.shape[-1] % group_size == 0:
+            wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+            dtype = getattr(mx, scales_dtype) if scales_dtype else w.dtype
+            quantized[name] = wq
+            quantized[f"{stem}.scales"] = scales.astype(dtype)
+            quantized[f"{stem}.biases"] = biases.astype(dtype)
+        else:
+            quantized[name] = w
+    mx.save_safetensors(str(out / "model.safetensors"), quantized, metadata={"format": "mlx"})
+    for f in src.iterdir():
+        if f.is_file() and not f.name.startswith("model") and f.name != "config.json":
+            shutil.copyfile(f, out / f.name)
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config["quantization"] = {"group_size": group_size, "bits": bits, "mode": "affine"}
+    config["quantization_config"] = dict(config["quantization"])
+    _write_json(out / "config.json", config)
+    return out

@@ -1,0 +1,229 @@
+"""Judge the auto block size controller on recorded acceptance traces, free of this machine's noise.
+
+    .venv/bin/python scripts/replay_autoblock.py [--traces DIR] [--verbose]
+
+A trace (scripts/record_traces.py) says, for every position of a real reply where a round could
+start, how many drafts a round of the largest block size would have had accepted there; a round of
+block size K accepts min(that, K - 1). The controller (core.decode.autoblock.AutoBlock) is replayed on
+every trace under several cost models (the seconds a round of K costs, in plain steps), and its tokens
+per unit cost are compared with:
+- plain decoding (no drafter: every round one token at T(1));
+- the best fixed K in hindsight (the one block size that would have been fastest on this trace);
+- the clairvoyant: per round the best K knowing the accepted run in advance (a shortest-path over
+  positions), an upper bound no controller reaches.
+The controller sees each round's cost with seeded multiplicative noise (a shared machine's clock), but
+is scored on the true costs; it lives across a pairing's traces (one per reply, `begin_turn` between
+them), as the engine's lives across a chat, and starts cold on the first.
+
+Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-cheap" / "apple-dear"
+(verify(K) = 1 + 0.05 (K - 1) steps, a draft step 0.1 / 0.3 of a step: bandwidth-bound Apple GPUs);
+"drafter-expensive" (verify 1 + 0.05 (K - 1), a draft step 0.6: an E-series drafter next to a small
+target); "cpu-big" (verify(K) = K steps, a draft step 0.15: a real-size target on a CPU, where drafting
+can never pay).
+
+Targets (tests/unit/test_replay_autoblock.py asserts them): on every trace and cost model auto >= 0.98x
+plain and >= 0.95x the best fixed K; over all traces >= 0.85x the clairvoyant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from core.decode.autoblock import AutoBlock, AutoBlockConfig  # noqa: E402
+
+TRACES = ROOT / "tests" / "data" / "traces"
+Cost = Callable[[int], float]  # block size -> seconds, in plain steps
+
+
+def linear_cost(verify_slope: float, draft: float, verify_per_token: float = 0.0) -> Cost:
+    return lambda k: 1.0 + (verify_slope + draft) * (k - 1) + verify_per_token * (k - 1)
+
+
+MODELS: dict[str, Cost] = {
+    "apple-cheap": linear_cost(0.05, 0.1),
+    "apple-dear": linear_cost(0.05, 0.3),
+    "drafter-expensive": linear_cost(0.05, 0.6),
+    "cpu-big": linear_cost(0.0, 0.15, verify_per_token=1.0),
+}
+
+
+def measured_cost(costs: dict) -> Cost:
+    verify, chain = costs["verify"], costs["draft_chain"]
+    return lambda k: verify[k - 1] + (chain[k - 2] if k > 1 else 0.0)
+
+
+@dataclass
+class Trace:
+    pairing: str
+    case: str
+    category: str
+    mode: str
+    runs: list[int]  # per round start: drafts a block of k_max gets accepted
+
+    @property
+    def name(self) -> str:
+        return f"{self.pairing}/{self.mode}/{self.case}"
+
+    @property
+    def tokens(self) -> int:
+        return len(self.runs)  # the rounds' tokens (the first token of a reply comes from the prefill)
+
+
+def load_traces(folder: Path = TRACES) -> dict[str, tuple[dict, list[Trace]]]:
+    """pairing -> (its file's data, its traces)."""
+    out = {}
+    for f in sorted(folder.glob("*.json")):
+        data = json.loads(f.read_text())
+        traces = [
+            Trace(data["pairing"], t["case"], t["category"], t["mode"], [int(c) for c in t["runs"]])
+            for t in data["traces"]
+        ]
+        out[data["pairing"]] = (data, traces)
+    return out
+
+
+def fixed_cost(trace: Trace, k: int, cost: Cost) -> float:
+    p, total = 0, 0.0
+    while p < len(trace.runs):
+        total += cost(k)
+        p += min(trace.runs[p], k - 1) + 1
+    return total
+
+
+def clairvoyant_cost(trace: Trace, cost: Cost, k_max: int) -> float:
+    n = len(trace.runs)
+    best = [0.0] * (n + 1)
+    for p in range(n - 1, -1, -1):
+        best[p] = min(cost(k) + best[min(n, p + min(trace.runs[p], k - 1) + 1)] for k in range(1, k_max + 1))
+    return best[0]
+
+
+def replay(ctl: AutoBlock, trace: Trace, cost: Cost, rng: random.Random, noise: float) -> tuple[float, list[int]]:
+    """The controller on one trace (one reply): its true cost and the block sizes it chose."""
+    ctl.begin_turn(sampled=trace.mode == "sampled")
+    p, total, chosen = 0, 0.0, []
+    queued: int | None = None  # a round decided before the previous (plain) one was read
+    while p < len(trace.runs):
+        k = queued if queued is not None else ctl.decide().block_size
+        n = min(trace.runs[p], k - 1)
+        # as in the engine: after a plain step the next round is decided before the step is read, and
+        # a time is clean only where the block size did not change (Decoder._observe)
+        queued = ctl.decide().block_size if k == 1 and p + 1 < len(trace.runs) else None
+        ahead = bool(chosen) and chosen[-1] == 1
+        clean = (ahead and queued == 1) if k == 1 else True
+        t = cost(k)
+        ctl.observe(k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), clean=clean, ahead=ahead and k > 1)
+        total += t
+        chosen.append(k)
+        p += n + 1
+    return total, chosen
+
+
+@dataclass
+class Row:
+    trace: Trace
+    model: str
+    vs_plain: float
+    vs_fixed: float
+    best_k: int
+    vs_clairvoyant: float
+    auto_cost: float
+    clairvoyant_cost: float
+    chosen: list[int]
+
+
+def evaluate(
+    traces: dict[str, tuple[dict, list[Trace]]],
+    config: AutoBlockConfig | None = None,
+    noise: float = 0.1,
+    seed: int = 0,
+) -> list[Row]:
+    rows = []
+    for pairing, (data, ts) in traces.items():
+        k_max = int(data.get("k_max", 8))
+        models = {"cpu": measured_cost(data["cpu_costs"]), **MODELS}
+        for model, cost in models.items():
+            for mode in ("greedy", "sampled"):
+                ctl = AutoBlock(config or AutoBlockConfig(k_max=k_max))
+                rng = random.Random(f"{seed}/{pairing}/{model}/{mode}")
+                for t in (t for t in ts if t.mode == mode):
+                    auto, chosen = replay(ctl, t, cost, rng, noise)
+                    plain = t.tokens * cost(1)
+                    fixed = {k: fixed_cost(t, k, cost) for k in range(1, k_max + 1)}
+                    best_k = min(fixed, key=lambda k: (fixed[k], k))
+                    clair = clairvoyant_cost(t, cost, k_max)
+                    rows.append(
+                        Row(t, model, plain / auto, fixed[best_k] / auto, best_k, clair / auto, auto, clair, chosen)
+                    )
+    return rows
+
+
+SHORT = 24  # replies shorter than this many round tokens: a few rounds, where hindsight is mostly luck
+
+
+def summary(rows: list[Row]) -> dict[str, float]:
+    long = [r for r in rows if r.trace.tokens >= SHORT] or rows
+    return {
+        "min_vs_plain": min(r.vs_plain for r in rows),
+        "min_vs_fixed": min(r.vs_fixed for r in rows),
+        "min_vs_plain_long": min(r.vs_plain for r in long),
+        "min_vs_fixed_long": min(r.vs_fixed for r in long),
+        # every trace's best fixed K in hindsight, against auto, time summed over the traces
+        "overall_vs_fixed": sum(r.vs_fixed * r.auto_cost for r in rows) / sum(r.auto_cost for r in rows),
+        "overall_vs_clairvoyant": sum(r.clairvoyant_cost for r in rows) / sum(r.auto_cost for r in rows),
+        "median_vs_plain": statistics.median(r.vs_plain for r in rows),
+    }
+
+
+def print_table(rows: list[Row], verbose: bool = False) -> None:
+    models = list(dict.fromkeys(r.model for r in rows))
+    print(f"{'trace':<42} {'cat':<11} {'tok':>4} " + " ".join(f"{m[:17]:>17}" for m in models))
+    print(f"{'':<42} {'':<11} {'':>4} " + " ".join(f"{'plain fixed clair':>17}" for _ in models))
+    by_trace: dict[str, dict[str, Row]] = {}
+    for r in rows:
+        by_trace.setdefault(r.trace.name, {})[r.model] = r
+    for name, per in by_trace.items():
+        t = next(iter(per.values())).trace
+        cells = " ".join(f"{per[m].vs_plain:5.2f} {per[m].vs_fixed:5.2f} {per[m].vs_clairvoyant:5.2f}" for m in models)
+        print(f"{name:<42} {t.category:<11} {t.tokens:>4} {cells}")
+        if verbose:
+            for m in models:
+                r = per[m]
+                print(f"    {m}: best fixed K={r.best_k}; auto chose {''.join(str(k) for k in r.chosen)[:100]}")
+    print()
+    print(f"per cost model ({len(by_trace)} traces; 'long' = replies of >= {SHORT} round tokens):")
+    for m in models + ["all"]:
+        s = summary([r for r in rows if m in ("all", r.model)])
+        print(
+            f"  {m:<18} vs plain: min {s['min_vs_plain']:.3f} (long {s['min_vs_plain_long']:.3f}), median "
+            f"{s['median_vs_plain']:.3f} | vs best fixed K: min {s['min_vs_fixed']:.3f} (long "
+            f"{s['min_vs_fixed_long']:.3f}), overall {s['overall_vs_fixed']:.3f} | vs clairvoyant overall "
+            f"{s['overall_vs_clairvoyant']:.3f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", default=str(TRACES))
+    ap.add_argument("--noise", type=float, default=0.1, help="sigma of the log-normal noise on observed times")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verbose", action="store_true", help="the block sizes auto chose, per trace and model")
+    args = ap.parse_args(argv)
+    rows = evaluate(load_traces(Path(args.traces)), noise=args.noise, seed=args.seed)
+    print_table(rows, args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
