@@ -361,3 +361,36 @@ def test_durations_and_commands():
     )
     info = AudioInfo("/x/a.wav", 1.0, 16000, 32044)
     assert user_content("hi", [info]) == [{"type": "audio", "path": "/x/a.wav"}, {"type": "text", "text": "hi"}]
+
+
+# -- the models screen --------------------------------------------------------------------------
+
+
+async def test_the_models_screen_says_which_pairings_take_audio_at_80_columns(tmp_path, monkeypatch):
+    from app.tui.screens.models import DEMO_KEY, ModelsOptions, ModelsScreen
+    from core.hub import fit
+
+    monkeypatch.setenv("GEMMA_CHAT_CONFIG", str(tmp_path / "config.toml"))
+    machine = fit.MachineMemory(16 * 10**9, 16 * 10**9, "test machine")
+    app, _ = make_app(models_options=ModelsOptions(cache_dir=str(tmp_path), machine=machine))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        screen = app.screen
+        table = screen.table
+
+        def audio(key: str) -> str:
+            value = table.get_cell(key, "audio")
+            return value if isinstance(value, str) else value.plain
+
+        assert [audio(k) for k in (DEMO_KEY, "e2b", "e4b", "12b", "26b-a4b", "31b")] == [
+            "no", "yes", "yes", "yes", "no", "no"
+        ]  # fmt: skip
+        for key, said in [("e2b", "Takes text, images and audio."), ("31b", "Takes text and images (no audio).")]:
+            table.move_cursor(row=table.get_row_index(key))
+            await pilot.pause(0.1)
+            details = str(screen.details.render())
+            assert said in details.replace("\n", " ")
+            # the details are in view at 80 columns: inside the screen, not clipped off its right edge
+            assert screen.details.region.right <= 80 and screen.details.region.height > 0
