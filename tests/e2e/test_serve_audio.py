@@ -193,3 +193,23 @@ def test_too_many_clips_and_file_urls_off_loopback_are_refused():
             assert r.json()["error"]["message"] == "file: audio URLs are refused on a server reachable from the network"
     finally:
         engine.close()
+
+
+def test_the_client_side_input_audio_part(tmp_path):
+    from core.engine.remote import RemoteError, input_audio_part, openai_messages
+
+    flac = tmp_path / "a.FLAC"
+    flac.write_bytes(b"fLaC....")
+    assert input_audio_part({"type": "audio", "path": str(flac)}) == {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(b"fLaC....").decode(), "format": "flac"},
+    }
+    assert input_audio_part({"type": "audio", "audio": b"ID3"})["input_audio"]["format"] == "wav"
+    with pytest.raises(RemoteError, match="cannot read audio file"):
+        input_audio_part({"type": "audio", "path": str(tmp_path / "gone.mp3")})
+    with pytest.raises(RemoteError, match="not raw samples"):
+        import numpy as np
+
+        input_audio_part({"type": "audio", "audio": np.zeros(160), "sample_rate": 16000})
+    [message] = openai_messages([{"role": "user", "content": [{"type": "audio", "path": str(flac)}]}], None)
+    assert message["content"][0]["type"] == "input_audio"
