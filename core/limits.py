@@ -29,6 +29,11 @@ MAX_UNIFIED_AUDIO_SECONDS = 300.0  # 7,500 soft tokens
 # Checked before a file is opened. Only the part a model hears is read, so this bounds a stray file's
 # cost, not a clip's: an hour of 48 kHz stereo 24-bit WAV is about 1 GB.
 MAX_AUDIO_FILE_BYTES = 2 << 30
+# The file names the app takes as audio clips (what libsndfile decodes: WAV, FLAC, OGG/Vorbis and Opus,
+# MP3, AIFF); the chat's picker and pastes, and the history telling a clip from an image, go by them.
+AUDIO_SUFFIXES = (".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff")
+# Audio clips in one request to `serve`: each is decoded and encoded whole before the prompt is checked.
+MAX_AUDIO_PER_PROMPT = 16
 
 
 def context_error(prompt_tokens: int, context_length: int) -> str | None:

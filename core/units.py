@@ -22,3 +22,13 @@ def format_bytes(n: float, *, unit: str | None = None, binary: bool = False) -> 
                 unit, scale = name, size
                 break
     return f"{n:.0f} B" if unit == "B" else f"{n / scale:.1f} {unit}"
+
+
+def format_duration(seconds: float) -> str:
+    """An audio clip's length: '0.25 s', '3.7 s', '1:05', '1:02:03' (the chat's chips and export)."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

@@ -126,17 +126,23 @@ def _messages(args: argparse.Namespace) -> list[dict]:
 
 
 def _check_audio(spec: PairingSpec, messages: list[dict] | None, connect: bool) -> None:
-    """Refuse audio before the model loads: over --connect, on a pairing that takes none, or a clip
-    that cannot be used."""
+    """Refuse audio before the model loads (or a server is asked): a clip that cannot be read, or, on
+    this machine, a pairing that takes none or a clip it cannot use. Over --connect the clips go as
+    input_audio parts and the server says whether its model hears them."""
     from core.decode.prompt import media_items
     from core.engine.local import no_audio_message
-    from core.model.audio_input import AudioError, AudioSpec, audio_source, prepare_audio
+    from core.model.audio_input import AudioError, AudioSpec, audio_source, decode_audio, prepare_audio
 
     items = media_items(messages or [], "audio")
     if not items:
         return
     if connect:
-        raise UsageError("audio needs a local model (--model, --pairing): the server API takes no audio yet")
+        for item in items:
+            try:
+                decode_audio(audio_source(item), 0.0)  # readable and audio: the server decodes it whole
+            except AudioError as e:
+                raise UsageError(str(e)) from None
+        return
     audio_spec = AudioSpec.from_model_dir(spec.target)
     if audio_spec is None:
         raise UsageError(no_audio_message(spec.name))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from app.tui.widgets.audio_clip import AudioStrip
 from app.tui.widgets.conversation import (
     ReplyView,
     UserMessage,
@@ -71,7 +72,8 @@ def settings_for_chat(
 
 
 def message_parts(content: Any) -> tuple[str, list[str]]:
-    """(text, image paths) of an engine message's content (a string, or text/image items)."""
+    """(text, attached file paths) of an engine message's content (a string, or text, image and audio
+    items): the paths of its images and audio clips, in the content's order."""
     if isinstance(content, str):
         return content, []
     texts: list[str] = []
@@ -79,7 +81,7 @@ def message_parts(content: Any) -> tuple[str, list[str]]:
     for part in content or ():
         if not isinstance(part, dict):
             continue
-        if part.get("type") == "image" and part.get("path"):
+        if part.get("type") in ("image", "audio") and part.get("path"):
             images.append(str(part["path"]))
         elif part.get("type") == "text":
             texts.append(str(part.get("text", "")))
@@ -307,8 +309,8 @@ class HistoryRecorder:
         return self.current
 
     def record_user(self, text: str, images: list[str], identity: PairingIdentity | None = None) -> None:
-        """A user message. `identity`: the pairing it is sent to; a chat continued on another pairing
-        records the new one."""
+        """A user message; `images`: its attached files (images and audio clips). `identity`: the
+        pairing it is sent to; a chat continued on another pairing records the new one."""
         ref = self.current
         ref.count += 1
         moved = identity is not None and identity != ref.identity
@@ -574,16 +576,23 @@ def user_texts(history: list[dict[str, Any]]) -> list[str]:
     return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 
 
-def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply]:
-    """A stored chat's messages as the conversation shows them (a user message's images by name)."""
-    widgets: list[UserMessage | RestoredReply] = []
+def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip]:
+    """A stored chat's messages as the conversation shows them (a user message's images by name, its
+    audio clips as in the live chat: name, length and waveform, read from the file)."""
+    widgets: list[UserMessage | RestoredReply | AudioStrip] = []
     for m in chat.messages:
         if m.role == "user":
             text = m.content
-            if m.attachments:
-                names = ", ".join(Path(a.path).name for a in m.attachments)
+            images = [a for a in m.attachments if a.kind == "image"]
+            clips = [a.path for a in m.attachments if a.kind == "audio"]
+            if images:
+                names = ", ".join(Path(a.path).name for a in images)
                 text = f"{text}\n[image: {names}]" if text else f"[image: {names}]"
-            widgets.append(UserMessage(text))
+            if clips:
+                widgets.append(AudioStrip(paths=clips))
+            user = UserMessage(text)
+            user.set_class(bool(clips), "-with-images")
+            widgets.append(user)
         elif m.role == "assistant":
             widgets.append(
                 RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)

@@ -29,9 +29,9 @@ class QuickKey(Message):
 
 
 @dataclass
-class ImagesPasted(Message):
-    """Image paths found in pasted text (a terminal's file drop): the screen attaches them. The
-    rest of the pasted text went into the prompt."""
+class AttachmentsPasted(Message):
+    """Image and audio paths found in pasted text (a terminal's file drop): the screen attaches
+    them. The rest of the pasted text went into the prompt."""
 
     paths: list[str]
 

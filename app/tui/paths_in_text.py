@@ -1,4 +1,4 @@
-"""Image paths inside pasted text. Pure: no Textual, no Pillow.
+"""Image and audio paths inside pasted text. Pure: no Textual, no Pillow, no audio decoder.
 
 Terminals deliver a dropped file as pasted text, spelled the way a shell would take it:
   /Users/me/cat.png               plain
@@ -7,8 +7,9 @@ Terminals deliver a dropped file as pasted text, spelled the way a shell would t
   file:///Users/me/my%20cat.png   a URL (GNOME terminals)
 and several files dropped at once arrive as several of these separated by spaces or newlines.
 
-`find_image_paths` splits the text into shell-like words, keeps the words that name an image file,
-and returns them with the text that is left once they are taken out.
+`find_image_paths` splits the text into shell-like words, keeps the words that name an image file
+(or, with `accept=is_attachment_name`, an image or audio file), and returns them with the text that
+is left once they are taken out.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
+
+from core.limits import AUDIO_SUFFIXES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
 _QUOTES = "'\""
@@ -91,6 +94,15 @@ def is_image_name(path: str) -> bool:
     return path.lower().endswith(IMAGE_SUFFIXES)
 
 
+def is_audio_name(path: str) -> bool:
+    return path.lower().endswith(AUDIO_SUFFIXES)
+
+
+def is_attachment_name(path: str) -> bool:
+    """An image or an audio file, by its name."""
+    return is_image_name(path) or is_audio_name(path)
+
+
 def _looks_like_path(word: str, path: str, exists: Callable[[str], bool]) -> bool:
     """A dropped file always comes as an absolute path (or a URL); a bare name counts only when
     such a file exists here, so 'compare a.png and b.png' in prose stays prose."""
@@ -101,16 +113,22 @@ def _looks_like_path(word: str, path: str, exists: Callable[[str], bool]) -> boo
     return exists(path)
 
 
-def find_image_paths(text: str, exists: Callable[[str], bool] = os.path.isfile, *, keep_missing: bool = False) -> Found:
-    """The image paths in `text` and the text without them (see the module docstring).
-    `keep_missing`: a path that names no file stays in the text (a paste must lose nothing) and is
-    listed in `missing` instead."""
+def find_image_paths(
+    text: str,
+    exists: Callable[[str], bool] = os.path.isfile,
+    *,
+    keep_missing: bool = False,
+    accept: Callable[[str], bool] = is_image_name,
+) -> Found:
+    """The image paths in `text` (the paths whose name `accept` takes) and the text without them (see
+    the module docstring). `keep_missing`: a path that names no file stays in the text (a paste must
+    lose nothing) and is listed in `missing` instead."""
     taken: list[tuple[int, int]] = []
     paths: list[str] = []
     missing: list[str] = []
     for word in split_words(text):
         path = _as_path(word.value)
-        if not path or not is_image_name(path) or not _looks_like_path(word.value, path, exists):
+        if not path or not accept(path) or not _looks_like_path(word.value, path, exists):
             continue
         if keep_missing and not exists(path):
             if path not in missing:

@@ -145,6 +145,29 @@ def image_data_url(item: dict) -> str:
     return f"data:{mime};base64,{base64.b64encode(bytes(data)).decode()}"
 
 
+# OpenAI's input_audio.format names, by file suffix; gemma-chat's and vLLM's servers decode any of them
+AUDIO_FORMATS = {".wav": "wav", ".wave": "wav", ".mp3": "mp3", ".flac": "flac", ".ogg": "ogg", ".oga": "ogg"}
+AUDIO_FORMATS |= {".opus": "opus", ".aif": "aiff", ".aiff": "aiff"}
+
+
+def input_audio_part(item: dict) -> dict:
+    """An engine audio item ({"type": "audio", "path" | "audio": bytes}) as OpenAI's input_audio part:
+    the file's own bytes, base64, with the format its name says (raw samples are not sent)."""
+    data = item.get("audio")
+    fmt = "wav"
+    if not isinstance(data, (bytes, bytearray)):
+        source = item.get("path") or item.get("url") or data
+        if not isinstance(source, str):
+            raise RemoteError("an audio clip for a server must be a file or its bytes (not raw samples)")
+        path = Path(source.removeprefix("file://")).expanduser()
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise RemoteError(f"cannot read audio file {path}: {e.strerror or e}") from e
+        fmt = AUDIO_FORMATS.get(path.suffix.lower(), fmt)
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(bytes(data)).decode(), "format": fmt}}
+
+
 def openai_messages(messages: list[dict], system_prompt: str | None) -> list[dict]:
     out = []
     if system_prompt and not (messages and messages[0].get("role") == "system"):
@@ -160,6 +183,8 @@ def openai_messages(messages: list[dict], system_prompt: str | None) -> list[dic
                     parts.append({"type": "text", "text": item.get("text", "")})
                 elif item.get("type") == "image":
                     parts.append({"type": "image_url", "image_url": {"url": image_data_url(item)}})
+                elif item.get("type") == "audio":
+                    parts.append(input_audio_part(item))
             content = parts
         out.append({"role": m.get("role", "user"), "content": content})
     return out
@@ -230,6 +255,7 @@ class RemoteEngine:
         else:
             note = "this server does not take block size or drafter changes"
         images = self._info is not None and self._info.has_vision
+        audio = self._info is not None and self._info.has_audio
         return EngineFeatures(
             live_controls=ours,
             controls_note=note,
@@ -237,6 +263,7 @@ class RemoteEngine:
             prefill_progress=False,
             choose_pairing=False,
             images=images,
+            audio=audio,
         )
 
     # -- the Engine API ----------------------------------------------------------------------------
@@ -446,6 +473,8 @@ class RemoteEngine:
             target_path=self.base,
             drafter_path=(f"{label} drafter" if drafter else None),
             has_vision=_flag_or(ext.get("has_vision"), True) if ours else True,
+            # another server is asked as for images: it refuses a clip its model cannot hear (a 400, shown)
+            has_audio=_flag_or(ext.get("has_audio"), False) if ours else True,
             demo=_flag_or(ext.get("demo"), False) if ours else False,
             context_length=context,
             vocab_size=0,

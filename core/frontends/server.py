@@ -51,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnDone
-from core.limits import MAX_IMAGES_PER_PROMPT
+from core.limits import MAX_AUDIO_PER_PROMPT, MAX_IMAGES_PER_PROMPT
 from core.settings import GenerationSettings
 from core.units import format_bytes
 
@@ -231,6 +231,52 @@ def _image_item(part: dict, allow_files: bool) -> dict:
     raise ApiError(400, "image URLs must be data: or file: URLs (this server does not download)", param="messages")
 
 
+# `input_audio.format` values taken (OpenAI names wav and mp3; the decoder reads the bytes, whatever
+# the name, so the name only has to be one of what it reads)
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "aiff")
+
+
+def _base64(payload: str, what: str) -> bytes:
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{what} is not valid base64", param="messages") from None
+    if not data:
+        raise ApiError(400, f"{what} is empty", param="messages")
+    return data
+
+
+def _input_audio_item(part: dict) -> dict:
+    """OpenAI's {"type": "input_audio", "input_audio": {"data": BASE64, "format": "wav"}}."""
+    spec = part.get("input_audio")
+    data = spec.get("data") if isinstance(spec, dict) else None
+    if not isinstance(data, str) or not data:
+        raise ApiError(400, "an input_audio part needs input_audio.data (the file, base64)", param="messages")
+    fmt = spec.get("format") if isinstance(spec, dict) else None
+    if fmt is not None and (not isinstance(fmt, str) or fmt.lower() not in AUDIO_FORMATS):
+        message = f"input_audio.format must be one of {', '.join(AUDIO_FORMATS)}, got {_show(fmt)}"
+        raise ApiError(400, message, param="messages")
+    return {"type": "audio", "audio": _base64(data, "input_audio.data")}
+
+
+def _audio_url_item(part: dict, allow_files: bool) -> dict:
+    """vLLM's {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,..." | "file:///..."}}."""
+    spec = part.get("audio_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, "an audio_url part needs audio_url.url (a data: or file: URL)", param="messages")
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if ";base64" not in header:
+            raise ApiError(400, "audio data URLs must be base64 (data:audio/wav;base64,...)", param="messages")
+        return {"type": "audio", "audio": _base64(payload, "the audio data URL")}
+    if url.startswith("file:"):
+        if not allow_files:
+            raise ApiError(400, "file: audio URLs are refused on a server reachable from the network", param="messages")
+        return {"type": "audio", "path": _text(unquote(urlparse(url).path), "an audio clip's file: URL")}
+    raise ApiError(400, "audio URLs must be data: or file: URLs (this server does not download)", param="messages")
+
+
 def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
     if content is None:
         return ""
@@ -245,8 +291,13 @@ def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
             parts.append({"type": "text", "text": _text(part["text"], f"messages[{i}].content")})
         elif kind == "image_url":
             parts.append(_image_item(part, allow_files))
+        elif kind == "input_audio":
+            parts.append(_input_audio_item(part))
+        elif kind == "audio_url":
+            parts.append(_audio_url_item(part, allow_files))
         else:
-            raise ApiError(400, f"messages[{i}]: content parts must be text or image_url, got {_show(kind)}")
+            message = f"messages[{i}]: content parts must be text, image_url or input_audio, got {_show(kind)}"
+            raise ApiError(400, message)
     return parts
 
 
@@ -261,11 +312,30 @@ def parse_messages(raw: Any, allow_files: bool) -> list[dict]:
             raise ApiError(400, message, param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": _content(m.get("content"), i, allow_files)})
-    images = sum(1 for m in out if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
-    if images > MAX_IMAGES_PER_PROMPT:
-        message = f"the messages hold {images} images; at most {MAX_IMAGES_PER_PROMPT} are taken in one request"
-        raise ApiError(400, message, param="messages")
+    for kind, limit, plural in (
+        ("image", MAX_IMAGES_PER_PROMPT, "images"),
+        ("audio", MAX_AUDIO_PER_PROMPT, "audio clips"),
+    ):
+        n = count_parts(out, kind)
+        if n > limit:
+            message = f"the messages hold {n} {plural}; at most {limit} are taken in one request"
+            raise ApiError(400, message, param="messages")
     return out
+
+
+def count_parts(messages: list[dict], kind: str) -> int:
+    """The parsed messages' content items of `kind` ("image", "audio")."""
+    return sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == kind)
+
+
+def refuse_unheard_audio(engine: Any, messages: list[dict]) -> None:
+    """Audio for a pairing that takes none (26B-A4B, 31B, the demo): a 400 before the engine sees it."""
+    if not count_parts(messages, "audio") or engine.features.audio:
+        return
+    from core.engine.local import no_audio_message
+
+    info = engine.info
+    raise ApiError(400, no_audio_message(info.name if info is not None else "this model"), param="messages")
 
 
 def _stops(body: dict) -> list[str]:
@@ -783,6 +853,7 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
             return unauthorised()
         try:
             parsed = parse_chat_request(await read_json(request, config), config)
+            refuse_unheard_audio(engine, parsed.messages)
         except ApiError as e:
             return e.response()
         except _ClientGone:
@@ -834,6 +905,7 @@ def model_card(engine: Any, config: ServerConfig, created: int) -> dict:
             drafter=info.drafter_path is not None,
             demo=info.demo,
             has_vision=info.has_vision,
+            has_audio=info.has_audio,
             context_length=info.context_length,
             dtype=info.dtype,
             supports_thinking=info.supports_thinking,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.events import reply_tokens
+from core.units import format_duration
 from core.user.store import Chat, Message
 
 
@@ -133,7 +134,11 @@ def _message_markdown(m: Message, include_stats: bool, include_thinking: bool) -
     if m.content:
         out += [m.content.strip("\n"), ""]
     for a in m.attachments:
-        out += [f"![{Path(a.path).name}]({_link_target(a.path)})", ""]
+        if a.kind == "audio":  # a link to the clip (Markdown has no audio), with its length when readable
+            length = _clip_length(a.path)
+            out += [f"[audio: {Path(a.path).name}{', ' + length if length else ''}]({_link_target(a.path)})", ""]
+        else:
+            out += [f"![{Path(a.path).name}]({_link_target(a.path)})", ""]
     if m.stopped:
         out += ["*(stopped)*", ""]
     if include_stats and m.stats:
@@ -141,6 +146,17 @@ def _message_markdown(m: Message, include_stats: bool, include_thinking: bool) -
         if line:
             out += [f"*{line}*", ""]
     return out
+
+
+def _clip_length(path: str) -> str | None:
+    """'3.7 s' or '1:05' from the audio file's header, None when it is gone or unreadable."""
+    try:
+        import soundfile
+
+        seconds = float(soundfile.info(path).duration)
+    except Exception:  # the clip was moved, or is not audio any more: the link alone
+        return None
+    return format_duration(seconds)
 
 
 def chat_to_markdown(chat: Chat, *, include_stats: bool = True, include_thinking: bool = False) -> str:

@@ -109,8 +109,11 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction(
         "attach_image",
         "ctrl+o",
-        "Attach an image to the message",
-        palette=("Attach an image", "pick an image file (or paste a path, or type /image PATH)"),
+        "Attach an image or audio clip to the message",
+        palette=(
+            "Attach an image or audio clip",
+            "pick a file (or paste a path, or type /image PATH or /audio PATH)",
+        ),
     ),
     KeyAction(
         "export",

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.limits import AUDIO_SUFFIXES
 from core.user import paths
 
 DEFAULT_TITLE = "New chat"
@@ -188,6 +189,13 @@ class Attachment:
         mime, _ = mimetypes.guess_type(p.name)
         return cls(path=str(p), sha256=digest.hexdigest(), size=size, mime=mime)
 
+    @property
+    def kind(self) -> str:
+        """ "audio" for an audio clip, else "image" (what the message's engine item is)."""
+        if (self.mime or "").startswith("audio/") or Path(self.path).suffix.lower() in AUDIO_SUFFIXES:
+            return "audio"
+        return "image"
+
     def status(self) -> str:
         """'ok', 'missing' (file gone) or 'changed' (same path, different bytes)."""
         p = Path(self.path)
@@ -246,7 +254,7 @@ class Chat:
             out.append({"role": "system", "content": self.system_prompt})
         for m in self.messages:
             if m.attachments:
-                parts: list[dict] = [{"type": "image", "path": a.path} for a in m.attachments]
+                parts: list[dict] = [{"type": a.kind, "path": a.path} for a in m.attachments]
                 parts.append({"type": "text", "text": m.content})
                 out.append({"role": m.role, "content": parts})
             else:

@@ -99,7 +99,6 @@ def test_bad_clips_are_refused_before_loading(tmp_path, capsys, monkeypatch):
         assert _json_lines(capsys.readouterr().out) == [{"error": message}]
     assert main(["generate", *AUDIO_PAIR, "--audio", str(notes), "--no-template", "--prompt", "hi"]) == 1
     assert "--no-template takes --prompt text only (no --messages, --image or --audio)" in capsys.readouterr().err
+    # over --connect too: the clip is checked here before any server is asked
     assert main(["generate", "--connect", "http://127.0.0.1:9", "--audio", str(notes), "--prompt", "hi"]) == 1
-    assert (
-        "audio needs a local model (--model, --pairing): the server API takes no audio yet" in capsys.readouterr().err
-    )
+    assert "Audio file 'notes.mp3' is not an audio file gemma-chat can read" in capsys.readouterr().err

@@ -194,6 +194,20 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
         gc("--connect", SERVER, tui=DEMO_READY),
         gc("--connect", KEYED, tui=DEMO_READY, env={"GEMMA_CHAT_API_KEY": KEY}),  # after the README's export
     ),
+    # the README's server is an E2B/E4B/12B one; the demo server here has no audio: its 400, said in one line
+    'gemma-chat generate --connect http://127.0.0.1:8000 --audio clip.wav --prompt "What is this sound?"': (
+        gc(
+            "generate",
+            "--connect",
+            SERVER,
+            "--audio",
+            CLIP,
+            "--prompt",
+            "What is this sound?",
+            rc=1,
+            expect="does not take audio: Gemma 4 E2B, E4B and 12B do",
+        ),  # fmt: skip
+    ),
     'gemma-chat generate --connect http://127.0.0.1:8000 --prompt "Hi" --json': (
         gc("generate", "--connect", SERVER, "--prompt", "Hi", "--json", expect='"from_draft": true'),
     ),

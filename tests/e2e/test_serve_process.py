@@ -95,3 +95,28 @@ def test_a_bad_pairing_is_refused_before_listening():
     )
     assert run.returncode == 2
     assert "unknown pairing 'no-such-pairing'" in run.stderr
+
+
+def test_openai_client_gets_a_400_for_audio_on_the_demo(server):
+    """The demo has no audio tower: an input_audio part is an OpenAI-shaped 400 before any work."""
+    import base64
+    from pathlib import Path
+
+    wav = (
+        Path(__file__).resolve().parents[1] / "data" / "pack" / "references" / "audio" / "inputs" / "sine_1s.pcm16.wav"
+    )
+    part = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(), "format": "wav"},
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(server).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}]
+        )
+    assert caught.value.status_code == 400
+    error = caught.value.body
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "messages", 400)
+    assert error["message"].startswith("demo")  # the demo's display name, e.g. "demo (tiny trained model)"
+    assert error["message"].endswith(" does not take audio: Gemma 4 E2B, E4B and 12B do (26B-A4B and 31B do not)")
+    reply = client(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": PROMPT}])
+    assert reply.choices[0].message.content  # the server goes on serving

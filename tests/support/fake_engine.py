@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from core.decode.autoblock import AutoBlock
 from core.engine.contract import EngineFeatures, PairingInfo, PairingSpec
+from core.engine.local import no_audio_message
 from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
@@ -43,6 +44,7 @@ DEFAULT_REPLY = (
 )
 
 IMAGE_TOKENS = DEFAULT_IMAGE_BUDGET  # soft tokens per image
+AUDIO_TOKENS = 25  # soft tokens per audio clip (a second of audio on E2B/E4B)
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
 
@@ -80,6 +82,7 @@ class FakeEngine:
     name: str = "fake (scripted)"
     demo: bool = False
     has_vision: bool = True  # False: image items fail the turn, as on a pairing without a vision tower
+    has_audio: bool = True  # False: audio items fail the turn, as on a pairing without an audio tower
     context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
     hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
     prefill_done: int = 0  # what a held prefill reports as done so far (tests set it)
@@ -172,7 +175,8 @@ class FakeEngine:
 
     @property
     def features(self) -> EngineFeatures:
-        return EngineFeatures(images=self._info is not None and self._info.has_vision)
+        info = self._info
+        return EngineFeatures(images=info is not None and info.has_vision, audio=info is not None and info.has_audio)
 
     # -- test helpers ---------------------------------------------------------------------------
     def release_load(self) -> None:
@@ -225,6 +229,7 @@ class FakeEngine:
             target_path=spec.target,
             drafter_path=spec.drafter,
             has_vision=self.has_vision,
+            has_audio=self.has_audio and not spec.demo,
             demo=spec.demo,
             context_length=self.context_length,
             vocab_size=262144,
@@ -246,16 +251,12 @@ class FakeEngine:
         self._reply_index += 1
         tokens = split_tokens(reply)
         prompt_tokens = sum(len(split_tokens(_text_of(m))) + 4 for m in messages)
-        images = sum(
-            1
-            for m in messages
-            if not isinstance(m.get("content"), str)
-            for part in m.get("content") or ()
-            if isinstance(part, dict) and part.get("type") == "image"
-        )
+        images, clips = _count_items(messages, "image"), _count_items(messages, "audio")
         if images and not self.has_vision:  # the real engine's messages
             return self._fail(stats, "this model does not take images (no vision tower loaded)", on_event)
-        prompt_tokens += images * IMAGE_TOKENS
+        if clips and not self._info.has_audio:
+            return self._fail(stats, no_audio_message(self._info.name), on_event)
+        prompt_tokens += images * IMAGE_TOKENS + clips * AUDIO_TOKENS
         if too_long := context_error(prompt_tokens, self.context_length):
             return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
@@ -353,3 +354,14 @@ if TYPE_CHECKING:
     from core.engine.contract import ChatEngine
 
     _: type[ChatEngine] = FakeEngine  # mypy: the fake keeps the real engine's contract
+
+
+def _count_items(messages: list[dict], kind: str) -> int:
+    """The content items of `kind` ("image", "audio") in the messages."""
+    return sum(
+        1
+        for m in messages
+        if not isinstance(m.get("content"), str)
+        for part in m.get("content") or ()
+        if isinstance(part, dict) and part.get("type") == kind
+    )

@@ -38,8 +38,8 @@ from app.tui.history import (
 )
 from app.tui.live_stats import LiveStats
 from app.tui.messages import (
+    AttachmentsPasted,
     ControlsChanged,
-    ImagesPasted,
     KernelsPreparing,
     PairingFailed,
     PairingLoaded,
@@ -163,7 +163,9 @@ class ChatScreen(Screen[None]):
         self.prompt = PromptArea(id="prompt")
         self.prompt.placeholder = prompt_placeholder(key_overrides)
         self.input_history = InputHistory()
-        self.attachments = AttachmentBar(lambda: self.session.info, self.prompt.focus, id="attachments")
+        self.attachments = AttachmentBar(
+            lambda: self.session.info, self.prompt.focus, self.audio_refusal, id="attachments"
+        )
         self.conversation = Conversation(keys.quick_keys(self.screen_keys), self.prompt.type_text, id="conversation")
         self.compact_panel = PanelText("", id="compact-panel")
         self.panel = StatsPanel(self.compact_panel, id="panel")
@@ -175,6 +177,7 @@ class ChatScreen(Screen[None]):
         self.images = ChatImages(self, self.attachments, self.conversation, self.prompt, lambda: self.session.info)
         self.chat_log = ChatLog(recorder)
         self.prompt.recall_source = lambda: self.input_history.entries(user_texts(self.history))
+        self.prompt.refuses = lambda path: bool(self.attachments.refusals([path]))
         self.chat_log.start_chat(self.session.spec, self.settings)
 
     # -- layout ---------------------------------------------------------------------------------
@@ -321,7 +324,7 @@ class ChatScreen(Screen[None]):
         if reason:
             self.notify(f"Not sent: {reason}", severity="error")
             return False
-        images = self.images.take()  # their thumbnails go above the message
+        images = self.images.take()  # their thumbnails and clips go above the message
         content = user_content(text, images)
         self.history.append({"role": "user", "content": content})
         self.chat_log.user_sent(content, self.session.spec)
@@ -599,13 +602,24 @@ class ChatScreen(Screen[None]):
         if not isinstance(self.app.screen, HelpScreen):
             self.app.push_screen(HelpScreen(self.screen_keys))
 
-    # -- images (chat_images) ----------------------------------------------------------------------
+    # -- images and audio clips (chat_images) ------------------------------------------------------
     def action_attach_image(self) -> None:
         self.images.open_picker()
 
-    def on_images_pasted(self, message: ImagesPasted) -> None:
+    def on_attachments_pasted(self, message: AttachmentsPasted) -> None:
         message.stop()
         self.images.attach(message.paths)
+
+    def audio_refusal(self) -> str | None:
+        """Why this chat cannot take an audio clip now, or None: the loaded pairing's own word
+        (`features.audio`), or, while one loads, the demo's (it never takes audio). Said before
+        anything is read or sent."""
+        from app.tui.widgets.attachments import no_audio_text
+
+        session = self.session
+        if session.info is not None:
+            return None if session.engine.features.audio else no_audio_text(session.info.name)
+        return no_audio_text(session.spec.name) if session.spec.demo else None
 
     # -- chats (saved by app.tui.history) -----------------------------------------------------------
     @property

@@ -1,5 +1,6 @@
-"""Pick an image file: a folder tree showing only folders and image files, and a live preview of
-the highlighted image (thumbnail, format, size, image tokens at the pairing's budget).
+"""Pick an image or audio file: a folder tree showing only folders, image and audio files, and a
+live preview of the highlighted file (an image's thumbnail, format, size and image tokens at the
+pairing's budget; an audio clip's length, rate, size and waveform, or why the pairing takes none).
 
 Enter (or a click on a file) attaches it, Backspace goes up a folder, Esc cancels. Dismisses with
 the chosen path, or None. Previews are read in a thread worker; the newest highlight wins.
@@ -20,7 +21,8 @@ from textual.widgets import DirectoryTree, Static, Tree
 from textual.widgets.directory_tree import DirEntry
 
 from app.resources import style_path
-from app.tui.paths_in_text import is_image_name
+from app.tui.paths_in_text import is_attachment_name, is_audio_name
+from app.tui.widgets.audio_clip import AudioInfo, describe_audio, inspect_audio
 from app.tui.widgets.thumbnail import ImageInfo, Thumbnail, describe, inspect_image
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class ImageTree(DirectoryTree):
-    """Folders and image files; hidden entries left out."""
+    """Folders, image and audio files; hidden entries left out."""
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         out = []
@@ -36,7 +38,7 @@ class ImageTree(DirectoryTree):
             if p.name.startswith("."):
                 continue
             try:
-                if p.is_dir() or is_image_name(p.name):
+                if p.is_dir() or is_attachment_name(p.name):
                     out.append(p)
             except OSError:  # a dangling link or a folder we may not stat
                 continue
@@ -51,15 +53,18 @@ class FilePicker(ModalScreen[str | None]):
     ]
     last_dir: Path | None = None  # where the previous pick was made (per process)
 
-    def __init__(self, start: str | Path | None = None, pairing: PairingInfo | None = None) -> None:
+    def __init__(
+        self, start: str | Path | None = None, pairing: PairingInfo | None = None, no_audio: str | None = None
+    ) -> None:
         super().__init__()
+        self.no_audio = no_audio  # why the pairing takes no audio (the preview says it), or None
         start_dir = Path(start or FilePicker.last_dir or Path.cwd()).expanduser()
         self.start_dir = start_dir if start_dir.is_dir() else Path.cwd()
         self.pairing = pairing
         self.files = ImageTree(self.start_dir, id="picker-tree")
         self.preview_pane = Vertical(id="picker-preview")
-        self.details = Static("Highlight an image to preview it.", id="picker-details", markup=False)
-        self.previewed: ImageInfo | None = None
+        self.details = Static("Highlight a file to preview it.", id="picker-details", markup=False)
+        self.previewed: ImageInfo | AudioInfo | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-dialog"):
@@ -89,19 +94,24 @@ class FilePicker(ModalScreen[str | None]):
 
     @work(thread=True, exclusive=True, group="preview", exit_on_error=False)
     def _load_preview(self, path: str) -> None:
+        from core.model.audio_input import AudioError
         from core.model.image import ImageError
 
-        info: ImageInfo | None = None
+        info: ImageInfo | AudioInfo | None = None
         try:
-            info = inspected = inspect_image(path)
-            text = describe(inspected, self.pairing)
-        except ImageError as e:
+            if is_audio_name(path):
+                info = clip = inspect_audio(path)
+                text = describe_audio(clip, self.no_audio)
+            else:
+                info = inspected = inspect_image(path)
+                text = describe(inspected, self.pairing)
+        except (ImageError, AudioError) as e:
             info, text = None, f"{Path(path).name}\n✗ {e}"
         except Exception as e:
             info, text = None, f"{Path(path).name}\n✗ {type(e).__name__}: {e}"
         self.app.call_from_thread(self._show_preview, path, info, text)
 
-    def _show_preview(self, path: str, info: ImageInfo | None, text: str) -> None:
+    def _show_preview(self, path: str, info: ImageInfo | AudioInfo | None, text: str) -> None:
         highlighted = self.files.cursor_node
         data = highlighted.data if highlighted is not None else None
         if data is None or str(data.path) != path:
@@ -110,12 +120,13 @@ class FilePicker(ModalScreen[str | None]):
         self.details.update(text)
         holder = self.query_one("#picker-thumb", Vertical)
         holder.remove_children()
-        if info is not None:
+        if isinstance(info, ImageInfo):
             holder.mount(Thumbnail(info, cells=(30, 10)))
 
     @staticmethod
     def _title(folder: Path) -> str:
-        return f"Attach an image · {folder}"  # as given: the start folder is absolute unless a caller says otherwise
+        # as given: the start folder is absolute unless a caller says otherwise
+        return f"Attach an image or audio clip · {folder}"
 
     def action_cancel(self) -> None:
         self.dismiss(None)

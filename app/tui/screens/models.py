@@ -1,8 +1,9 @@
 """F2 / palette "Models": the pairing catalogue with local status, downloads, switching and removal.
 
 Rows: the offline demo pairing, every catalogue pairing (status in the HF cache, download size,
-memory needed and fit on this machine, vision, suggested block size, whether the repository name is
-confirmed), then other Gemma 4 checkpoints found in the cache.
+memory needed and fit on this machine, vision, audio, suggested block size, whether the repository
+name is confirmed), then other Gemma 4 checkpoints found in the cache. The details under the table say
+what a pairing takes (text, images, audio), so it is in view at 80 columns too.
 
 Keys: Enter uses the highlighted pairing (the chat screen loads it in the running engine; a pairing
 that will not fit asks first), d downloads it (progress with bytes, rate, ETA and the current file;
@@ -126,6 +127,7 @@ COLUMNS = (
     ("status", "Status"),
     ("download", "Download"),
     ("vision", "Vision"),
+    ("audio", "Audio"),
     ("block", "Block"),
     ("repo", "Repo name"),
 )
@@ -170,6 +172,7 @@ def demo_row(default: str | None = None) -> Row:
         Text("ready", style="green"),
         "—",
         "yes",  # the demo target has a (tiny) vision tower: it takes images like the real E models
+        "no",  # and no audio tower
         "auto",
         "shipped",
     )
@@ -191,6 +194,7 @@ def pairing_row(entry: CatalogEntry, default: str | None = None) -> PairingRow:
         status_text(entry_state(entry), entry.local_bytes),
         gb(p.download_bytes),
         "yes" if p.vision else "no",
+        "yes" if p.audio else "no",
         str(p.block_size),
         "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
     )
@@ -206,6 +210,7 @@ def other_row(ckpt: LocalCheckpoint) -> OtherRow:
         "—",
         status_text("ready" if st.complete else "partial", st.size_on_disk),
         gb(st.size_on_disk),
+        "—",
         "—",
         "—",
         "in cache",
@@ -230,7 +235,8 @@ def details_for(row: Row) -> str:
         return (
             "Demo: a tiny Gemma 4 target and its drafter, trained on gemma-chat's own notes and Python "
             "docstrings, shipped with the app. Short answers on a few topics (greetings, the keys, speculative "
-            "decoding, Gemma 4, short Python); the speculative decoding is real. Works offline. Enter: use it."
+            "decoding, Gemma 4, short Python); the speculative decoding is real. Takes text and images, no audio "
+            "(E2B, E4B and 12B hear audio). Works offline. Enter: use it."
         )
     if row.kind == "other":
         st = row.other.status
@@ -247,9 +253,16 @@ def details_for(row: Row) -> str:
     what = {"ready": "Enter: use it", "partial": "d: resume the download", "missing": "d: download it"}[e.status]
     confirmed = "" if p.confirmed else f" Unconfirmed: {UNCONFIRMED_NOTE}."
     return (
-        f"{p.label}: target {p.target_repo} + drafter {p.drafter_repo}. "
+        f"{p.label}: target {p.target_repo} + drafter {p.drafter_repo}. Takes {takes(p.vision, p.audio)}. "
         f"Memory: {e.fit.message}. Suggested block size {p.block_size}. {what}.{confirmed}"
     )
+
+
+def takes(vision: bool, audio: bool) -> str:
+    """'text, images and audio', 'text and images (no audio)', ...: what a pairing's prompts may hold."""
+    kinds = ["text", *(["images"] if vision else []), *(["audio"] if audio else [])]
+    said = ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0]
+    return said if audio else f"{said} (no audio)"
 
 
 # -- the screen ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from textual import events
 from textual.binding import Binding
 from textual.widgets import TextArea
 
-from app.tui.messages import ImagesPasted, PromptSubmitted
+from app.tui.messages import AttachmentsPasted, PromptSubmitted
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 
@@ -60,6 +60,8 @@ class PromptArea(TextArea, inherit_bindings=False):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         # Up/Down in an empty prompt recall earlier messages: the screen sets where they come from
         self.recall_source: Callable[[], list[str]] = lambda: []
+        # whether a pasted path is refused before it is read (the screen sets it): it stays in the text
+        self.refuses: Callable[[str], bool] = lambda path: False
         self._recall_index: int | None = None  # position in recall_source() while browsing
 
     async def _on_key(self, event: events.Key) -> None:
@@ -81,21 +83,32 @@ class PromptArea(TextArea, inherit_bindings=False):
         await super()._on_key(event)
 
     async def _on_paste(self, event: events.Paste) -> None:
-        # Terminals deliver a dropped file as pasted text: image paths become attachments (the
-        # screen checks them), the rest is pasted as usual. No paths: TextArea's own paste runs.
-        from app.tui.paths_in_text import find_image_paths
+        # Terminals deliver a dropped file as pasted text: image and audio paths become attachments
+        # (the screen checks them), the rest is pasted as usual. No paths: TextArea's own paste runs.
+        # A path the pairing refuses up front (`refuses`: a clip where no audio is taken) stays in
+        # the text, and the screen is told, so it can say why.
+        from app.tui.paths_in_text import find_image_paths, is_attachment_name, is_image_name
 
-        found = find_image_paths(event.text, keep_missing=True)
+        refuses = self.refuses
+        found = find_image_paths(
+            event.text, keep_missing=True, accept=lambda p: is_attachment_name(p) and not refuses(p)
+        )
+        refused = find_image_paths(event.text, accept=lambda p: is_attachment_name(p) and refuses(p)).paths
         if found.missing and not self.read_only:
             names = ", ".join(found.missing)
-            self.notify(f"No such image file: {names} (left in the text)", severity="warning", markup=False)
-        if not found.paths or self.read_only:
+            kind = "image file" if all(is_image_name(m) for m in found.missing) else "file"
+            self.notify(f"No such {kind}: {names} (left in the text)", severity="warning", markup=False)
+        if self.read_only:
+            return
+        if refused:
+            self.post_message(AttachmentsPasted(refused))
+        if not found.paths:
             return
         event.stop()
         event.prevent_default()
         if found.text and (result := self._replace_via_keyboard(found.text, *self.selection)):
             self.move_cursor(result.end_location)
-        self.post_message(ImagesPasted(found.paths))
+        self.post_message(AttachmentsPasted(found.paths))
 
     def accept(self) -> None:
         """The screen took the message: clear the prompt."""
