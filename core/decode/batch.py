@@ -150,19 +150,18 @@ class BatchDecoder:
     def step(self) -> None:
         """One round for every running row (nothing when no row runs); stopped rows wait in `take_finished`."""
         rows = [r for r in self.rows if r.reason is None and not r.controls.cancelled]
+        for r in rows:
+            if self._room(r) < 1:
+                r.reason = "max_tokens" if len(r.emitted) >= r.settings.max_tokens else "context_full"
+        rows = [r for r in rows if r.reason is None]
         if not rows:
             return
-        room = min(self._room(r) for r in rows)
-        if room < 1:
-            for r in rows:
-                if self._room(r) < 1:
-                    r.reason = "max_tokens" if len(r.emitted) >= r.settings.max_tokens else "context_full"
-            return
-        K, auto = self._plan(rows, room)
-        n_acc, decided = self._read(self._submit(rows, K))
-        self._observe(K, n_acc, auto)
-        for row, n, tokens in zip(rows, n_acc, decided):
-            self._advance(row, K, n, tokens)
+        sizes, auto = self._plan(rows)
+        K = max(sizes)
+        n_acc, decided = self._read(self._submit(rows, sizes, K))
+        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto))
+        for row, k, n, tokens in zip(rows, sizes, n_acc, decided):
+            self._advance(row, K, k, n, tokens)
         self.rounds += 1
         if self.rounds % memory.CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
@@ -170,26 +169,35 @@ class BatchDecoder:
     def _room(self, row: Row) -> int:
         return min(row.settings.max_tokens - len(row.emitted), self.target.context_length - row.cache.offset)
 
-    def _plan(self, rows: list[Row], room: int) -> tuple[int, bool]:
-        """(K, whether the controller chose it): the rows' smallest fixed size, or auto when all ask for it."""
-        wants: list[int] = []
+    def _plan(self, rows: list[Row]) -> tuple[list[int], list[bool]]:
+        """Per row its block size (what it asks for, or the controller's choice for auto; never past its
+        room, so a row verifies as it would alone) and whether the controller chose it. The round
+        verifies the largest; a row with a smaller one ignores the drafts past its own."""
+        choice: int | None = None
+        sizes, auto = [], []
         for r in rows:
             if self.drafter is None or not r.controls.drafter_enabled:
-                return 1, False
-            if r.controls.block_size != "auto":
-                wants.append(int(r.controls.block_size))
-        if wants:
-            return max(1, min(min(wants), room)), False
-        return max(1, min(self.auto.decide().block_size, room)), True
+                k, a = 1, False
+            elif r.controls.block_size == "auto":
+                choice = choice or self.auto.decide().block_size
+                k, a = choice, True
+            else:
+                k, a = int(r.controls.block_size), False
+            # every row appends the round's K positions: the largest must fit each row's context
+            sizes.append(max(1, min(k, self._room(r))))
+            auto.append(a)
+        fits = min(self.target.context_length - r.cache.offset for r in rows)
+        return [min(k, fits) for k in sizes], auto
 
-    def _submit(self, rows: list[Row], K: int) -> tuple[list[Row], int, mx.array, mx.array]:
-        """Build the round for `rows` and hand it to the device: (rows, K, packed [B, 1 + K] uint32 with
-        n accepted, the target's token and the drafts per row, hidden [B, K, H])."""
+    def _submit(self, rows: list[Row], sizes: list[int], K: int) -> tuple[list[Row], int, mx.array, mx.array]:
+        """Build the round for `rows` (row i keeps at most sizes[i] - 1 drafts) and hand it to the device:
+        (rows, K, packed [B, 1 + K] uint32 with n accepted, the target's token and the drafts per row,
+        hidden [B, K, H])."""
         tg = self.target
         caches = [r.cache for r in rows]
+        B = len(rows)
         b = mx.array([r.b_tok for r in rows], dtype=mx.uint32)
         softcap = any(r.keys is not None for r in rows)
-        B = len(rows)
         if K == 1:
             logits, H = forward_rows(tg, b.reshape(B, 1), caches, softcap=softcap)
             picks = [self.solo._pick(logits[i, 0], r.settings, r.keys) for i, r in enumerate(rows)]
@@ -198,31 +206,29 @@ class BatchDecoder:
             mx.async_eval(packed, H)
             return rows, K, packed, H
         assert self.drafter is not None, "a speculative round needs a drafter"
-        sampled = [
-            RowSampling(r.settings.temperature, r.settings.top_k, r.settings.top_p, r.keys.split(K - 1))
-            if r.keys is not None
-            else None
-            for r in rows
-        ]
+        sampled = [_draft_sampling(r, k, K) for r, k in zip(rows, sizes)]
         h = mx.stack([cast(mx.array, r.h) for r in rows])
         drafts, q_lps = draft_rows(self.drafter, tg, caches, b, h, K - 1, sampled)
         mx.async_eval(drafts)
         logits, H = forward_rows(tg, mx.concatenate([b.reshape(B, 1), drafts], axis=1), caches, softcap=softcap)
-        n, t = sampling.verify_greedy(drafts, logits)
+        caps = mx.array([k - 1 for k in sizes], dtype=mx.int32)
+        n, t = verify_greedy_capped(drafts, logits, caps)
         if softcap:  # sampled rows verify alone, each with its own key (as it would alone)
             ns, ts = [], []
-            for i, r in enumerate(rows):
+            for i, (r, k) in enumerate(zip(rows, sizes)):
                 if r.keys is None:
                     ns.append(n[i])
                     ts.append(t[i])
-                    continue
-                s = r.settings
-                p_lp = sampling.transform_logits_compiled(logits[i], s.temperature, s.top_k, s.top_p)
-                q_lp = q_lps[i]
-                assert q_lp is not None, "a sampled draft comes with its distribution"
-                ni, ti = sampling.verify_speculative(drafts[i], q_lp, p_lp, r.keys.next())
-                ns.append(ni)
-                ts.append(ti)
+                elif k == 1:  # a plain step inside a drafting round: its token as the plain step draws it
+                    ns.append(mx.array(0, mx.int32))
+                    ts.append(self.solo._pick(logits[i, 0], r.settings, r.keys))
+                else:
+                    s = r.settings
+                    p_lp = sampling.transform_logits_compiled(logits[i, :k], s.temperature, s.top_k, s.top_p)
+                    q_lp = _first_rows(q_lps[i], k - 1)
+                    ni, ti = sampling.verify_speculative(drafts[i, : k - 1], q_lp, p_lp, r.keys.next())
+                    ns.append(ni)
+                    ts.append(ti)
             n, t = mx.stack(ns), mx.stack(ts)
         packed = mx.concatenate([n.reshape(B, 1).astype(mx.uint32), t.reshape(B, 1).astype(mx.uint32), drafts], axis=1)
         mx.async_eval(packed, H)
@@ -242,17 +248,19 @@ class BatchDecoder:
         return n_acc, decided
 
     def _observe(self, K: int, n_acc: list[int], auto: bool) -> None:
+        """Feed the controller the round's time (sync to sync) and its auto rows' mean acceptance."""
         now = self._clock()
         round_s, self._last_sync = now - self._last_sync, now
-        if not auto and K == 1:
+        if not auto:
             return
         clean = K in self._timed  # a size's first round also built its kernels
         self._timed.add(K)
         mean = round(sum(n_acc) / len(n_acc)) if n_acc else 0
         self.auto.observe(K, min(mean, K - 1), round_s=round_s, clean=clean)
 
-    def _advance(self, row: Row, K: int, n: int, tokens: list[int]) -> None:
-        """Emit what the row decided, up to its stop; trim its cache to what it keeps; carry b and h."""
+    def _advance(self, row: Row, K: int, k: int, n: int, tokens: list[int]) -> None:
+        """Emit what the row decided (at its block size k), up to its stop; trim its cache to what it
+        keeps (the round appended K positions); carry b and h."""
         out, stop = self._stop_rule(row, tokens)
         P = row.cache.offset - K
         row.cache.trim_to(P + out)
@@ -264,7 +272,7 @@ class BatchDecoder:
         row.round_no += 1
         for j, tok in enumerate(tokens[:out]):
             self._emit_token(row, tok, j < n)
-        ev = RoundEvent(row.round_no, K - 1, min(n, out), K, False, out)
+        ev = RoundEvent(row.round_no, k - 1, min(n, out), k, row.controls.block_size == "auto", out)
         row.stats.add_round(ev)
         row.emit(ev)
         row.reason = stop
@@ -299,3 +307,36 @@ class BatchDecoder:
             text = row.detok.text
         row.h = None
         return TurnResult(stats, list(row.emitted), row.committed, text)
+
+
+_SPARE_KEY: list[mx.array] = []
+
+
+def _draft_sampling(row: Row, k: int, K: int) -> RowSampling | None:
+    """A sampled row's draft keys: its own k - 1 (as it would draw them alone), then spares for the
+    drafts past its block size, which it ignores. None for a greedy row."""
+    if row.keys is None:
+        return None
+    if not _SPARE_KEY:
+        _SPARE_KEY.append(mx.random.key(0))
+    keys = row.keys.split(k - 1) if k > 1 else []
+    s = row.settings
+    return RowSampling(s.temperature, s.top_k, s.top_p, keys + _SPARE_KEY * (K - k))
+
+
+def _first_rows(lp: mx.array | sampling.SparseLogProbs | None, n: int) -> mx.array | sampling.SparseLogProbs:
+    assert lp is not None, "a sampled draft comes with its distribution"
+    if isinstance(lp, sampling.SparseLogProbs):
+        return sampling.SparseLogProbs(lp.ids[:n], lp.logprobs[:n])
+    return lp[:n]
+
+
+def verify_greedy_capped(drafts: mx.array, logits: mx.array, caps: mx.array) -> tuple[mx.array, mx.array]:
+    """`sampling.verify_greedy` for B rows where row b looks at its first caps[b] drafts only:
+    drafts [B, K-1], logits [B, K, V], caps [B] -> (n accepted [B] <= caps, the target's token [B])."""
+    target = mx.argmax(logits, axis=-1)  # [B, K]
+    K1 = drafts.shape[1]
+    inside = mx.arange(K1)[None, :] < caps[:, None]
+    accept = (drafts == target[:, :-1].astype(drafts.dtype)) & inside
+    n = mx.cumprod(accept.astype(mx.int32), axis=-1).sum(axis=-1).astype(mx.int32)
+    return n, mx.take_along_axis(target, n[:, None], axis=-1)[:, 0]
