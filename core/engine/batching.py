@@ -41,7 +41,11 @@ class Engine(Protocol):
     @property
     def user_errors(self) -> tuple[type[Exception], ...]: ...  # failures whose message is for the user
 
-    def _render(self, st: Any, kind: str, what: Any, settings: Any) -> Any: ...
+    def _render(self, st: Any, kind: str, what: Any, tools: Any, settings: Any) -> Any: ...
+
+    def _splitter(self, st: Any, tools: Any, tp: Any, settings: Any, emit: Any) -> Any: ...
+
+    def _turn_done(self, st: Any, result: Any, splitter: Any, emit: Any) -> TurnDone: ...
 
     def _image_rows(self, st: Any, tp: Any, keep: int) -> Any: ...
 
@@ -84,7 +88,7 @@ def _step(engine: Engine, batch: BatchDecoder) -> None:
         log.exception("batched round failed")
         for row in list(batch.rows):
             batch.rows.remove(row)
-            engine._finish(row.tag, _error(f"{type(e).__name__}: {e}"))
+            engine._finish(row.tag[0], _error(f"{type(e).__name__}: {e}"))
         return
     _finish_rows(engine, batch)
 
@@ -124,7 +128,7 @@ def _join(engine: Engine, st: _Loaded, batch: BatchDecoder, req: _Request) -> No
     from core.decode.spec import Prompt
 
     t_start = time.perf_counter()
-    what, settings, _ = req.args
+    what, settings, _, tools = req.args
     controls = req.controls
     assert controls is not None  # every generation request has controls
     emit = engine._emit(req)
@@ -134,12 +138,14 @@ def _join(engine: Engine, st: _Loaded, batch: BatchDecoder, req: _Request) -> No
         return
     try:
         settings.validate()
-        tp = engine._render(st, req.kind, what, settings)
+        tp = engine._render(st, req.kind, what, tools, settings)
         for notice in tp.notices:
             emit(Notice(notice))
         embeddings, mask, bidirectional = engine._image_rows(st, tp, 0)
         prompt = Prompt(tp.ids, 0, embeddings, mask, bidirectional)
-        batch.join(prompt, settings, emit, controls, prompt_tokens=len(tp.ids), t_start=t_start, tag=req)
+        splitter = engine._splitter(st, tools, tp, settings, emit)  # tool calls parsed out of the reply
+        tag = (req, splitter, emit)
+        batch.join(prompt, settings, splitter or emit, controls, prompt_tokens=len(tp.ids), t_start=t_start, tag=tag)
     except Exception as e:
         user = isinstance(e, engine.user_errors)
         if not user:
@@ -149,9 +155,9 @@ def _join(engine: Engine, st: _Loaded, batch: BatchDecoder, req: _Request) -> No
 
 def _finish_rows(engine: Engine, batch: BatchDecoder) -> None:
     for row, result in batch.take_finished():
-        req: Any = row.tag
+        req, splitter, emit = row.tag
         _forget_media(engine)
-        engine._finish(req, TurnDone(result.stats, result.text, tuple(result.token_ids)))
+        engine._finish(req, engine._turn_done(engine._state, result, splitter, emit))
 
 
 def _forget_media(engine: Engine) -> None:

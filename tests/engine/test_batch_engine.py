@@ -88,7 +88,8 @@ def test_a_refused_request_does_not_disturb_the_batch(batched: Engine, solo: dic
     good = batched.chat(
         [{"role": "user", "content": PROMPTS[1]}], GenerationSettings(max_tokens=24, block_size="auto"), lambda e: None
     )
-    bad = batched.chat([{"role": "user", "content": "hi"}], GenerationSettings(temperature=float("nan")), lambda e: None)
+    nan = GenerationSettings(temperature=float("nan"))
+    bad = batched.chat([{"role": "user", "content": "hi"}], nan, lambda e: None)
     refused = bad.result(timeout=120)
     assert refused.stats.stop_reason == "error" and refused.error and "temperature" in refused.error
     assert good.result(timeout=120).token_ids == solo[1]
