@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.events import reply_tokens
-from core.user.store import Chat, Message
+from core.user.store import TOOL_RESULTS, Chat, Message, tool_calls_of
 
 
 # --- code blocks --------------------------------------------------------------------------------
@@ -134,12 +134,29 @@ def _message_markdown(m: Message, include_stats: bool, include_thinking: bool) -
         out += [m.content.strip("\n"), ""]
     for a in m.attachments:
         out += [f"![{Path(a.path).name}]({_link_target(a.path)})", ""]
+    out += _tool_lines(m)
     if m.stopped:
         out += ["*(stopped)*", ""]
     if include_stats and m.stats:
         line = stats_line(m.stats)
         if line:
             out += [f"*{line}*", ""]
+    return out
+
+
+def _tool_lines(m: Message) -> list[str]:
+    """A reply's tool calls with their arguments, each result in a collapsed <details>."""
+    results = {r.get("tool_call_id"): r for r in (m.stats or {}).get(TOOL_RESULTS) or () if isinstance(r, dict)}
+    out: list[str] = []
+    for call in tool_calls_of(m):
+        fn = call.get("function") or {}
+        out += [f"**Tool call** `{fn.get('name')}`", "", "```json", str(fn.get("arguments", "")), "```", ""]
+        r = results.get(call.get("id"))
+        if r is not None:
+            content = str(r.get("content", ""))
+            fence = "````" if "```" in content else "```"
+            summary = f"Result ({r.get('shown', '')})" if r.get("shown") not in (None, "done") else "Result"
+            out += [f"<details><summary>{summary}</summary>", "", fence, content, fence, "", "</details>", ""]
     return out
 
 

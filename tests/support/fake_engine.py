@@ -284,6 +284,9 @@ class FakeEngine:
             return self._fail(stats, err, on_event)
         reply = self.replies[self._reply_index % len(self.replies)]
         self._reply_index += 1
+        if "{tool_result}" in reply:  # a scripted answer that quotes the last tool result it was given
+            results = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
+            reply = reply.replace("{tool_result}", results[-1] if results else "(no tool result)")
         calls: list[str] = []
         if tools and self.tools_enabled:
             reply, calls = split_calls(reply)
