@@ -50,12 +50,14 @@ class ToolCallView(Vertical):
     def set_state(self, text: str, failed: bool = False) -> None:
         self.state_text = text
         self.set_class(failed, "-failed")
-        if self.is_mounted:
-            self.query_one("#tool-state", Static).update(text)
+        for state in self.query("#tool-state").results(Static):  # none while it is composed or torn down
+            state.update(text)
 
     def show_result(self, text: str) -> None:
         """The result, collapsed: one line says how long it is; Enter or a click opens it."""
         self.result_text = text
         lines = text.count("\n") + 1
         title = f"result: {len(text)} characters" + (f", {lines} lines" if lines > 1 else "")
+        if not self.is_attached:
+            return
         self.mount(Collapsible(Static(text, markup=False, id="tool-result"), title=title, collapsed=True))
