@@ -178,3 +178,24 @@ async def test_a_server_that_dies_mid_call_is_one_line_and_the_chat_goes_on(hub)
         assert replies_text(app)[2] == "plain text"
     hub.set_enabled("t", True)  # for any test after this one
     _wait_ready(hub, "t")
+
+
+async def test_the_calls_and_results_are_saved_with_the_reply(hub, tmp_path):
+    from app.tui.history import HistoryRecorder
+    from core.user.store import Store
+
+    db = tmp_path / "history.db"
+    recorder = HistoryRecorder(path=db)
+    app = make_app(replies=["Checking." + ECHO, ANSWER], tools_hub=hub, history=recorder)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        await pilot.press("y")
+        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        history = list(app.chat.history)
+    recorder.flush()
+    recorder.close()
+    with Store(db) as store:
+        [summary] = store.list_chats()
+        messages = store.load_chat(summary.id).engine_messages()
+    assert messages == history  # reopened, the model is sent what it saw
