@@ -218,3 +218,41 @@ def test_a_model_without_tool_tokens_refuses_tools():
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="fake", messages=ASK, tools=[GET_CURRENT_TIME])
     assert "cannot call tools" in e.value.body["message"]
+
+
+def test_connect_passes_tools_and_turns_streamed_calls_into_tool_call_events():
+    from core.engine.remote import RemoteEngine
+    from core.events import ToolCall as ToolCallEvent
+    from core.events import ToolCallStarted, TurnDone
+    from core.settings import GenerationSettings
+
+    engine = FakeEngine(replies=["On it." + CALL_PARIS, "It is noon."])
+    engine.load(FakeSpec("fake", "t", "d"), lambda e: None).result(timeout=5)
+    app = create_app(engine, ServerConfig(model_id="fake"))
+    try:
+        with BackgroundServer(app) as url:
+            remote = RemoteEngine(url)
+            try:
+                remote.load(None, None).result(timeout=30)
+                assert remote.features.tools
+                events: list = []
+                done = remote.chat(ASK, GenerationSettings(), events.append, tools=[GET_CURRENT_TIME]).result(60)
+                assert isinstance(done, TurnDone) and done.stats.stop_reason == "tool_calls"
+                [call] = done.tool_calls
+                assert (call.name, call.arguments) == ("get_current_time", {"timezone": "Europe/Paris"})
+                kinds = [type(e) for e in events]
+                assert kinds.index(ToolCallStarted) < kinds.index(ToolCallEvent) < kinds.index(TurnDone)
+                assert done.text == "On it."
+                history = [
+                    *ASK,
+                    {"role": "assistant", "content": None, "tool_calls": [call.openai()]},
+                    {"role": "tool", "tool_call_id": call.id, "content": '{"time": "12:00"}'},
+                ]
+                after = remote.chat(history, GenerationSettings(), lambda e: None, tools=[GET_CURRENT_TIME]).result(60)
+                assert after.text == "It is noon." and after.tool_calls == ()
+            finally:
+                remote.close()
+    finally:
+        engine.close()
+    sent = engine.chats[1][0]  # the server got the call and its result back, as the client sent them
+    assert sent[1]["tool_calls"][0]["id"] == call.id and sent[2]["tool_call_id"] == call.id
