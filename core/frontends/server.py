@@ -309,10 +309,22 @@ def _message(m: Any, i: int, allow_files: bool) -> dict:
     return out
 
 
+def _answers_a_call(messages: list[dict], i: int) -> bool:
+    """Whether the tool result at `i` follows (across other results) an assistant message with calls."""
+    j = i - 1
+    while j >= 0 and messages[j]["role"] == "tool":
+        j -= 1
+    return j >= 0 and messages[j]["role"] == "assistant" and bool(messages[j].get("tool_calls"))
+
+
 def parse_messages(raw: Any, allow_files: bool) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
     out = [_message(m, i, allow_files) for i, m in enumerate(raw)]
+    for i, m in enumerate(out):
+        if m["role"] == "tool" and not _answers_a_call(out, i):
+            message = f"messages[{i}]: a role 'tool' message must follow an assistant message with tool_calls"
+            raise ApiError(400, message, param="messages")
     images = sum(1 for m in out if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
     if images > MAX_IMAGES_PER_PROMPT:
         message = f"the messages hold {images} images; at most {MAX_IMAGES_PER_PROMPT} are taken in one request"

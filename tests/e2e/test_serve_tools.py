@@ -171,6 +171,7 @@ def test_tool_choices_the_engine_cannot_honour_are_refused(choice, says):
         ({"tools": "get_current_time"}, "tools must be a list"),
         ({"parallel_tool_calls": "no"}, "'parallel_tool_calls' must be true or false"),
         ({"messages": [*ASK, {"role": "tool", "content": 3}]}, "content must be a string"),
+        ({"messages": [*ASK, {"role": "tool", "content": "x"}]}, "must follow an assistant message with tool_calls"),
         (
             {
                 "messages": [
