@@ -650,8 +650,8 @@ def main(argv=None) -> int:
         cluster_of = np.argsort(ordering) // per
         onehot_clusters = np.eye(dspec.num_centroids, dtype=np.float32)[cluster_of]  # [V, C]
         pd = {k: np.array(v) for k, v in tree_flatten(dr.parameters()) if k != "token_ordering"}
-        if previous is None:
-            start_unscaled(pd)
+        if not any(st.get("drafter_steps") for st in (previous or {}).get("stages", [])):
+            start_unscaled(pd)  # the drafter is still the factory's random one
         n_dparams = sum(v.size for v in pd.values())
         log(f"drafter: {n_dparams / 1e6:.2f} M parameters")
         stage = "drafter-on-policy" if args.on_policy else "drafter"
