@@ -1033,6 +1033,7 @@ class Conversation:
 
     local_tz: str | None
     events: list[tuple] = field(default_factory=list)
+    system: str | None = None  # a system prompt (the user's, from the app's settings)
 
 
 def render_conversation(conv: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -1042,7 +1043,7 @@ def render_conversation(conv: Conversation) -> tuple[list[dict[str, Any]], list[
     `role: tool` message holding the server's JSON text (the template writes it as one string)."""
     import json
 
-    messages: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": conv.system}] if conv.system else []
     for ev in conv.events:
         kind = ev[0]
         if kind == "user":
@@ -1076,13 +1077,13 @@ def _time_exchange(rng: random.Random, conv: Conversation, follow_up: bool = Fal
     instant = _instant(rng)
     if r < 0.2 and not follow_up:  # no place: the local timezone the declarations name
         assert conv.local_tz
-        conv.events.append(("user", rng.choice(TIME_QUESTIONS)))
+        conv.events.append(("user", vary(rng.choice(TIME_QUESTIONS), rng)))
         zone = conv.local_tz
     elif r < 0.85 or follow_up:
         place, zone = _place(rng)
         template = rng.choice(FOLLOW_UP_IN if follow_up else TIME_QUESTIONS_IN)
         text = template.format(place=place)
-        conv.events.append(("user", text[0].upper() + text[1:]))
+        conv.events.append(("user", vary(text[0].upper() + text[1:], rng, keep_case=text.startswith(place))))
     else:
         src_place, src = _place(rng)
         dst_place, dst = _place(rng)
@@ -1124,13 +1125,50 @@ def _chat_items(with_tools: bool) -> list[tuple[str, str]]:
     return items
 
 
-def conversations(seed: int = 0, plain: int = 1400, with_tools: int = 700) -> list[Conversation]:
+# How people type the same question: a third of the corpus's questions come in one of these forms, so
+# that the demo keys on what is asked, not on its exact spelling.
+_PREFIXES = ("Hey, ", "Hi! ", "Please, ", "Quick question: ", "So, ", "OK, ", "Tell me, ", "Hello! ")
+_SUFFIXES = (" Thanks.", " Please.", " Thank you!", " Thanks!")
+_PLAIN_KEYS = {"greeting", "how_are_you", "thanks", "bye"}  # social turns keep their form
+_PLAIN_PHRASINGS = {q for t in TOPICS if t.key in _PLAIN_KEYS for q in t.phrasings}
+
+
+def vary(question: str, rng: random.Random, keep_case: bool = False) -> str:
+    """`question` as typed casually (lower case, no final mark, a lead-in or a thanks), or as it is.
+    `keep_case`: the first word is a name (a city, a timezone) and keeps its capital."""
+    if question in _PLAIN_PHRASINGS or rng.random() < 0.65:
+        return question
+    lower = not keep_case and (question[1:2].islower() or question[1:2] == " ")
+    low = question[0].lower() + question[1:] if lower else question
+    form = rng.randrange(5)
+    if form == 0:
+        return low
+    if form == 1:
+        return question.rstrip("?.!")
+    if form == 2:
+        return low.rstrip("?.!")
+    if form == 3:
+        return rng.choice(_PREFIXES) + low
+    return question + rng.choice(_SUFFIXES)
+
+
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "Be brief.",
+    "Answer in English.",
+    "You are the gemma-chat demo.",
+    "Keep your answers short and friendly.",
+)
+
+
+def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> list[Conversation]:
     """`plain` conversations without tools and `with_tools` with the time tools declared.
 
     Plain ones: every question of the corpus is the last turn of some conversation at least once
     (most questions twice or more), after 0-3 earlier turns drawn from the corpus, a greeting first
-    in most. With tools: about half of the user turns ask the time (a place, a zone, no place, a
-    conversion, a follow-up "And in Tokyo?"), the others are the plain questions.
+    in most, a third of the questions typed casually (`vary`), one in twenty after a system prompt.
+    With tools: 2-4 user turns, about 60 % of them asking the time (a place, a zone, no place, a
+    conversion, a follow-up "And in Tokyo?"), the others the plain questions.
     """
     rng = random.Random(seed)
     out: list[Conversation] = []
@@ -1140,12 +1178,14 @@ def conversations(seed: int = 0, plain: int = 1400, with_tools: int = 700) -> li
         queue: list[tuple[str, str]] = []
         for _ in range(n):
             conv = Conversation(rng.choice(LOCAL_ZONES) if tools else None)
-            turns = rng.choice((1, 2, 2, 3, 3, 4))
+            if rng.random() < 0.05:
+                conv.system = rng.choice(SYSTEM_PROMPTS)
+            turns = rng.choice((2, 3, 3, 4) if tools else (1, 2, 2, 3, 3, 4))
             if turns > 1 and rng.random() < 0.6:
                 conv.events += [("user", rng.choice(greetings)), ("reply", GREETING_REPLY)]
                 turns -= 1
             for _ in range(turns):
-                if tools and rng.random() < 0.5:
+                if tools and rng.random() < 0.6:
                     had_time = any(e[0] == "call" for e in conv.events)
                     if rng.random() < 0.03:
                         _time_error(rng, conv)
@@ -1156,7 +1196,7 @@ def conversations(seed: int = 0, plain: int = 1400, with_tools: int = 700) -> li
                     queue = items[:]
                     rng.shuffle(queue)
                 q, reply = queue.pop()
-                conv.events += [("user", q), ("reply", reply)]
+                conv.events += [("user", vary(q, rng)), ("reply", reply)]
             out.append(conv)
     rng.shuffle(out)
     return out

@@ -48,10 +48,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -159,9 +161,8 @@ def generation_spans(tokenizer, template: str, conv: demo_corpus.Conversation):
     for i, ev in enumerate(conv.events):
         if ev[0] not in ("reply", "call"):
             continue
-        before = demo_corpus.Conversation(conv.local_tz, conv.events[:i])
-        prompt = render(tokenizer, template, before, True)
-        upto = render(tokenizer, template, demo_corpus.Conversation(conv.local_tz, conv.events[: i + 1]), False)
+        prompt = render(tokenizer, template, dataclasses.replace(conv, events=conv.events[:i]), True)
+        upto = render(tokenizer, template, dataclasses.replace(conv, events=conv.events[: i + 1]), False)
         if not upto.startswith(prompt):
             raise RuntimeError(f"the template's prompt is not a prefix of the rendered turn: {prompt[-80:]!r}")
         gen = upto[len(prompt) :]
@@ -171,7 +172,8 @@ def generation_spans(tokenizer, template: str, conv: demo_corpus.Conversation):
             raise RuntimeError(f"a tool call must end with <|tool_response>: {gen!r}")
         if not full.startswith(prompt + gen):
             raise RuntimeError(f"the conversation does not continue the turn's prompt: {gen!r}")
-        spans.append((len(prompt), len(prompt) + len(gen), prompt))
+        kind = ev[0] if ev[0] == "call" or i == 0 or conv.events[i - 1][0] != "result" else "answer"
+        spans.append((len(prompt), len(prompt) + len(gen), prompt, kind))
     results = []
     at = 0
     while (i := full.find("<|tool_response>response:", at)) >= 0:
@@ -181,9 +183,17 @@ def generation_spans(tokenizer, template: str, conv: demo_corpus.Conversation):
     return full, spans, results
 
 
+# Where a reply is decided: its first tokens choose among the corpus's replies (the rest follows from
+# them), a call's argument values carry the zone or the time, an answer after a result copies it.
+# Those tokens weigh DECISION_WEIGHT in the loss, the rest of what the model generates 1.
+DECISION_TOKENS = 6
+DECISION_WEIGHT = 3.0
+_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.S)
+
+
 def encode_conversation(tokenizer, template: str, conv, max_len: int):
-    """(ids, weights) or None when longer than `max_len`: weight 1 on generated tokens, 0 on tool
-    results, 0.1 on the rest of the prompt."""
+    """(ids, weights) or None when longer than `max_len`: weight 1 on generated tokens (DECISION_WEIGHT
+    on the deciding ones), 0 on tool results, 0.1 on the rest of the prompt."""
     hf = _hf(tokenizer)
     full, spans, results = generation_spans(tokenizer, template, conv)
     enc = hf(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -195,14 +205,17 @@ def encode_conversation(tokenizer, template: str, conv, max_len: int):
     ids, offsets = ids[:n], offsets[:n]
     starts = {a: k for k, (a, _) in enumerate(offsets)}
     weights = np.full(n, 0.1, np.float32)
-    for a, b, prompt in spans:
+    for a, b, prompt, kind in spans:
         k = starts.get(a)
         if k is None or list(hf.encode(prompt, add_special_tokens=False)) != ids[:k]:
             raise RuntimeError(f"the prompt does not tokenise to the ids before its reply: {prompt[-60:]!r}")
+        values = [(a + m.start(1), a + m.end(1)) for m in _STRING.finditer(full[a:b])] if kind == "call" else []
         for t in range(k, n):
-            if offsets[t][0] >= b:
+            at = offsets[t][0]
+            if at >= b:
                 break
-            weights[t] = 1.0
+            deciding = kind == "answer" or t - k < DECISION_TOKENS or any(u <= at < v for u, v in values)
+            weights[t] = DECISION_WEIGHT if deciding else 1.0
     for a, b in results:
         for t, (s, _) in enumerate(offsets):
             if a <= s < b:
