@@ -4,14 +4,17 @@
     .venv/bin/python scripts/train_demo.py --continue-drafter A --drafter-steps N --out B     (stage 2: drafter)
     .venv/bin/python scripts/train_demo.py --continue-drafter B --on-policy --drafter-steps N --lr L --out OUT
 
-The shipped weights (seconds on the shared 2-core machine, heavily loaded by other test runs):
+The retrained weights of branch demo2-weights (not shipped yet: their drafter needs more steps; seconds on
+the shared 2-core machine, heavily loaded by other test runs):
     --target-steps 1400 --drafter-steps 0 --out A          stopped at step 550 (4006 s, loss 8.2 -> ~0.2)
     --target-steps 780 --resume ...; then --target-steps 750 --resume --out A
                                                            steps 551-750 (1650 s): the rest of the cosine
                                                            schedule compressed to end at 780, stopped at 750
     --continue-drafter A --drafter-steps 50 --out B        (242 s once resumed at step 10)
     --continue-drafter B --drafter-steps 85 --lr 3e-3 --out C   (358 s)
-    --continue-drafter C --drafter-steps 130 --lr 3e-3 --out core/data/demo
+    --continue-drafter C --drafter-steps 130 --lr 3e-3 --out D
+                                                           stopped at step 110, resumed with --drafter-steps 110
+                                                           (~900 s)
 A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
 --target-steps / --drafter-steps it is resumed with).
 

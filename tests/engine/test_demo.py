@@ -159,6 +159,15 @@ def _topic_reply(key: str) -> str:
     return next(t.reply for t in _corpus().TOPICS if t.key == key)
 
 
+def _retrained() -> bool:
+    """The retrained demo (multi-turn, off-topic reply, time tools) ships with the canonical template. Its
+    weights wait on branch demo2-weights: its drafter, 245 steps, drafts about half as well as this one."""
+    return "<|tool_call>" in (demo.DEMO_DIR / "target" / "chat_template.jinja").read_text(encoding="utf-8")
+
+
+retrained_only = pytest.mark.skipif(not _retrained(), reason="the shipped demo is not the retrained one yet")
+
+
 @pytest.fixture(scope="module")
 def demo_engine():
     from core.engine.local import Engine
@@ -185,6 +194,7 @@ def _chat(engine, messages: list[dict], max_tokens: int = 96):
     return done
 
 
+@retrained_only
 def test_a_second_turn_is_answered_on_topic(demo_engine):
     # the first trained demo answered only a chat's first message: after "Hello" this gave "In tokens."
     greeting = _corpus().GREETING_REPLY
@@ -195,6 +205,7 @@ def test_a_second_turn_is_answered_on_topic(demo_engine):
         assert done.stats.stop_reason == "eos"
 
 
+@retrained_only
 def test_held_out_phrasings_are_answered_on_topic(demo_engine):
     # phrasings that are not in the corpus, one of them the greeting's own suggestion in other words
     for question, key in (
@@ -205,6 +216,7 @@ def test_held_out_phrasings_are_answered_on_topic(demo_engine):
         assert text[:FIRST] == _topic_reply(key)[:FIRST], (question, text)
 
 
+@retrained_only
 def test_questions_it_does_not_know_get_the_off_topic_reply(demo_engine):
     # the README's serve example, and one that is not in the corpus; the first demo made word salad of both
     reply = _corpus().off_topic_reply(with_tools=False)
@@ -226,6 +238,7 @@ def _time_tools() -> tuple[list[dict], dict]:
     return tools, {c["name"]: c for c in captured["calls"]}
 
 
+@retrained_only
 def test_the_shipped_chat_template_is_the_canonical_gemma4_one_and_renders_plain_chats_as_before(demo_tokenizer):
     shipped = (demo.DEMO_DIR / "target" / "chat_template.jinja").read_text(encoding="utf-8")
     assert shipped == (ROOT / "scripts" / "gemma4_e2b_chat_template.jinja").read_text(encoding="utf-8")
@@ -262,6 +275,7 @@ def _ask_the_time(engine, question: str):
     return done
 
 
+@retrained_only
 def test_with_the_time_tools_it_calls_get_current_time_and_stops_for_the_result(demo_engine):
     # mcp-server-time's own declarations (captured), through Engine.chat(tools=) as the chat and the server
     # send them; the first trained demo had no tool template and answered in prose
@@ -275,6 +289,7 @@ def test_with_the_time_tools_it_calls_get_current_time_and_stops_for_the_result(
         ZoneInfo(call.arguments["timezone"])  # a real IANA zone
 
 
+@retrained_only
 @pytest.mark.xfail(
     strict=True,
     reason="the demo writes the call's shape but not yet the asked city's zone (copying from the question "
@@ -286,6 +301,7 @@ def test_the_time_call_names_the_zone_of_the_city_asked_about(demo_engine):
         assert call.arguments == {"timezone": zone}, (question, call)
 
 
+@retrained_only
 @pytest.mark.xfail(
     strict=True,
     reason="the answer has the result's shape ('It is HH:MM in ZONE.') but not yet its time and zone "
@@ -323,6 +339,7 @@ def test_after_the_result_it_answers_with_the_time_it_was_given(demo_engine):
         assert done.text.strip() == expected
 
 
+@retrained_only
 def test_without_the_time_tool_a_time_question_gets_a_polite_refusal(demo_engine):
     text = _chat(demo_engine, [{"role": "user", "content": "What time is it in Paris?"}]).text.strip()
     assert text == _corpus().NO_TIME_TOOL_REPLY
