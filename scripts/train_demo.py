@@ -4,8 +4,8 @@
     .venv/bin/python scripts/train_demo.py --continue-drafter A --drafter-steps N --out B     (stage 2: drafter)
     .venv/bin/python scripts/train_demo.py --continue-drafter B --on-policy --drafter-steps N --lr L --out OUT
 
-The retrained weights of branch demo2-weights (not shipped yet: their drafter needs more steps; seconds on
-the shared 2-core machine, heavily loaded by other test runs):
+The shipped weights came from these runs (seconds on the shared 2-core machine, heavily loaded by other
+test runs):
     --target-steps 1400 --drafter-steps 0 --out A          stopped at step 550 (4006 s, loss 8.2 -> ~0.2)
     --target-steps 780 --resume ...; then --target-steps 750 --resume --out A
                                                            steps 551-750 (1650 s): the rest of the cosine
@@ -15,6 +15,7 @@ the shared 2-core machine, heavily loaded by other test runs):
     --continue-drafter C --drafter-steps 130 --lr 3e-3 --out D
                                                            stopped at step 110, resumed with --drafter-steps 110
                                                            (~900 s)
+    --continue-drafter D --drafter-steps 200 --lr 2e-3 --out core/data/demo   (375 s, the machine quieter)
 A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
 --target-steps / --drafter-steps it is resumed with).
 
