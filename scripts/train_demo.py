@@ -1,36 +1,57 @@
 """Train the offline demo pairing that ships in core/data/demo/.
 
-    .venv/bin/python scripts/train_demo.py [--out core/data/demo] [--target-steps 320] [--drafter-steps 160]
-    .venv/bin/python scripts/train_demo.py --continue-drafter DIR --drafter-steps N --lr L --out OUT
+    .venv/bin/python scripts/train_demo.py --target-steps N --drafter-steps 0 --out A        (stage 1: target)
+    .venv/bin/python scripts/train_demo.py --continue-drafter A --drafter-steps N --out B     (stage 2: drafter)
+    .venv/bin/python scripts/train_demo.py --continue-drafter B --on-policy --drafter-steps N --lr L --out OUT
 
-The shipped weights, three stages (the manifest lists them; seconds on the shared 2-core machine):
-    train_demo.py --target-steps 320 --drafter-steps 160 --out A                          (2765 s)
-    train_demo.py --continue-drafter A --drafter-steps 100 --lr 4e-3 --out B             (531 s)
-    train_demo.py --continue-drafter B --on-policy --drafter-steps 80 --lr 3e-3 --out core/data/demo  (535 s)
-The target learns the corpus by heart (loss 8.2 -> 0.014); the drafter's teacher-forced greedy agreement
-with it on the corpus's replies is 91 / 96 / 96 / 95 % for draft steps 1-4. (The second stage ran with
---on-policy before ON_POLICY_PROMPTS existed; the target's replies to the corpus prompts are the corpus
-text, so it added nothing and equals the command above.)
+The shipped weights came from these runs (seconds on the shared 2-core machine, heavily loaded by other
+test runs):
+    --target-steps 1400 --drafter-steps 0 --out A          stopped at step 550 (4006 s, loss 8.2 -> ~0.2)
+    --target-steps 780 --resume ...; then --target-steps 750 --resume --out A
+                                                           steps 551-750 (1650 s): the rest of the cosine
+                                                           schedule compressed to end at 780, stopped at 750
+    --continue-drafter A --drafter-steps 50 --out B        (242 s once resumed at step 10)
+    --continue-drafter B --drafter-steps 85 --lr 3e-3 --out C   (358 s)
+    --continue-drafter C --drafter-steps 130 --lr 3e-3 --out D
+                                                           stopped at step 110, resumed with --drafter-steps 110
+                                                           (~900 s)
+    --continue-drafter D --drafter-steps 200 --lr 2e-3 --out core/data/demo   (375 s, the machine quieter)
+A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
+--target-steps / --drafter-steps it is resumed with).
+
+STAGES
 
 1. Writes a random-weight E-style pairing with the checkpoint factory, in the demo's shapes
-   (`DEMO_SHAPES`): the real on-disk layout (HF names, config.json, tokenizer, chat template).
-2. Loads it with the engine's own loaders (mlx-lm's Gemma 4 modules give the names, shapes and
-   RoPE tables) and trains the target's text model on chat turns (scripts/demo_corpus.py), the
-   prompt rendered exactly as the engine renders it, the loss on the reply and its end-of-turn token.
+   (`DEMO_SHAPES`): the real on-disk layout (HF names, config.json, tokenizer, chat template). Then
+   replaces the factory's tokenizer with the demo's own (scripts/demo_tokenizer.py, trained on the
+   corpus: same special ids, digits and punctuation as single pieces) and its simplified chat template
+   with the canonical Gemma 4 E2B/E4B template (scripts/gemma4_e2b_chat_template.jinja, published
+   2026-07-09), in the target and in the drafter.
+2. Renders every corpus conversation (scripts/demo_corpus.py: multi-turn chats, off-topic questions,
+   time-tool calls and results) with that template, exactly as a chat client renders it (tools through
+   `tools=`, results as the template writes them), tokenises it once, and trains the target's text
+   model on every token the model generates (replies, `<turn|>`, tool calls up to `<|tool_response>`),
+   weight 1, the rest of the prompt weight 0.1 and tool results 0 (they are the server's, not the
+   model's). Each generation point's prompt is checked to tokenise to exactly the ids before it,
+   so what the model learns is what it sees when the engine renders that prompt alone.
 3. Freezes the target and distils the centroid-head `gemma4_assistant` drafter against it: for
-   every position q the drafter starts from the target's post-norm hidden at q and the token at
-   q + 1, reads the target's producer-layer K/V of [0, q] (the round's query position P - 1), and
+   every generated position q the drafter starts from the target's post-norm hidden at q and the token
+   at q + 1, reads the target's producer-layer K/V of [0, q] (the round's query position P - 1), and
    is unrolled `DRAFT_STEPS` steps, each matching the target's next-token distribution at q + j
    (soft + hard cross-entropy on the vocabulary, soft cross-entropy on the centroid head's clusters).
-   The centroid head's `token_ordering` groups the tokens by corpus frequency.
+   The centroid head's `token_ordering` groups the tokens by how often the model generates them.
+   `--on-policy` adds the target's own greedy replies to `demo_corpus.on_policy_conversations()`.
 4. Writes the trained tensors back under their on-disk names (vision tower untouched: random),
-   checks that the engine's MLX forward picks the same greedy tokens as the trained model, and
-   writes the manifest `gemma_chat_demo.json` with every file's sha256 (checked by `core.hub.demo`).
+   checks that the engine's MLX forward picks the same greedy tokens as the trained model and that
+   the written drafter's centroid routing reproduces its full-vocabulary choice
+   (`check_drafter_routes`), and writes the manifest `gemma_chat_demo.json` with every file's sha256
+   (checked by `core.hub.demo`).
 
 The arithmetic runs in numpy with autograd (scripts/demo_numpy.py): MLX's CPU matmul measured
-~1 GFLOP/s here against OpenBLAS's ~20. Float32, fixed seeds (factory seed 0, data order seed 0),
-one OpenBLAS thread: on one machine a rerun gives the same weights; other CPUs may differ in the
-last bits.
+~1 GFLOP/s here against OpenBLAS's ~20. Float32, fixed seeds (factory seed 0, corpus seed 0, data order
+seed 0), one OpenBLAS thread: on one machine a rerun gives the same weights; other CPUs may differ in
+the last bits. A long stage can be stopped and resumed (`--resume`: it saves its state every
+`--save-every` steps next to `--out`).
 """
 
 from __future__ import annotations
@@ -42,10 +63,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -68,16 +91,19 @@ use_private_kernel_cache()  # before mlx runs anything: its compiled kernels go 
 
 import demo_corpus  # noqa: E402
 import demo_numpy as dn  # noqa: E402
+import demo_tokenizer  # noqa: E402
 from support import factory  # noqa: E402
 from support.factory.specs import F, S  # noqa: E402
 from support.factory.writer import DiskTensor, write_safetensors  # noqa: E402
 
 from core.model.drafter import load_drafter  # noqa: E402
-from core.model.loader import load_target_model  # noqa: E402
+from core.model.loader import load_target_model, load_tokenizer  # noqa: E402
 
 SEED = 0
 DRAFT_STEPS = 4  # drafter steps unrolled in training (block size 5)
 TARGET_LAYERS = 16
+TEMPLATE = ROOT / "scripts" / "gemma4_e2b_chat_template.jinja"
+LABEL = "demo: tiny model trained on gemma-chat's notes, Python docstrings and time-tool calls"
 
 
 def _layer_types(n: int) -> list[str]:
@@ -89,26 +115,27 @@ def _layer_types(n: int) -> list[str]:
 # Why these shapes: on a CPU a tiny model's decode step costs about a fixed amount per layer
 # (kernel launch and Python overhead, not arithmetic), and a K-token verify costs about one
 # step. The drafter always has 4 (query-only) layers, so a target of 16 layers makes a draft step
-# about a quarter of a target step, and drafting pays. The width stays small so the weights ship
-# in a few MB and train in minutes.
+# about a quarter of a target step, and drafting pays. 128 wide holds the multi-turn chats, the
+# off-topic rule and the copying of tool results; the weights still ship in ~15 MB. The sliding
+# window covers the longest corpus conversation (the two tool declarations alone are ~300 tokens).
 DEMO_SHAPES = {
     "text_config": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 256,
         "num_hidden_layers": TARGET_LAYERS,
         "layer_types": _layer_types(TARGET_LAYERS),
         "num_kv_shared_layers": 6,
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
-        "head_dim": 32,
-        "global_head_dim": 64,
+        "head_dim": 64,
+        "global_head_dim": 128,
         "hidden_size_per_layer_input": 8,
         "use_double_wide_mlp": True,
-        "sliding_window": 512,
+        "sliding_window": 1024,
     },
     "drafter": {
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        "hidden_size": 64,
+        "intermediate_size": 128,
         "num_attention_heads": 2,
         "use_ordered_embeddings": True,
         "num_centroids": 32,
@@ -120,24 +147,110 @@ DEMO_SHAPES = {
 # -- data ------------------------------------------------------------------------------------
 
 
-def encode_examples(tokenizer, max_len: int) -> list[tuple[list[int], int]]:
-    """(token ids, index of the first reply token) per example: the prompt exactly as the engine
-    renders it (core.decode.prompt, the checkpoint's chat template, no thinking), then the reply's own
-    tokens and the end-of-turn token, which is how the model sees them while it generates."""
-    from core.decode import prompt as prompt_mod
+def _hf(tokenizer):
+    return getattr(tokenizer, "_tokenizer", tokenizer)
 
-    end_of_turn = tokenizer.convert_tokens_to_ids("<turn|>")
-    out = []
-    for user, reply in demo_corpus.chat_examples(SEED):
-        prompt = prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": user}])
-        full = prompt + tokenizer.encode(reply, add_special_tokens=False) + [end_of_turn]
-        if len(full) <= max_len:
-            out.append((full, len(prompt)))
+
+def render(tokenizer, template: str, conv: demo_corpus.Conversation, generation_prompt: bool) -> str:
+    messages, tools = demo_corpus.render_conversation(conv)
+    text = _hf(tokenizer).apply_chat_template(
+        messages,
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
+        chat_template=template,
+        enable_thinking=False,
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def generation_spans(tokenizer, template: str, conv: demo_corpus.Conversation):
+    """(full text, [(start, end, prompt text)] of what the model generates, [(start, end)] of tool results).
+
+    A reply is its text and `<turn|>`; a tool call is `<|tool_call>...<tool_call|><|tool_response>`
+    (generation stops at `<|tool_response>`); each starts where the template's generation prompt for
+    the conversation so far ends."""
+    full = render(tokenizer, template, conv, False)
+    spans = []
+    for i, ev in enumerate(conv.events):
+        if ev[0] not in ("reply", "call"):
+            continue
+        prompt = render(tokenizer, template, dataclasses.replace(conv, events=conv.events[:i]), True)
+        upto = render(tokenizer, template, dataclasses.replace(conv, events=conv.events[: i + 1]), False)
+        if not upto.startswith(prompt):
+            raise RuntimeError(f"the template's prompt is not a prefix of the rendered turn: {prompt[-80:]!r}")
+        gen = upto[len(prompt) :]
+        if ev[0] == "reply":
+            gen = gen[: gen.index("<turn|>") + len("<turn|>")]
+        elif not gen.endswith("<|tool_response>"):
+            raise RuntimeError(f"a tool call must end with <|tool_response>: {gen!r}")
+        if not full.startswith(prompt + gen):
+            raise RuntimeError(f"the conversation does not continue the turn's prompt: {gen!r}")
+        kind = ev[0] if ev[0] == "call" or i == 0 or conv.events[i - 1][0] != "result" else "answer"
+        spans.append((len(prompt), len(prompt) + len(gen), prompt, kind))
+    results = []
+    at = 0
+    while (i := full.find("<|tool_response>response:", at)) >= 0:
+        end = full.index("<tool_response|>", i) + len("<tool_response|>")
+        results.append((i + len("<|tool_response>"), end))
+        at = end
+    return full, spans, results
+
+
+# Where a reply is decided: its first tokens choose among the corpus's replies (the rest follows from
+# them), a call's argument values carry the zone or the time, an answer after a result copies it.
+# Those tokens weigh DECISION_WEIGHT in the loss, the rest of what the model generates 1.
+DECISION_TOKENS = 6
+DECISION_WEIGHT = 3.0
+_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.S)
+
+
+def encode_conversation(tokenizer, template: str, conv, max_len: int):
+    """(ids, weights) or None when longer than `max_len`: weight 1 on generated tokens (DECISION_WEIGHT
+    on the deciding ones), 0 on tool results, 0.1 on the rest of the prompt."""
+    hf = _hf(tokenizer)
+    full, spans, results = generation_spans(tokenizer, template, conv)
+    enc = hf(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+    end = spans[-1][1]
+    n = sum(1 for a, _ in offsets if a < end)
+    if n > max_len:
+        return None
+    ids, offsets = ids[:n], offsets[:n]
+    starts = {a: k for k, (a, _) in enumerate(offsets)}
+    weights = np.full(n, 0.1, np.float32)
+    for a, b, prompt, kind in spans:
+        k = starts.get(a)
+        if k is None or list(hf.encode(prompt, add_special_tokens=False)) != ids[:k]:
+            raise RuntimeError(f"the prompt does not tokenise to the ids before its reply: {prompt[-60:]!r}")
+        values = [(a + m.start(1), a + m.end(1)) for m in _STRING.finditer(full[a:b])] if kind == "call" else []
+        for t in range(k, n):
+            at = offsets[t][0]
+            if at >= b:
+                break
+            deciding = kind == "answer" or t - k < DECISION_TOKENS or any(u <= at < v for u, v in values)
+            weights[t] = DECISION_WEIGHT if deciding else 1.0
+    for a, b in results:
+        for t, (s, _) in enumerate(offsets):
+            if a <= s < b:
+                weights[t] = 0.0
+    return ids, weights
+
+
+def encode_corpus(tokenizer, template: str, convs, max_len: int, log) -> list[tuple[list[int], np.ndarray]]:
+    t0 = time.perf_counter()
+    out = [e for e in (encode_conversation(tokenizer, template, c, max_len) for c in convs) if e is not None]
+    log(
+        f"encoded {len(out)}/{len(convs)} conversations ({len(convs) - len(out)} over {max_len} tokens), "
+        f"{sum(len(i) for i, _ in out)} tokens, {sum(int((w >= 0.5).sum()) for _, w in out)} generated "
+        f"({time.perf_counter() - t0:.0f}s)"
+    )
     return out
 
 
 def batches(examples, batch_tokens: int, rng: random.Random):
-    """Length-bucketed batches (inputs [B, T], targets [B, T], loss mask [B, T]) in a shuffled order."""
+    """Length-bucketed batches (inputs [B, T], targets [B, T], loss weights [B, T]) in a shuffled order."""
     order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
     groups, cur = [], []
     for i in order:
@@ -152,15 +265,14 @@ def batches(examples, batch_tokens: int, rng: random.Random):
         T = max(len(examples[i][0]) for i in g) - 1
         x = np.zeros((len(g), T), np.int32)
         y = np.zeros((len(g), T), np.int32)
-        m = np.zeros((len(g), T), np.float32)
+        w = np.zeros((len(g), T), np.float32)
         for r, i in enumerate(g):
-            ids, start = examples[i]
+            ids, weights = examples[i]
             n = len(ids) - 1
             x[r, :n] = ids[:-1]
             y[r, :n] = ids[1:]
-            m[r, start - 1 : n] = 1.0  # predict every reply token and the closing <turn|>
-            m[r, : start - 1] = 0.1  # and the prompt a little, so odd prompts stay in distribution
-        yield x, y, m
+            w[r, :n] = weights[1:]  # position t predicts token t + 1
+        yield x, y, w
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
@@ -170,109 +282,172 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+# -- resumable training loop -------------------------------------------------------------------
+
+
+class Saver:
+    """Params and Adam moments every `every` steps to `path` (an .npz), so a stopped stage resumes."""
+
+    def __init__(self, path: Path | None, every: int):
+        self.path, self.every = path, every
+
+    def load(self, params: dict, opt: dn.Adam) -> int:
+        if self.path is None or not self.path.is_file():
+            return 0
+        data = np.load(self.path)
+        for k in params:
+            params[k] = data["p/" + k]
+            opt.m[k], opt.v[k] = data["m/" + k], data["v/" + k]
+        opt.t = int(data["t"])
+        return int(data["step"])
+
+    def save(self, params: dict, opt: dn.Adam, step: int) -> None:
+        if self.path is None or not self.every or step % self.every:
+            return
+        arrays = {"step": np.array(step), "t": np.array(opt.t)}
+        for k in params:
+            arrays["p/" + k], arrays["m/" + k], arrays["v/" + k] = params[k], opt.m[k], opt.v[k]
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(self.path)
+
+
+def run_steps(name: str, grad_fn, params: dict, make_batches, steps: int, lr: float, saver: Saver, log, prepare=None):
+    """Adam with a cosine schedule over `steps` batches of `make_batches(epoch)` (each passed through
+    `prepare`); a resumed run skips the batches its saved state already trained on."""
+    opt = dn.Adam(params)
+    done = saver.load(params, opt)
+    if done:
+        log(f"{name}: resumed at step {done}")
+    step, seen, epoch, t0 = done, 0, 0, time.perf_counter()
+    while step < steps:
+        for batch in make_batches(epoch):
+            seen += 1
+            if seen <= done:
+                continue
+            loss, grads = grad_fn(params, *(prepare(*batch) if prepare else batch))
+            opt.update(params, grads, cosine_lr(step, steps, lr, 10))
+            step += 1
+            saver.save(params, opt, step)
+            if step % 10 == 0 or step == steps or step <= 2:
+                log(f"{name} step {step}/{steps} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f}s)")
+            if step >= steps:
+                break
+        epoch += 1
+
+
 # -- target ----------------------------------------------------------------------------------
 
 
-def train_target(p: dict, spec, examples, steps: int, batch_tokens: int, lr: float, log) -> None:
-    def loss_fn(params, x, y, m):
+def train_target(p: dict, spec, examples, steps: int, batch_tokens: int, lr: float, saver: Saver, log) -> None:
+    def loss_fn(params, x, y, w):
         logits, _, _ = dn.target_forward(params, spec, x)
-        onehot = np.eye(logits.shape[-1], dtype=np.float32)[y]
-        ce = dn.logsumexp(logits, axis=-1) - anp.sum(logits * onehot, axis=-1)
-        return anp.sum(ce * m) / np.sum(m)
+        return anp.sum(dn.cross_entropy(logits, y) * w) / np.sum(w)
 
-    grad_fn = value_and_grad(loss_fn)
-    opt = dn.Adam(p)
-    rng = random.Random(SEED)
-    step, t0 = 0, time.perf_counter()
-    while step < steps:
-        for x, y, m in batches(examples, batch_tokens, rng):
-            loss, grads = grad_fn(p, x, y, m)
-            opt.update(p, grads, cosine_lr(step, steps, lr, 5))
-            step += 1
-            if step % 10 == 0 or step == steps or step <= 2:
-                log(f"target step {step}/{steps} loss {float(loss):.3f} ({time.perf_counter() - t0:.0f}s)")
-            if step >= steps:
-                break
+    def make_batches(epoch: int):
+        return batches(examples, batch_tokens, random.Random(SEED * 1000 + epoch))
+
+    run_steps("target", value_and_grad(loss_fn), p, make_batches, steps, lr, saver, log)
 
 
 # -- drafter ---------------------------------------------------------------------------------
 
 
-def drafter_loss(pd, dspec, embed_table, hidden, logits, kv, x, m, onehot_clusters):
-    """Unrolled drafter steps from every query position q; step j matches the target at q + j."""
-    B, T, _ = hidden.shape
-    mask = dn.causal_mask(T)
-    h = hidden
-    total, count = 0.0, 0.0
+def gather_queries(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Query positions worth unrolling the drafter from: q with a generated token among q+1..q+K.
+    Returns (idx [B, Q] padded with the row's last query, present [B, Q])."""
+    B, T = m.shape
+    useful = np.zeros((B, T), bool)
     for j in range(1, DRAFT_STEPS + 1):
-        if j >= T:
-            break
-        tok = np.concatenate([x[:, j:], np.zeros((B, j), x.dtype)], axis=1)  # the token at q + j
+        useful[:, : T - j] |= m[:, j:] > 0.5
+    rows = [np.flatnonzero(r) for r in useful]
+    Q = max(1, max(len(r) for r in rows))
+    idx = np.zeros((B, Q), np.int64)
+    present = np.zeros((B, Q), bool)
+    for b, r in enumerate(rows):
+        if len(r):
+            idx[b, : len(r)], idx[b, len(r) :] = r, r[-1]
+            present[b, : len(r)] = True
+    return idx, present
+
+
+def drafter_inputs(pt: dict, spec, x: np.ndarray, w: np.ndarray) -> dict:
+    """The frozen target's side of a drafter batch, at the gathered queries only."""
+    logits, hidden, kv = dn.target_forward(pt, spec, x, want_kv=True)
+    m = (w > 0.5).astype(np.float32)  # distil where the model generates
+    idx, present = gather_queries(m)
+    B, T = x.shape
+    rows = np.arange(B)[:, None]
+    masks = {t: mk[idx][:, None, None] for t, mk in dn.layer_masks(T, spec.window).items()}  # [B, 1, 1, Q, T]
+    steps = []
+    for j in range(1, DRAFT_STEPS + 1):
+        at = np.minimum(idx + j, T - 1)
+        valid = m[rows, at] * present * (idx + j < T)
+        target = logits[rows, at]
+        pt_ = np.exp(target - target.max(-1, keepdims=True))
+        pt_ /= pt_.sum(-1, keepdims=True)
+        steps.append((x[rows, at], pt_, target.argmax(-1), valid.astype(np.float32)))
+    return {"hidden": hidden[rows, idx], "kv": kv, "masks": masks, "positions": idx, "steps": steps}
+
+
+def drafter_loss(pd, dspec, embed_table, batch: dict, onehot_clusters):
+    """Unrolled drafter steps from every gathered query q; step j matches the target at q + j."""
+    h = batch["hidden"]
+    total, count = 0.0, 0.0
+    for tok, pt_, hard, valid in batch["steps"]:
         emb = embed_table[tok] * dspec.target_embed_scale
-        y, h = dn.drafter_step(pd, dspec, emb, h, kv, mask)
-        target = np.concatenate([logits[:, j:], np.zeros((B, j, logits.shape[-1]), np.float32)], axis=1)
-        valid = np.concatenate([m[:, j:], np.zeros((B, j), np.float32)], axis=1)
-        pt = np.exp(target - target.max(-1, keepdims=True))
-        pt /= pt.sum(-1, keepdims=True)
-        hard = np.eye(pt.shape[-1], dtype=np.float32)[target.argmax(-1)]
-        out = dn.log_softmax(dn.linear(y, pd["embed_tokens.weight"]))
-        tok_loss = -anp.sum((pt + hard) * out, axis=-1)
-        cl = -anp.sum((pt @ onehot_clusters) * dn.log_softmax(dn.linear(y, pd["centroids.weight"])), axis=-1)
+        y, h = dn.drafter_step(pd, dspec, emb, h, batch["kv"], batch["masks"], batch["positions"])
+        soft = pt_.copy()
+        np.put_along_axis(soft, hard[..., None], np.take_along_axis(soft, hard[..., None], axis=-1) + 1.0, axis=-1)
+        tok_loss = dn.soft_cross_entropy(dn.linear(y, pd["embed_tokens.weight"]), soft)
+        cl = dn.soft_cross_entropy(dn.linear(y, pd["centroids.weight"]), pt_ @ onehot_clusters)
         total = total + anp.sum((tok_loss + cl) * valid)
         count = count + float(valid.sum())
     return total / max(count, 1.0)
 
 
-def train_drafter(pt_, spec, pd, dspec, examples, steps, batch_tokens, lr, onehot_clusters, log) -> None:
+def train_drafter(pt_, spec, pd, dspec, examples, steps, batch_tokens, lr, onehot_clusters, saver, log) -> None:
     embed_table = pt_["model.embed_tokens.weight"]
 
-    def loss_fn(params, hidden, logits, kv, x, m):
-        return drafter_loss(params, dspec, embed_table, hidden, logits, kv, x, m, onehot_clusters)
+    def loss_fn(params, batch):
+        return drafter_loss(params, dspec, embed_table, batch, onehot_clusters)
 
-    grad_fn = value_and_grad(loss_fn)
-    opt = dn.Adam(pd)
-    rng = random.Random(SEED + 1)
-    step, t0 = 0, time.perf_counter()
-    while step < steps:
-        for x, _, m in batches(examples, batch_tokens, rng):
-            logits, hidden, kv = dn.target_forward(pt_, spec, x, want_kv=True)
-            m = (m > 0.5).astype(np.float32)  # distil on reply positions only
-            loss, grads = grad_fn(pd, hidden, logits, kv, x, m)
-            opt.update(pd, grads, cosine_lr(step, steps, lr, 5))
-            step += 1
-            if step % 10 == 0 or step == steps or step <= 2:
-                log(f"drafter step {step}/{steps} loss {float(loss):.3f} ({time.perf_counter() - t0:.0f}s)")
-            if step >= steps:
-                break
+    def make_batches(epoch: int):
+        return batches(examples, batch_tokens, random.Random(SEED + 1 + 1000 * epoch))
+
+    def prepare(x, y, w):
+        return (drafter_inputs(pt_, spec, x, w),)
+
+    run_steps("drafter", value_and_grad(loss_fn), pd, make_batches, steps, lr, saver, log, prepare)
 
 
-def on_policy_examples(target_dir: Path, tokenizer, examples, max_len: int, log) -> list[tuple[list[int], int]]:
-    """The target's own greedy replies to every corpus prompt and to `demo_corpus.ON_POLICY_PROMPTS`
-    (MLX, the engine's loader), as (ids, reply start) examples. The drafter is measured on what the
-    target says, not on the corpus: where the target's reply drifts from the corpus text, these
-    positions teach the drafter the drift."""
+def greedy_reply(model, prompt: list[int], stops: set[int], max_tokens: int) -> list[int]:
     from mlx_lm.generate import generate_step
 
-    from core.decode import prompt as prompt_mod
+    reply: list[int] = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        reply.append(int(tok))
+        if reply[-1] in stops:
+            break
+    return reply
+
+
+def on_policy_examples(target_dir: Path, tokenizer, template: str, max_len: int, log):
+    """The target's own greedy replies (MLX, the engine's loader) to demo_corpus.on_policy_conversations(),
+    as (ids, weights) examples: weight 1 on the reply. Prompts a user may type that are not in the
+    corpus: where the target's reply drifts from anything in the corpus, the drafter learns the drift."""
+    from core.decode.prompt import stop_ids
 
     model = load_target_model(target_dir).model
-    stops = {tokenizer.convert_tokens_to_ids("<turn|>"), tokenizer.eos_token_id}
-    extra = [
-        prompt_mod.encode_messages(tokenizer, [{"role": "user", "content": q}]) for q in demo_corpus.ON_POLICY_PROMPTS
-    ]
-    prompts = sorted({tuple(ids[:start]) for ids, start in examples} | {tuple(p) for p in extra})
+    stops = stop_ids(target_dir, tokenizer)
+    hf = _hf(tokenizer)
     out, t0 = [], time.perf_counter()
-    for prompt in prompts:
-        reply: list[int] = []
-        for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_len - len(prompt) - 1):
-            reply.append(int(tok))
-            if reply[-1] in stops:
-                break
-        out.append((list(prompt) + reply, len(prompt)))
-    log(
-        f"on-policy: {len(out)} greedy replies of the target, {sum(len(i) for i, _ in out)} tokens "
-        f"({time.perf_counter() - t0:.0f}s)"
-    )
+    for conv in demo_corpus.on_policy_conversations():
+        prompt = list(hf.encode(render(tokenizer, template, conv, True), add_special_tokens=False))
+        reply = greedy_reply(model, prompt, stops, min(96, max_len - len(prompt)))
+        weights = np.concatenate([np.full(len(prompt), 0.1, np.float32), np.ones(len(reply), np.float32)])
+        out.append((prompt + reply, weights))
+    log(f"on-policy: {len(out)} greedy replies, {sum(len(i) for i, _ in out)} tokens ({time.perf_counter() - t0:.0f}s)")
     return out
 
 
@@ -286,11 +461,12 @@ def start_unscaled(params: dict) -> None:
 
 
 def token_ordering(examples, vocab: int) -> np.ndarray:
-    """Token ids by corpus frequency (most frequent first), so the centroid head's clusters are
-    the 64 most frequent tokens, the next 64, ...: the likely tokens crowd into few clusters."""
-    counts = np.zeros(vocab, np.int64)
-    for ids, _ in examples:
-        np.add.at(counts, np.array(ids), 1)
+    """Token ids by how often the model generates them (then by corpus frequency), most frequent first,
+    so the centroid head's clusters are the 64 most generated tokens, the next 64, ...: the likely
+    drafts crowd into few clusters."""
+    counts = np.zeros(vocab, np.float64)
+    for ids, weights in examples:
+        np.add.at(counts, np.array(ids), np.where(weights >= 0.5, 1.0, 1e-3))
     return np.lexsort((np.arange(vocab), -counts)).astype(np.int64)
 
 
@@ -326,6 +502,22 @@ def write_trained(path: Path, trained: dict[str, mx.array], rename) -> int:
     return replaced
 
 
+def install_vocabulary(target_dir: Path, drafter_dir: Path, template: str, log) -> None:
+    """The demo's tokenizer (trained on the corpus as rendered with the canonical template) and the
+    canonical template itself, in place of the factory's, in both directories."""
+    base = load_tokenizer(target_dir)
+    texts = [render(base, template, c, False) for c in demo_corpus.conversations(SEED)]
+    data = demo_tokenizer.build_tokenizer(texts, target_dir / "tokenizer.json")
+    for d in (target_dir, drafter_dir):
+        (d / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    (target_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
+    cfg_path = drafter_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["chat_template"] = template  # the drafter's template lives in its tokenizer_config.json
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    log(f"tokenizer: {len(data['model']['vocab'])} pieces, {len(data['model']['merges'])} merges; canonical template")
+
+
 def check_mlx_agrees(target_dir: Path, pt: dict, spec, examples, log) -> None:
     """The engine's MLX forward on the written checkpoint must pick the same greedy tokens as the
     numpy model it was trained as (float32 rounding differs a little, argmax must not)."""
@@ -349,12 +541,13 @@ def check_drafter_routes(drafter_dir: Path, pt: dict, spec, pd: dict, examples, 
     dspec = dn.DrafterSpec(dr, spec)
     embed = pt["model.embed_tokens.weight"]
     same = total = 0
-    for ids, start in examples[:24]:
+    for ids, weights in examples[:24]:
         x = np.array([ids], np.int32)
         _, hidden, kv = dn.target_forward(pt, spec, x, want_kv=True)
         nxt = np.concatenate([x[:, 1:], np.zeros((1, 1), x.dtype)], axis=1)
-        y, _ = dn.drafter_step(pd, dspec, embed[nxt] * dspec.target_embed_scale, hidden, kv, dn.causal_mask(x.shape[1]))
-        for q in range(start - 1, x.shape[1] - 1):
+        masks = dn.layer_masks(x.shape[1], spec.window)
+        y, _ = dn.drafter_step(pd, dspec, embed[nxt] * dspec.target_embed_scale, hidden, kv, masks)
+        for q in np.flatnonzero(weights[1:] >= 0.5):  # positions that predict a generated token
             routed = int(np.array(dr.greedy_token(mx.array(y[:, q : q + 1]))).reshape(-1)[0])
             same += routed == int((pd["embed_tokens.weight"] @ y[0, q]).argmax())
             total += 1
@@ -363,30 +556,63 @@ def check_drafter_routes(drafter_dir: Path, pt: dict, spec, pd: dict, examples, 
         raise RuntimeError("the written drafter's centroid routing does not reproduce the trained drafter")
 
 
+def sample_replies(target_dir: Path, tokenizer, template: str, log) -> None:
+    """Log the target's greedy replies to a few prompts (a look at what was learned)."""
+    from core.decode.prompt import stop_ids
+
+    model = load_target_model(target_dir).model
+    stops = stop_ids(target_dir, tokenizer)
+    hf = _hf(tokenizer)
+    for conv in demo_corpus.sample_conversations():
+        prompt = list(hf.encode(render(tokenizer, template, conv, True), add_special_tokens=False))
+        reply = hf.decode(greedy_reply(model, prompt, stops, 80), skip_special_tokens=False)
+        log(f"sample: {' / '.join(e[1] for e in conv.events if e[0] == 'user')!r} -> {reply!r}")
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def main(argv=None) -> int:
+def write_out(out: Path, target_dir: Path, drafter_dir: Path, manifest: dict) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    shutil.copytree(target_dir, out / "target")
+    shutil.copytree(drafter_dir, out / "assistant")
+    for part in ("target", "assistant"):  # marks each directory as the demo's (core.hub.demo.is_demo_checkpoint)
+        marker = {"label": LABEL, "trained": True, "part": part, "manifest": "../gemma_chat_demo.json"}
+        (out / part / "gemma_chat_demo.json").write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest = {**manifest, "sha256": files}
+    (out / "gemma_chat_demo.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "core" / "data" / "demo"))
-    ap.add_argument("--target-steps", type=int, default=320)
-    ap.add_argument("--drafter-steps", type=int, default=160)
+    ap.add_argument("--target-steps", type=int, default=1500)
+    ap.add_argument("--drafter-steps", type=int, default=300)
     ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--max-len", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=8e-3)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument(
         "--on-policy",
         action="store_true",
-        help="distil the drafter also on the target's own greedy replies to the corpus prompts and "
-        "to demo_corpus.ON_POLICY_PROMPTS",
+        help="distil the drafter also on the target's own greedy replies to demo_corpus.on_policy_conversations()",
     )
     ap.add_argument(
         "--continue-drafter",
         metavar="DIR",
-        help="keep DIR's trained target and train its drafter further (a second distillation stage)",
+        help="keep DIR's trained target and train its drafter further (a later distillation stage)",
     )
-    args = ap.parse_args(argv)
+    ap.add_argument("--resume", action="store_true", help="continue a stopped stage from its saved state")
+    ap.add_argument("--save-every", type=int, default=50, metavar="N")
+    ap.add_argument("--state", metavar="DIR", help="where a stage saves its state (default: a folder in the temp dir)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     t_start = time.perf_counter()
     mx.random.seed(SEED)
     random.seed(SEED)
@@ -395,26 +621,31 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", flush=True)
 
     out = Path(args.out)
+    state = Path(args.state or Path(tempfile.gettempdir()) / f"gemma-chat-demo-train-{out.resolve().name}")
+    state.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="demo-train-"))
+    template = TEMPLATE.read_text(encoding="utf-8")
     try:
         if args.continue_drafter:
-            # a second distillation stage on a trained pairing: the target stays as it is
+            # a later distillation stage on a trained pairing: the target stays as it is
             src = Path(args.continue_drafter)
             target_dir, drafter_dir = work / "build" / "target", work / "build" / "assistant"
             shutil.copytree(src / "target", target_dir)
             shutil.copytree(src / "assistant", drafter_dir)
+            for d in (target_dir, drafter_dir):
+                (d / "gemma_chat_demo.json").unlink(missing_ok=True)
             previous = json.loads((src / "gemma_chat_demo.json").read_text(encoding="utf-8"))
         else:
             target_dir, drafter_dir = factory.build_pairing(work / "build", config_overrides=DEMO_SHAPES, seed=SEED)
             for d in (target_dir, drafter_dir):
                 (d / factory.MARKER_FILE).unlink()  # "random weights": no longer true
+            install_vocabulary(target_dir, drafter_dir, template, log)
             previous = None
-        from core.model.loader import load_tokenizer
-
         tokenizer = load_tokenizer(target_dir)
-        examples = encode_examples(tokenizer, args.max_len)
+        convs = demo_corpus.conversations(SEED)
+        examples = encode_corpus(tokenizer, template, convs, args.max_len, log)
         n_tokens = sum(len(ids) for ids, _ in examples)
-        log(f"corpus: {len(examples)} turns, {n_tokens} tokens; {demo_corpus.corpus_summary()}")
+        log(f"corpus: {demo_corpus.corpus_summary()}")
 
         loaded = load_target_model(target_dir)
         lm = getattr(loaded.model, "language_model", loaded.model)
@@ -426,19 +657,18 @@ def main(argv=None) -> int:
         log(f"target: {n_params / 1e6:.2f} M text parameters")
         prefix = "language_model." if lm is not loaded.model else ""
         if previous is None:
-            train_target(pt, spec, examples, args.target_steps, args.batch_tokens, args.lr, log)
+            saver = Saver(state / "target.npz", args.save_every)
+            if not args.resume:
+                (state / "target.npz").unlink(missing_ok=True)
+            train_target(pt, spec, examples, args.target_steps, args.batch_tokens, args.lr, saver, log)
             n = write_trained(target_dir, {prefix + k: mx.array(v) for k, v in pt.items()}, factory.mlx_name)
             log(f"target: wrote {n} trained tensors")
+            check_mlx_agrees(target_dir, pt, spec, examples, log)
+            sample_replies(target_dir, tokenizer, template, log)
         drafter_examples = examples
         if args.on_policy:
-            seen = {tuple(ids) for ids, _ in examples}
-            extra = [
-                e
-                for e in on_policy_examples(target_dir, tokenizer, examples, args.max_len, log)
-                if tuple(e[0]) not in seen
-            ]
-            log(f"on-policy: {len(extra)} replies differ from the corpus text")
-            drafter_examples = examples + extra * 3  # a few new replies among 238 corpus turns: weight them
+            extra = on_policy_examples(target_dir, tokenizer, template, args.max_len, log)
+            drafter_examples = examples + extra * 3  # a few hundred new replies among thousands of turns: weight them
 
         dr = load_drafter(drafter_dir)
         dspec = dn.DrafterSpec(dr, spec)
@@ -448,52 +678,60 @@ def main(argv=None) -> int:
         cluster_of = np.argsort(ordering) // per
         onehot_clusters = np.eye(dspec.num_centroids, dtype=np.float32)[cluster_of]  # [V, C]
         pd = {k: np.array(v) for k, v in tree_flatten(dr.parameters()) if k != "token_ordering"}
-        if previous is None:
-            start_unscaled(pd)
+        if not any(st.get("drafter_steps") for st in (previous or {}).get("stages", [])):
+            start_unscaled(pd)  # the drafter is still the factory's random one
         n_dparams = sum(v.size for v in pd.values())
         log(f"drafter: {n_dparams / 1e6:.2f} M parameters")
-        train_drafter(
-            pt, spec, pd, dspec, drafter_examples, args.drafter_steps, args.batch_tokens, args.lr, onehot_clusters, log
-        )
+        stage = "drafter-on-policy" if args.on_policy else "drafter"
+        if args.drafter_steps:
+            dsaver = Saver(state / f"{stage}.npz", args.save_every)
+            if not args.resume:
+                (state / f"{stage}.npz").unlink(missing_ok=True)
+            train_drafter(
+                pt, spec, pd, dspec, drafter_examples, args.drafter_steps, args.batch_tokens, args.lr,
+                onehot_clusters, dsaver, log,
+            )  # fmt: skip
 
         trained_d = {k: mx.array(v) for k, v in pd.items()}
         trained_d["token_ordering"] = mx.array(ordering)
         n = write_trained(drafter_dir, trained_d, _drafter_module_name)
         log(f"drafter: wrote {n} trained tensors")
-        check_mlx_agrees(target_dir, pt, spec, examples, log)
-        check_drafter_routes(drafter_dir, pt, spec, pd, examples, log)
+        if args.drafter_steps:
+            check_drafter_routes(drafter_dir, pt, spec, pd, examples, log)
 
-        elapsed = time.perf_counter() - t_start
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        shutil.copytree(target_dir, out / "target")
-        shutil.copytree(drafter_dir, out / "assistant")
-        label = "demo: tiny model trained on gemma-chat's notes and Python docstrings"
-        for part in ("target", "assistant"):  # marks each directory as the demo's (core.hub.demo.is_demo_checkpoint)
-            marker = {"label": label, "trained": True, "part": part, "manifest": "../gemma_chat_demo.json"}
-            (out / part / "gemma_chat_demo.json").write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        files = {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+        elapsed = round(time.perf_counter() - t_start, 1)
+        stage_line = {
+            "stage": "target" if previous is None else stage,
+            "target_steps": args.target_steps if previous is None else 0,
+            "drafter_steps": args.drafter_steps,
+            "lr": args.lr,
+            "seconds": elapsed,
+        }
         manifest = {
-            "label": label,
+            "label": LABEL,
             "trained": True,
             "target": "target",
             "drafter": "assistant",
             "target_parameters": int(n_params),
             "drafter_parameters": int(n_dparams),
             "corpus": demo_corpus.corpus_summary(),
+            "corpus_conversations": len(examples),
             "corpus_tokens": n_tokens,
-            "target_steps": previous["target_steps"] if previous else args.target_steps,
-            "drafter_steps": [*(previous["drafter_steps"] if previous else []), args.drafter_steps],
+            "chat_template": "Gemma 4 E2B/E4B canonical chat template (published 2026-07-09)",
+            "tokenizer": "trained on the corpus (scripts/demo_tokenizer.py)",
             "seed": SEED,
-            "train_seconds": [*(previous["train_seconds"] if previous else []), round(elapsed, 1)],
-            "sha256": files,
+            "stages": [*(previous["stages"] if previous else []), stage_line],
         }
-        (out / "gemma_chat_demo.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        write_out(out, target_dir, drafter_dir, manifest)
+        files = manifest_files(out)
         log(f"wrote {out} ({sum((out / f).stat().st_size for f in files) / 1e6:.1f} MB)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def manifest_files(out: Path) -> list[str]:
+    return list(json.loads((out / "gemma_chat_demo.json").read_text(encoding="utf-8"))["sha256"])
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def make_app(
     models_options=None,
     first_run: bool = False,
     blink: bool = True,
+    tools_hub=None,
     **engine_kwargs,
 ):
     """THE way a test builds the app: a GemmaChatApp over a scripted FakeEngine (`app.engine`).
@@ -40,7 +41,7 @@ def make_app(
     (replies=[...], step=True, ...).
     spec: the pairing to open, else a fake one named `name` ("demo (random weights)" with demo=True)
     with directories that need not exist (the fake engine never reads them).
-    settings / history / config: as GemmaChatApp takes them. models_options / first_run: the models
+    settings / history / config / tools_hub: as GemmaChatApp takes them. models_options / first_run: the models
     screen's Hub and cache (app.tui.screens.models.ModelsOptions) and whether it opens at start.
     blink=False stops the prompt's cursor blinking, so SVG snapshots do not depend on timing.
     """
@@ -54,7 +55,7 @@ def make_app(
         raise TypeError(f"make_app: pass either an engine or its options, not both ({sorted(engine_kwargs)})")
     if spec is None:
         spec = PairingSpec("demo (random weights)" if demo else name, "target-dir", "drafter-dir", demo=demo)
-    app = GemmaChatApp(engine, spec, settings, history=history, config=config)
+    app = GemmaChatApp(engine, spec, settings, history=history, config=config, tools_hub=tools_hub)
     if models_options is not None:
         app.models_options = models_options
     app.first_run = first_run

@@ -168,6 +168,7 @@ def run_app(
     notice: str | None = None,
     first_run: bool = False,
     offline: bool = False,
+    mcp: bool = True,
 ) -> NoReturn:
     """Run the chat app on `engine` until it quits, then end the process: status 0, or 128 + the signal
     that ended it."""
@@ -178,6 +179,10 @@ def run_app(
     from app.tui.history import HistoryRecorder
 
     history = HistoryRecorder(export_dir=config.export_path())  # the Store opens on its own thread
+    from core.user.mcp_client import McpHub
+
+    # the tool servers (config.toml's [mcp.servers]): started by the app, ended with it
+    hub = McpHub(list(config.mcp_servers.values())) if mcp and config.mcp_servers else None
     app = GemmaChatApp(
         engine,
         spec,
@@ -187,6 +192,7 @@ def run_app(
         notice=notice,
         history=history,
         config=config,
+        tools_hub=hub,
     )
     from app.tui.screens.models import ModelsOptions
     from core.user.keymap import resolve_keys
@@ -200,6 +206,8 @@ def run_app(
         app.run()
     finally:
         app.chat.shutdown()
+        if hub is not None:
+            hub.close()  # the servers' processes end before the app's
         with closing:
             unsaved = history.close()  # waits for the last writes
         if history.backlog:

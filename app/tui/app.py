@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from app.tui.history import HistoryRecorder
     from core.engine.contract import ChatEngine, PairingSpec
     from core.user.config import Config
+    from core.user.mcp_client import McpHub
 
 
 class GemmaChatApp(App[None]):
@@ -59,8 +60,10 @@ class GemmaChatApp(App[None]):
         notice: str | None = None,
         history: HistoryRecorder | None = None,
         config: Config | None = None,
+        tools_hub: McpHub | None = None,
     ) -> None:
         super().__init__()
+        self.tools_hub = tools_hub  # the MCP servers (core.user.mcp_client); the app starts and ends them
         self.quit_saved = threading.Event()  # set once a quit has handed the reply to the history
         settings = settings or GenerationSettings()
         self.session = ChatSession(engine, spec, LiveControls(settings.block_size, settings.drafter_enabled))
@@ -75,6 +78,7 @@ class GemmaChatApp(App[None]):
             on_config=self.apply_config,
             open_models=self.action_models,
             config_path=config.path if config is not None else None,
+            tools_hub=tools_hub,
         )
         self._notice = notice
         self._signals_installed: list[signal.Signals] = []
@@ -104,6 +108,8 @@ class GemmaChatApp(App[None]):
             self.set_interval(self.history.RETRY_S, self.history.retry)
         self.push_screen(self.chat)
         self.session.load()
+        if self.tools_hub is not None:
+            self.tools_hub.start()  # their own thread: the chat offers their tools once they are ready
         self.set_interval(1 / DRAIN_HZ, self.session.poll, name="session")
         if self._notice:
             self.notify(self._notice, timeout=10)
@@ -142,6 +148,8 @@ class GemmaChatApp(App[None]):
         await self.chat.stop_and_keep()
         self.chat.shutdown()
         self.chat.finish_for_exit()
+        if self.tools_hub is not None:
+            self.tools_hub.close()
         self.quit_saved.set()  # the partial reply is with the history writer now
         self.exit()
 

@@ -35,7 +35,7 @@ from app.tui.widgets.conversation import (
 )
 from core.decode.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
-from core.user.store import Chat, decode_origins, encode_origins
+from core.user.store import TOOL_CALLS, TOOL_RESULTS, Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
     from core.engine.contract import PairingSpec
@@ -553,6 +553,23 @@ class ChatLog:
                 origins=reply_origins(reply, answer),
             )
         return answer
+
+    def tool_round(self, reply: ReplyView, outcomes: list[Any]) -> None:
+        """The reply called tools and they have their results (app.tui.screens.chat_tools.ToolOutcome):
+        it is saved again with them, in its record (core.user.store.TOOL_CALLS / TOOL_RESULTS), so
+        the reopened chat sends the model the same calls and results, and exports show them."""
+        if self.recorder is None:
+            return
+        thinking, answer = split_thinking(reply.plain, THINKING_MARKERS)
+        record = dict(reply.record or {})
+        record[TOOL_CALLS] = [o.call.openai() for o in outcomes]
+        record[TOOL_RESULTS] = [
+            {"tool_call_id": o.call.id, "name": o.call.name, "content": o.content, "shown": o.shown} for o in outcomes
+        ]
+        self.recorder.drop_last()
+        self.recorder.record_reply(
+            answer, thinking=thinking or None, stats=record, stopped=reply.stopped, origins=reply_origins(reply, answer)
+        )
 
     def variant_shown(self, reply: ReplyView, variant: Variant) -> None:
         """Another variant of the last reply is now the reply: it replaces the saved one."""

@@ -38,7 +38,19 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from urllib.parse import unquote, urlparse
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo
-from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import (
+    LoadProgress,
+    PrefillDone,
+    PrefillStarted,
+    RoundEvent,
+    TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallError,
+    ToolCallStarted,
+    TurnDone,
+    TurnStats,
+)
 from core.settings import GenerationSettings
 
 EXTENSION = "gemma_chat"
@@ -186,7 +198,11 @@ def openai_messages(messages: list[dict], system_prompt: str | None) -> list[dic
                 elif item.get("type") == "audio":
                     parts.append(input_audio_part(item))
             content = parts
-        out.append({"role": m.get("role", "user"), "content": content})
+        message = {"role": m.get("role", "user"), "content": content}
+        for key in ("tool_calls", "tool_call_id", "name"):  # OpenAI's tool use, passed on as it is
+            if m.get(key) is not None:
+                message[key] = m[key]
+        out.append(message)
     return out
 
 
@@ -228,6 +244,7 @@ class RemoteEngine:
         self.kind: str | None = None  # "gemma-chat" | "vllm" | "openai", after load
         self.model_id: str | None = None
         self._info: PairingInfo | None = None
+        self._tools = False  # the server takes `tools` (gemma-chat serve says so in its model card)
         self._jobs: list[_Job] = []
         self._block: int | str | None = None  # the user's latest choice, for the next turns
         self._drafter: bool | None = None
@@ -264,6 +281,7 @@ class RemoteEngine:
             choose_pairing=False,
             images=images,
             audio=audio,
+            tools=self._tools,
         )
 
     # -- the Engine API ----------------------------------------------------------------------------
@@ -277,12 +295,12 @@ class RemoteEngine:
         on_event: Callable,
         tools: list[dict] | None = None,
     ) -> concurrent.futures.Future:
-        if tools:  # features.tools is False: this client does not send tools or read streamed tool_calls yet
-            return self._refuse(on_event, "tools over --connect are not supported yet (they run locally)")
+        if tools and not self.features.tools:
+            return self._refuse(on_event, "tools over --connect need a gemma-chat serve that takes them")
         job = _Job()
         messages = [dict(m) for m in messages]
         settings = GenerationSettings(**{f.name: getattr(settings, f.name) for f in fields(GenerationSettings)})
-        return self._submit(self._chat(job, messages, settings, on_event), job)
+        return self._submit(self._chat(job, messages, settings, on_event, tools), job)
 
     def complete(self, prompt: Any, settings: GenerationSettings, on_event: Callable) -> concurrent.futures.Future:
         return self._refuse(on_event, "raw completion (no chat template) is local only")
@@ -458,6 +476,9 @@ class RemoteEngine:
             metrics = await self._metrics()
             drafter = metrics is not None
         self._info = self._pairing_info(card, ext or {}, drafter)
+        # gemma-chat serve says it takes tools. Other servers are not asked: vLLM refuses every request with
+        # tools unless started with its tool parser, and the chat offers its MCP tools on every turn.
+        self._tools = _flag_or(ext.get("tools"), False) if ext is not None else False
         _emit(on_event, LoadProgress("ready", 1.0, self._info.name))
         return self._info
 
@@ -484,7 +505,7 @@ class RemoteEngine:
         )
 
     # -- one turn ----------------------------------------------------------------------------------
-    def _body(self, messages: list[dict], s: GenerationSettings) -> dict:
+    def _body(self, messages: list[dict], s: GenerationSettings, tools: list[dict] | None = None) -> dict:
         body: dict = {
             "model": self.model_id,
             "messages": openai_messages(messages, s.system_prompt),
@@ -494,6 +515,8 @@ class RemoteEngine:
             "top_p": s.top_p,
             "stream_options": {"include_usage": True},
         }
+        if tools:
+            body["tools"] = tools
         if s.seed is not None:
             body["seed"] = s.seed
         if s.top_k > 0:  # not part of OpenAI's API, but vLLM and gemma-chat take it
@@ -513,7 +536,12 @@ class RemoteEngine:
         return body
 
     async def _chat(
-        self, job: _Job, messages: list[dict], settings: GenerationSettings, on_event: Callable | None
+        self,
+        job: _Job,
+        messages: list[dict],
+        settings: GenerationSettings,
+        on_event: Callable | None,
+        tools: list[dict] | None = None,
     ) -> TurnDone:
         turn = _Turn(on_event, time.perf_counter())
         poller = None
@@ -522,7 +550,7 @@ class RemoteEngine:
                 raise asyncio.CancelledError
             if self._info is None:
                 raise RemoteError("not connected: load() has not succeeded")
-            body = self._body(messages, settings)
+            body = self._body(messages, settings, tools)
             if self.kind == "vllm":
                 turn.metrics_start = await self._metrics()
                 if turn.metrics_start is not None:
@@ -647,6 +675,7 @@ class _Turn:
         self.usage: dict | None = None
         self.metrics_start: dict | None = None
         self.metrics_seen: dict | None = None
+        self.calls: dict[int, dict] = {}  # streamed tool_calls by index: {"id", "name", "arguments"}
 
     @property
     def complete(self) -> bool:
@@ -677,6 +706,8 @@ class _Turn:
         if content is not None and not isinstance(content, str):
             raise RemoteError(f"the server sent a chunk whose content is not text: {_garbage(repr(content))}")
         usage = chunk["usage"] if isinstance(chunk.get("usage"), dict) else None
+        if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
+            self._tool_deltas(delta["tool_calls"])
         ext = chunk.get(EXTENSION) if extended else None
         if isinstance(ext, dict):
             self._extension(ext, content)
@@ -692,6 +723,41 @@ class _Turn:
         reason = choice.get("finish_reason")
         if reason and isinstance(reason, str) and not self.overflow:
             self.finish_reason = reason
+
+    def _tool_deltas(self, deltas: list) -> None:
+        """OpenAI's streamed `tool_calls`: a call's id and name, then pieces of its arguments' JSON."""
+        for d in deltas:
+            fn = d.get("function") if isinstance(d, dict) else None
+            index = d.get("index") if isinstance(d, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool) or not isinstance(fn, dict):
+                raise RemoteError(f"the server sent a malformed tool call: {_garbage(repr(d))}")
+            call = self.calls.setdefault(index, {"id": "", "name": "", "arguments": "", "started": False})
+            call["id"] = d["id"] if isinstance(d.get("id"), str) else call["id"]
+            call["name"] += fn["name"] if isinstance(fn.get("name"), str) else ""
+            if call["name"] and not call["started"]:
+                call["started"] = True
+                _emit(self.on_event, ToolCallStarted(index, call["id"], call["name"]))
+            piece = fn.get("arguments")
+            if isinstance(piece, str) and piece:
+                call["arguments"] += piece
+                _emit(self.on_event, ToolCallDelta(index, piece))
+
+    def _tool_results(self) -> tuple[tuple[ToolCall, ...], tuple[ToolCallError, ...]]:
+        """The streamed calls, decoded (their events sent), in index order."""
+        calls, errors = [], []
+        for index, c in sorted(self.calls.items()):
+            try:
+                arguments = json.loads(c["arguments"] or "{}")
+            except (ValueError, RecursionError):
+                arguments = None
+            if not isinstance(arguments, dict) or not c["name"]:
+                raw = f"{c['name']}({c['arguments']})"
+                errors.append(ToolCallError(index, f"the server sent a malformed tool call: {_garbage(raw)}", raw))
+                _emit(self.on_event, errors[-1])
+                continue
+            calls.append(ToolCall(index, c["id"], c["name"], arguments, c["arguments"] or "{}", ""))
+            _emit(self.on_event, calls[-1])
+        return tuple(calls), tuple(errors)
 
     def _extension(self, ext: dict, content: str | None) -> None:
         """gemma-chat's own object: the tokens with their origins, the rounds, the prefill, the stats."""
@@ -741,7 +807,10 @@ class _Turn:
             stats.stop_reason = stop_reason or reason
             if not ids:  # the server sends no ids: one -1 per token, so counts still add up
                 ids = (-1,) * n
-        return TurnDone(stats, "".join(self.text), ids)
+        calls, errors = self._tool_results()
+        if calls and stats.stop_reason == "eos" and self.finish_reason == "tool_calls":
+            stats.stop_reason = "tool_calls"
+        return TurnDone(stats, "".join(self.text), ids, tool_calls=calls, tool_errors=errors)
 
     def fail(self, message: str) -> TurnDone:
         return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)

@@ -24,6 +24,12 @@ not addressed to this server (Host), come from another site's page (Origin) or P
 `read_json` bounds the body's size and time; `guarded_protocol` bounds the time to send headers and the
 number of connections; the parsers refuse what the engine would misread (strings for booleans, integers
 of hundreds of digits, lone surrogates, fields not served yet).
+
+Tools (OpenAI's `tools`, `tool_choice` auto/none, `parallel_tool_calls`; `required` and a named function
+are refused with a 400: the engine cannot force a call): the model's calls come back as `tool_calls`,
+each whole once the model closed it (streamed as one `tool_calls` delta per call), with
+`finish_reason: "tool_calls"`. History may hold assistant `tool_calls` and `role: "tool"` results (JSON
+text is rendered as the object, core.decode.chat_format). The server never runs a tool.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -52,7 +59,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.events import PrefillDone, RoundEvent, TokenEvent, TurnDone
+from core.events import PrefillDone, RoundEvent, TokenEvent, ToolCall, ToolCallError, TurnDone
 from core.limits import MAX_AUDIO_PER_PROMPT, MAX_IMAGES_PER_PROMPT
 from core.settings import GenerationSettings
 from core.units import format_bytes
@@ -64,6 +71,7 @@ DEFAULT_MAX_TOKENS = 2048
 MAX_STOPS = 4
 # the context filled before max_tokens: a reply cut by a length limit all the same (OpenAI's "length")
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop"}
+FINISH_REASONS["tool_calls"] = "stop"  # ended on <|tool_response> with no call decoded (all malformed)
 INT_LIMIT = 2**64  # no integer field means anything past this (the seed's own range ends at 2**64 - 1)
 
 # Slow or idle clients and big bodies (`serve` takes the defaults from its options): a request's headers
@@ -146,6 +154,8 @@ class ChatRequest:
     settings: GenerationSettings
     stream: bool
     stops: list[str]
+    tools: list[dict] | None = None  # declared to the model (None: none, or tool_choice "none")
+    parallel_tool_calls: bool = True  # False: the reply ends at its first complete call
 
 
 def _show(value: Any) -> str:
@@ -193,8 +203,6 @@ def _text(value: str, where: str) -> str:
 UNSERVED = {
     "logprobs": "logprobs are not served yet",
     "top_logprobs": "logprobs are not served yet",
-    "tools": "tool calling is not served yet",
-    "tool_choice": "tool calling is not served yet",
     "functions": "function calling is not served (and 'functions' is deprecated: use 'tools')",
     "function_call": "function calling is not served (and 'function_call' is deprecated: use 'tool_choice')",
     "response_format": "response_format (JSON mode, structured output) is not served yet",
@@ -206,7 +214,7 @@ _UNSERVED_DEFAULTS: tuple[Any, ...] = (None, False, 0, [], {}, "none", "auto", {
 def refuse_unserved(body: dict) -> None:
     for key, why in UNSERVED.items():
         value = body.get(key)
-        if key in ("tool_choice", "function_call") and not body.get("tools") and not body.get("functions"):
+        if key == "function_call" and not body.get("functions"):
             continue  # a choice among no tools asks for nothing
         if not any(value == d and type(value) is type(d) for d in _UNSERVED_DEFAULTS):
             raise ApiError(400, f"'{key}': {why} by gemma-chat serve; leave it out", param=key)
@@ -303,17 +311,74 @@ def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
     return parts
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _tool_calls(calls: Any, i: int) -> list[dict]:
+    """An assistant message's OpenAI `tool_calls`, as the engine takes them (arguments: JSON text)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise ApiError(400, f"{where} must be a list of {{id, type, function}}", param="messages")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function")
+        if call.get("type", "function") != "function" or not isinstance(fn, dict):
+            message = f"{where}[{j}] must be {{type: 'function', function: {{name, arguments}}}}"
+            raise ApiError(400, message, param="messages")
+        name, arguments = fn.get("name"), fn.get("arguments")
+        if not isinstance(name, str) or not (arguments is None or isinstance(arguments, (str, dict))):
+            raise ApiError(400, f"{where}[{j}].function needs a name and arguments (JSON text)", param="messages")
+        clean = {"type": "function", "function": {"name": _text(name, where), "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            clean["id"] = _text(call["id"], where)
+        out.append(clean)
+    return out
+
+
+def _tool_result(m: dict, i: int, allow_files: bool) -> dict:
+    """A `role: "tool"` message: its text (JSON text is rendered as the object, core.decode.chat_format)."""
+    content = _content(m.get("content"), i, allow_files)
+    if isinstance(content, list) and all(p["type"] == "text" for p in content):
+        content = "".join(p["text"] for p in content)  # text parts are one result, parsed as JSON like a string
+    out: dict[str, Any] = {"role": "tool", "content": content}
+    for key in ("tool_call_id", "name"):
+        if isinstance(m.get(key), str):
+            out[key] = _text(m[key], f"messages[{i}].{key}")
+    return out
+
+
+def _message(m: Any, i: int, allow_files: bool) -> dict:
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        role = m.get("role") if isinstance(m, dict) else None
+        message = f"messages[{i}]: role must be system, user, assistant or tool, got {_show(role)}"
+        raise ApiError(400, message, param="messages")
+    if m["role"] == "tool":
+        return _tool_result(m, i, allow_files)
+    role = "system" if m["role"] == "developer" else m["role"]
+    out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), i, allow_files)}
+    if role == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        if m.get("content") is None:
+            out["content"] = None
+    return out
+
+
+def _answers_a_call(messages: list[dict], i: int) -> bool:
+    """Whether the tool result at `i` follows (across other results) an assistant message with calls."""
+    j = i - 1
+    while j >= 0 and messages[j]["role"] == "tool":
+        j -= 1
+    return j >= 0 and messages[j]["role"] == "assistant" and bool(messages[j].get("tool_calls"))
+
+
 def parse_messages(raw: Any, allow_files: bool) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list of {role, content}", param="messages")
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            role = m.get("role") if isinstance(m, dict) else None
-            message = f"messages[{i}]: role must be system, user or assistant, got {_show(role)}"
+    out = [_message(m, i, allow_files) for i, m in enumerate(raw)]
+    for i, m in enumerate(out):
+        if m["role"] == "tool" and not _answers_a_call(out, i):
+            message = f"messages[{i}]: a role 'tool' message must follow an assistant message with tool_calls"
             raise ApiError(400, message, param="messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(m.get("content"), i, allow_files)})
     for kind, limit, plural in (
         ("image", MAX_IMAGES_PER_PROMPT, "images"),
         ("audio", MAX_AUDIO_PER_PROMPT, "audio clips"),
@@ -322,6 +387,13 @@ def parse_messages(raw: Any, allow_files: bool) -> list[dict]:
         if n > limit:
             message = f"the messages hold {n} {plural}; at most {limit} are taken in one request"
             raise ApiError(400, message, param="messages")
+    if any(m["role"] == "tool" or m.get("tool_calls") for m in out):
+        from core.decode.chat_format import ToolFormatError, normalize_messages
+
+        try:
+            normalize_messages(out)  # the calls' names and JSON arguments, checked as the engine renders them
+        except ToolFormatError as e:
+            raise ApiError(400, f"'messages': {e}", param="messages") from None
     return out
 
 
@@ -338,6 +410,42 @@ def refuse_unheard_audio(engine: Any, messages: list[dict]) -> None:
 
     info = engine.info
     raise ApiError(400, no_audio_message(info.name if info is not None else "this model"), param="messages")
+
+
+def parse_tools(body: dict) -> tuple[list[dict] | None, bool]:
+    """`tools`, `tool_choice` and `parallel_tool_calls`: (the tools to declare, whether several calls may come).
+
+    `auto` (the default) declares the tools and the model decides; `none` declares none. `required` and a
+    named function are refused: the engine cannot force the model's first tokens, and a client told a call
+    is certain must not get text instead."""
+    from core.decode.chat_format import ToolFormatError, normalize_tools
+
+    parallel = _flag(body, "parallel_tool_calls", True)
+    raw = body.get("tools")
+    if not raw:
+        return None, parallel
+    try:
+        tools = normalize_tools(raw)
+    except ToolFormatError as e:
+        raise ApiError(400, f"'tools': {e}", param="tools") from None
+    choice = body.get("tool_choice", "auto")
+    if choice is None or choice == "auto":
+        return tools, parallel
+    if choice == "none":
+        return None, parallel
+    names = [t["function"]["name"] for t in tools]
+    if choice == "required" or isinstance(choice, dict):
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        named = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(choice, dict) and named not in names:
+            raise ApiError(400, f"'tool_choice' names {_show(named)}, which is not in 'tools'", param="tool_choice")
+        what = "'required'" if choice == "required" else f"a named function ({named})"
+        message = (
+            f"'tool_choice': {what} is not served by gemma-chat serve: it cannot force the model to call a tool; "
+            "send 'auto' (the model decides) or 'none'"
+        )
+        raise ApiError(400, message, param="tool_choice")
+    raise ApiError(400, f"'tool_choice' must be 'auto', 'none', 'required' or {{type, function}}, got {_show(choice)}")
 
 
 def _stops(body: dict) -> list[str]:
@@ -379,7 +487,8 @@ def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
         settings.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    return ChatRequest(messages, settings, _flag(body, "stream", False), stops)
+    tools, parallel = parse_tools(body)
+    return ChatRequest(messages, settings, _flag(body, "stream", False), stops, tools, parallel)
 
 
 # -- stop strings ------------------------------------------------------------------------------------
@@ -515,7 +624,11 @@ class EngineGate:
             self.engine.cancel()
 
     async def turn(
-        self, messages: list[dict], settings: GenerationSettings, handle: TurnHandle | None = None
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        handle: TurnHandle | None = None,
+        tools: list[dict] | None = None,
     ) -> AsyncGenerator[list, None]:
         """The turn's engine events, in batches of what arrived together. Closing the iterator early
         (client gone) cancels the turn and waits for the engine to finish it before its slot is free."""
@@ -529,15 +642,29 @@ class EngineGate:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
                     loop.call_soon_threadsafe(events.put_nowait, ev)
 
-            future = handle.future = self.engine.chat(messages, settings, on_event)
+            if tools:
+                future = self.engine.chat(messages, settings, on_event, tools=tools)
+            else:
+                future = self.engine.chat(messages, settings, on_event)
+            handle.future = future
+            # an engine whose turn fails without its TurnDone (a bug) must not hang the request forever
+            future.add_done_callback(lambda f: on_event(_TurnEnded(f)))
             finished = False
             try:
                 while not finished:
                     batch = [await events.get()]
                     while not events.empty():  # what arrived together leaves together (one SSE chunk)
                         batch.append(events.get_nowait())
-                    finished = isinstance(batch[-1], TurnDone)
-                    yield batch
+                    ended = [e for e in batch if isinstance(e, _TurnEnded)]
+                    batch = [e for e in batch if not isinstance(e, _TurnEnded)]
+                    finished = bool(batch) and isinstance(batch[-1], TurnDone)
+                    if batch:
+                        yield batch
+                    if ended and not finished:
+                        finished = True  # nothing is left to cancel
+                        raise RuntimeError(
+                            f"the engine ended the turn without a reply: {ended[0].future.exception()!r}"
+                        )
             finally:
                 if not finished:
                     self.stop(handle)
@@ -545,6 +672,13 @@ class EngineGate:
                         await asyncio.shield(asyncio.wrap_future(future))
         finally:
             self._release()
+
+
+@dataclasses.dataclass(frozen=True)
+class _TurnEnded:
+    """The engine's future for a turn is done (normally after its TurnDone has been delivered)."""
+
+    future: concurrent.futures.Future
 
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -559,8 +693,41 @@ def _usage(done: TurnDone, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
 
 
-def _finish_reason(done: TurnDone, stopped: bool) -> str:
+def _finish_reason(done: TurnDone, stopped: bool, calls: ToolCallsOut | None = None) -> str:
+    if calls is not None and calls.sent:
+        return "tool_calls"
     return "stop" if stopped else FINISH_REASONS.get(done.stats.stop_reason, "stop")
+
+
+class ToolCallsOut:
+    """The reply's tool calls as OpenAI `tool_calls` items, each whole once the model closed it (as
+    Ollama and mlx-lm stream them): a call that turns out malformed is then never half sent. It comes
+    back as content instead (its raw text, as vLLM does), with the reason in the gemma_chat object.
+    With `parallel_tool_calls: false` only the first call is kept; `full` says the turn may stop."""
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+        self.sent: list[dict] = []
+        self.errors: list[dict] = []
+
+    @property
+    def full(self) -> bool:
+        return not self.parallel and bool(self.sent)
+
+    def take(self, ev: ToolCall | ToolCallError) -> tuple[dict | None, str]:
+        """(a `tool_calls` item to send, text to send as content)."""
+        if self.full:
+            return None, ""
+        if isinstance(ev, ToolCallError):
+            log.warning("%s", ev.message)
+            self.errors.append({"message": ev.message, "raw": ev.raw})
+            return None, ev.raw
+        item = {"index": len(self.sent), **ev.openai()}
+        self.sent.append(item)
+        return item, ""
+
+    def message_items(self) -> list[dict]:
+        return [{k: v for k, v in item.items() if k != "index"} for item in self.sent]
 
 
 class _Disconnected(Exception):
@@ -600,6 +767,18 @@ async def _until_disconnect(receive: Any, work: Coroutine[Any, Any, Any]) -> Any
     return task.result()
 
 
+@dataclass
+class _StreamState:
+    """What one streamed reply has sent so far."""
+
+    scanner: StopScanner
+    calls: ToolCallsOut
+    streamed: list[TokenEvent] = dataclasses.field(default_factory=list)  # tokens sent
+    held_rounds: list[dict] = dataclasses.field(default_factory=list)
+    cancelled: bool = False
+    done: TurnDone | None = None
+
+
 class ChatCompletion(Response):
     """The ASGI response of one /v1/chat/completions request (streamed or not)."""
 
@@ -613,7 +792,7 @@ class ChatCompletion(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.scope = scope
-        events = self.gate.turn(self.request.messages, self.request.settings, self.handle)
+        events = self.gate.turn(self.request.messages, self.request.settings, self.handle, self.request.tools)
         try:
             await _until_disconnect(receive, self._respond(events, send))
         except _Disconnected:
@@ -681,66 +860,84 @@ class ChatCompletion(Response):
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         await write(self._chunk({"role": "assistant", "content": ""}))
-        scanner = StopScanner(self.request.stops)
-        streamed = []  # tokens sent
-        held_rounds: list[dict] = []
-        cancelled = False
+        state = _StreamState(StopScanner(self.request.stops), ToolCallsOut(self.request.parallel_tool_calls))
         queue = list(head)
-        done: TurnDone | None = None
         it = events.__aiter__()
-        while done is None:
+        while state.done is None:
             if not queue:
                 queue.extend(await it.__anext__())
-            tokens: list[TokenEvent] = []
-            ext: dict[str, Any] = {}
-            for ev in queue:  # everything that arrived together goes out as one chunk
-                if isinstance(ev, TokenEvent):
-                    tokens.append(ev)
-                elif isinstance(ev, RoundEvent):
-                    held_rounds.append(dataclasses.asdict(ev))
-                elif isinstance(ev, PrefillDone):
-                    ext["prefill"] = dataclasses.asdict(ev)
-                elif isinstance(ev, TurnDone):
-                    done = ev
+            delta, ext = self._stream_batch(queue, state)
             queue.clear()
-            tokens = scanner.feed(tokens)
-            if done is not None:
-                tokens += scanner.flush()
-            if tokens:
-                ext["tokens"] = [_token_json(t) for t in tokens]
-                streamed.extend(tokens)
-            # A round's summary comes just after its tokens, often a wake-up later: it rides on the
-            # next chunk rather than costing one of its own.
-            if held_rounds and (ext or done is not None):
-                ext["rounds"], held_rounds = held_rounds, []
-            if ext:
-                await write(self._chunk({"content": "".join(t.text for t in tokens)} if tokens else {}, ext))
-            if scanner.stopped and done is None and not cancelled:
+            if ext or delta:
+                await write(self._chunk(delta, ext))
+            if (state.scanner.stopped or state.calls.full) and state.done is None and not state.cancelled:
                 self.gate.stop(self.handle)  # the client has all it asked for; the turn ends within a round
-                cancelled = True
-        if done.error:
-            err = {"error": {"message": done.error, "type": "server_error", "param": None, "code": 500}}
-            await write(b"data: " + json.dumps(err).encode() + b"\n\n")
-        else:
-            text = "".join(t.text for t in streamed)
-            tail = ""
-            if not scanner.stops and done.text.startswith(text) and len(done.text) > len(text):
-                tail = done.text[len(text) :]  # bytes the detokenizer held back until the end
-            stats = done.stats.as_dict()
-            await write(
-                self._chunk(
-                    {"content": tail} if tail else {},
-                    {"stats": stats},
-                    finish=_finish_reason(done, scanner.stopped),
-                    usage=_usage(done, len(streamed) if scanner.stopped else len(done.token_ids)),
-                )
-            )
+                state.cancelled = True
+        await write(self._last_chunk(state.done, state))
         await write(b"data: [DONE]\n\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    def _stream_batch(self, batch: list, state: _StreamState) -> tuple[dict, dict]:
+        """One chunk's delta and gemma_chat object from the events that arrived together."""
+        tokens: list[TokenEvent] = []
+        ext: dict[str, Any] = {}
+        items: list[dict] = []
+        extra = ""  # malformed calls' raw text, sent as content
+        for ev in batch:
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev)
+            elif isinstance(ev, RoundEvent):
+                state.held_rounds.append(dataclasses.asdict(ev))
+            elif isinstance(ev, PrefillDone):
+                ext["prefill"] = dataclasses.asdict(ev)
+            elif isinstance(ev, (ToolCall, ToolCallError)):
+                item, raw = state.calls.take(ev)
+                items += [item] if item is not None else []
+                extra += raw
+            elif isinstance(ev, TurnDone):
+                state.done = ev
+        tokens = state.scanner.feed(tokens)
+        if state.done is not None:
+            tokens += state.scanner.flush()
+        if tokens:
+            ext["tokens"] = [_token_json(t) for t in tokens]
+            state.streamed.extend(tokens)
+        # A round's summary comes just after its tokens, often a wake-up later: it rides on the
+        # next chunk rather than costing one of its own.
+        if state.held_rounds and (ext or state.done is not None):
+            ext["rounds"], state.held_rounds = state.held_rounds, []
+        if extra:
+            ext["tool_errors"] = state.calls.errors[-1:]
+        delta: dict[str, Any] = {}
+        if tokens or extra:
+            delta["content"] = "".join(t.text for t in tokens) + extra
+        if items:
+            delta["tool_calls"] = items
+        return delta, ext
+
+    def _last_chunk(self, done: TurnDone | None, state: _StreamState) -> bytes:
+        assert done is not None
+        if done.error:
+            err = {"error": {"message": done.error, "type": "server_error", "param": None, "code": 500}}
+            return b"data: " + json.dumps(err).encode() + b"\n\n"
+        scanner, streamed = state.scanner, state.streamed
+        text = "".join(t.text for t in streamed)
+        tail = ""
+        if not scanner.stops and done.text.startswith(text) and len(done.text) > len(text):
+            tail = done.text[len(text) :]  # bytes the detokenizer held back until the end
+        cut = scanner.stopped or state.calls.full
+        return self._chunk(
+            {"content": tail} if tail else {},
+            {"stats": done.stats.as_dict()},
+            finish=_finish_reason(done, scanner.stopped, state.calls),
+            usage=_usage(done, len(streamed) if cut else len(done.token_ids)),
+        )
+
     async def _whole(self, head: list, events: AsyncGenerator[list, None], send: Any) -> None:
         scanner = StopScanner(self.request.stops)
+        calls = ToolCallsOut(self.request.parallel_tool_calls)
         tokens: list[TokenEvent] = []
+        extra = ""  # malformed calls' raw text
         pending = list(head)
         done: TurnDone | None = None
         cancelled = False
@@ -751,19 +948,35 @@ class ChatCompletion(Response):
             ev = pending.pop(0)
             if isinstance(ev, TokenEvent):
                 tokens += scanner.feed([ev])
-                if scanner.stopped and not cancelled:
-                    self.gate.stop(self.handle)  # the turn ends within a round; its TurnDone still comes
-                    cancelled = True
+            elif isinstance(ev, (ToolCall, ToolCallError)):
+                extra += calls.take(ev)[1]
             elif isinstance(ev, TurnDone):
                 done = ev
                 tokens += scanner.flush()
+            if (scanner.stopped or calls.full) and done is None and not cancelled:
+                self.gate.stop(self.handle)  # the turn ends within a round; its TurnDone still comes
+                cancelled = True
         if done.error:
             await error_response(500, done.error, "server_error")(self.scope, _no_receive, send)
             return
+        await JSONResponse(self._whole_body(done, tokens, scanner, calls, extra))(self.scope, _no_receive, send)
+
+    def _whole_body(
+        self, done: TurnDone, tokens: list[TokenEvent], scanner: StopScanner, calls: ToolCallsOut, extra: str
+    ) -> dict:
         text = "".join(t.text for t in tokens)
         if not scanner.stops and done.text.startswith(text):
             text = done.text
-        body = {
+        text += extra
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls.sent:
+            message["tool_calls"] = calls.message_items()
+            message["content"] = text or None
+        ext: dict[str, Any] = {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]}
+        if calls.errors:
+            ext["tool_errors"] = calls.errors
+        cut = scanner.stopped or calls.full
+        return {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
@@ -771,15 +984,14 @@ class ChatCompletion(Response):
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": None,
-                    "finish_reason": _finish_reason(done, scanner.stopped),
+                    "finish_reason": _finish_reason(done, scanner.stopped, calls),
                 }
             ],
-            "usage": _usage(done, len(tokens) if scanner.stopped else len(done.token_ids)),
-            EXTENSION: {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]},
+            "usage": _usage(done, len(tokens) if cut else len(done.token_ids)),
+            EXTENSION: ext,
         }
-        await JSONResponse(body)(self.scope, _no_receive, send)
 
 
 # -- requests from outside: host, origin, body ----------------------------------------------------------
@@ -912,6 +1124,9 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
             return e.response()
         except _ClientGone:
             return _client_gone(request)
+        if parsed.tools and not engine.features.tools:
+            message = "'tools': this model cannot call tools (its vocabulary has no tool-call tokens)"
+            return error_response(400, message, "invalid_request_error", "tools")
         if gate.full():
             message = "the server is busy: too many requests waiting; retry later"
             return error_response(429, message, "server_busy", None, {"retry-after": "1"})
@@ -954,6 +1169,7 @@ def model_card(engine: Any, config: ServerConfig, created: int) -> dict:
     info = engine.info
     ext = {"controls": True, "token_origin": True}
     if info is not None:
+        ext["tools"] = engine.features.tools
         ext.update(
             pairing=info.name,
             drafter=info.drafter_path is not None,

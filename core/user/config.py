@@ -31,6 +31,7 @@ from core.settings import (
 )
 from core.user import paths
 from core.user.keymap import ACTION_NAMES, ACTIONS, DEFAULT_KEYS, KeymapError, resolve_keys, split_keys, suggest
+from core.user.mcp_config import McpServerConfig, default_servers, parse_mcp
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Config:
     export_dir: str | None = None  # where Ctrl+S writes chats; None = the user's documents folder
     keys: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_KEYS))  # every action, overrides applied
     key_overrides: dict[str, str] = field(default_factory=dict)  # just what the file's [keys] says
+    # [mcp.servers.NAME]: the chat's tool servers (core.user.mcp_config), the time server by default
+    mcp_servers: dict[str, McpServerConfig] = field(default_factory=default_servers)
     path: Path | None = None  # the file this came from (it need not exist)
 
     def export_path(self) -> Path:
@@ -142,7 +145,7 @@ TOP_LEVEL: dict[str, Callable[[Any], Any]] = {
     "export_dir": _directory,
 }
 SAMPLING: dict[str, Callable[[Any], Any]] = SAMPLING_CHECKS
-TABLES = ("sampling", "keys")
+TABLES = ("sampling", "keys", "mcp")
 ALL_KEYS = (*TOP_LEVEL, *(f"[sampling].{k}" for k in SAMPLING), *(f"[keys].{a}" for a in ACTION_NAMES))
 
 
@@ -186,6 +189,7 @@ def validate(data: Mapping[str, Any], path: Path | str = paths.CONFIG_FILENAME) 
             except _Bad as bad:
                 problems.append(f"[sampling].{key} {bad.why}, got {_show(value)}")
 
+    config.mcp_servers = parse_mcp(data.get("mcp"), problems)
     keys = data.get("keys", {})
     if isinstance(keys, dict):
         good: dict[str, str] = {}
@@ -367,6 +371,21 @@ top_p = 1.0
 top_k = 0                        # 0 = off
 max_tokens = 2048
 # seed = 0
+
+
+# Tool servers (MCP) the chat offers the model; it asks before each call unless the server is trusted.
+# The time server (pip package mcp-server-time) is there by default. Add others like this:
+# [mcp.servers.files]
+# command = "npx"
+# args = ["-y", "@modelcontextprotocol/server-filesystem", "/home/me/notes"]
+# env = { }
+# trusted = false                # true: run its tools without asking
+# timeout = 30                   # seconds a call may take
+# [mcp.servers.remote]
+# url = "http://127.0.0.1:8931/mcp"   # a streamable HTTP server
+# headers = { Authorization = "Bearer ..." }
+# [mcp.servers.time]
+# enabled = false                # turn the default time server off
 
 """ + _keys_template()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.events import reply_tokens
 from core.units import format_duration
-from core.user.store import Chat, Message
+from core.user.store import TOOL_RESULTS, Chat, Message, tool_calls_of
 
 
 # --- code blocks --------------------------------------------------------------------------------
@@ -139,6 +139,7 @@ def _message_markdown(m: Message, include_stats: bool, include_thinking: bool) -
             out += [f"[audio: {Path(a.path).name}{', ' + length if length else ''}]({_link_target(a.path)})", ""]
         else:
             out += [f"![{Path(a.path).name}]({_link_target(a.path)})", ""]
+    out += _tool_lines(m)
     if m.stopped:
         out += ["*(stopped)*", ""]
     if include_stats and m.stats:
@@ -157,6 +158,22 @@ def _clip_length(path: str) -> str | None:
     except Exception:  # the clip was moved, or is not audio any more: the link alone
         return None
     return format_duration(seconds)
+
+
+def _tool_lines(m: Message) -> list[str]:
+    """A reply's tool calls with their arguments, each result in a collapsed <details>."""
+    results = {r.get("tool_call_id"): r for r in (m.stats or {}).get(TOOL_RESULTS) or () if isinstance(r, dict)}
+    out: list[str] = []
+    for call in tool_calls_of(m):
+        fn = call.get("function") or {}
+        out += [f"**Tool call** `{fn.get('name')}`", "", "```json", str(fn.get("arguments", "")), "```", ""]
+        r = results.get(call.get("id"))
+        if r is not None:
+            content = str(r.get("content", ""))
+            fence = "````" if "```" in content else "```"
+            summary = f"Result ({r.get('shown', '')})" if r.get("shown") not in (None, "done") else "Result"
+            out += [f"<details><summary>{summary}</summary>", "", fence, content, fence, "", "</details>", ""]
+    return out
 
 
 def chat_to_markdown(chat: Chat, *, include_stats: bool = True, include_thinking: bool = False) -> str:

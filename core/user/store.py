@@ -39,6 +39,10 @@ from core.user import paths
 DEFAULT_TITLE = "New chat"
 TITLE_MAX_CHARS = 60
 ROLES = ("system", "user", "assistant")
+# A reply that called tools keeps its calls (OpenAI `tool_calls` items) and their results
+# ({tool_call_id, name, content, shown}) in its stats record under these keys: the conversation the
+# model saw is rebuilt from them (Chat.engine_messages), exports list them.
+TOOL_CALLS, TOOL_RESULTS = "tool_calls", "tool_results"
 
 # --- schema -------------------------------------------------------------------------------------
 # Kept verbatim: a fresh database is built as v1 and migrated up, so the migration path runs on
@@ -257,9 +261,32 @@ class Chat:
                 parts: list[dict] = [{"type": a.kind, "path": a.path} for a in m.attachments]
                 parts.append({"type": "text", "text": m.content})
                 out.append({"role": m.role, "content": parts})
+            elif m.role == "assistant" and tool_calls_of(m):
+                out += tool_messages(m)
             else:
                 out.append({"role": m.role, "content": m.content})
         return out
+
+
+def tool_calls_of(m: Message) -> list[dict]:
+    calls = (m.stats or {}).get(TOOL_CALLS)
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def tool_messages(m: Message) -> list[dict]:
+    """A reply that called tools as the engine takes it: its text (a message of its own: the template
+    puts a message's content after its calls), its calls, then one `role: "tool"` message per result."""
+    out: list[dict] = []
+    if m.content.strip():
+        out.append({"role": "assistant", "content": m.content})
+    out.append({"role": "assistant", "content": None, "tool_calls": tool_calls_of(m)})
+    for r in (m.stats or {}).get(TOOL_RESULTS) or ():
+        if isinstance(r, dict):
+            result = {"role": "tool", "tool_call_id": r.get("tool_call_id"), "content": str(r.get("content", ""))}
+            if isinstance(r.get("name"), str):
+                result["name"] = r["name"]
+            out.append(result)
+    return out
 
 
 @dataclass

@@ -628,3 +628,31 @@ async def test_tui_keeps_the_conversation_when_the_server_dies():
             notes = [str(n.message) for n in app._notifications]
             assert any("cannot reach the server" in n for n in notes), notes
             await app.action_quit()
+
+
+class _EngineThatFailsSilently(FakeEngine):
+    """A broken engine: its turn's future fails and no TurnDone is ever sent."""
+
+    def chat(self, messages, settings, on_event, tools=None):  # type: ignore[override]
+        import concurrent.futures
+
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Timer(0.2, future.set_exception, (RuntimeError("engine bug"),)).start()
+        return future
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_that_fails_without_turn_done_ends_the_request_instead_of_hanging_it(stream):
+    engine = _EngineThatFailsSilently()
+    engine.load(FakeSpec("fake", "t", "d"), lambda e: None).result(timeout=5)
+    try:
+        with serving(engine) as url:
+            t0 = time.monotonic()
+            body = {"messages": [{"role": "user", "content": "hi"}], "stream": stream}
+            r = post(url + "/v1/chat/completions", json=body, timeout=30)
+            assert time.monotonic() - t0 < 10
+            # an OpenAI-shaped 500 (the engine's own words stay in the server's log), streamed or not
+            assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+            assert get(url + "/health").status_code == 200  # and the server goes on
+    finally:
+        engine.close()

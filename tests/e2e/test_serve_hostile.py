@@ -328,7 +328,7 @@ def test_09_control_drafter_enabled_must_be_a_boolean(serve_process):
     [
         {"logprobs": True},
         {"logprobs": True, "top_logprobs": 3},
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+        {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
         {"response_format": {"type": "json_object"}},
     ],
 )

@@ -82,6 +82,40 @@ def test_generate_connect_gives_the_same_greedy_ids_as_generate_demo(server, loc
     assert stats["stop_reason"] == "eos" and stats["accepted"] > 0
 
 
+def test_tools_are_accepted_and_the_conversation_continues_after_a_tool_message(server):
+    """The demo may answer with text or a call (it is being taught the time tool): either is a valid reply
+    to a request with tools; then a history holding a call and its result continues the conversation."""
+    from support.tools import GET_CURRENT_TIME
+
+    ask = [{"role": "user", "content": "What time is it in Paris?"}]
+    reply = client(server).chat.completions.create(
+        model="demo", messages=ask, tools=[GET_CURRENT_TIME], temperature=0, max_tokens=48
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    assert (choice.finish_reason == "tool_calls") == bool(choice.message.tool_calls)
+    for call in choice.message.tool_calls or ():
+        assert call.function.name == "get_current_time" and isinstance(json.loads(call.function.arguments), dict)
+    call = {"name": "get_current_time", "arguments": json.dumps({"timezone": "Europe/Paris"})}
+    history = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"datetime": "2026-12-01T14:05:00+01:00"})},
+    ]
+    after = client(server).chat.completions.create(
+        model="demo", messages=history, tools=[GET_CURRENT_TIME], temperature=0, max_tokens=32
+    )
+    assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert after.usage is not None and after.usage.prompt_tokens > reply.usage.prompt_tokens  # the result is in
+    stream = client(server).chat.completions.create(
+        model="demo", messages=history, tools=[GET_CURRENT_TIME], temperature=0, max_tokens=32, stream=True
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == after.choices[0].finish_reason
+    assert text == (after.choices[0].message.content or "")  # greedy: the same reply streamed and not
+
+
 def test_ctrl_c_stops_the_server_with_status_0():
     s = ServeProcess(["--demo", "--no-draft"]).start()
     rc, err = s.stop()

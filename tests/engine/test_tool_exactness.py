@@ -135,14 +135,24 @@ def test_the_demo_calls_the_time_tool_and_drafting_stays_exact():
     from core.hub import demo
 
     target, drafter = demo.ensure_demo_pairing()
+    # both of mcp-server-time's tools, as its tools/list gives them (captured): what the chat offers and
+    # what the demo was trained with (with get_current_time alone it answers in prose)
+    captured = json.loads((Path(__file__).parents[1] / "data" / "mcp_server_time" / "captured.json").read_text())
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t["name"], "description": t["description"], "parameters": t["inputSchema"]},
+        }
+        for t in captured["tools"]
+    ]
     ask = [{"role": "user", "content": "What time is it in Paris?"}]
     runs = {}
     for name, with_drafter, block in [("plain", False, 1), ("K=3", True, 3), ("auto", True, "auto")]:
         eng = Engine()
         try:
-            eng.load(PairingSpec("demo", str(target), str(drafter) if with_drafter else None), None).result(120)
+            eng.load(PairingSpec("demo", str(target), str(drafter) if with_drafter else None), None).result(600)
             settings = GenerationSettings(max_tokens=64, block_size=block)
-            call_turn = eng.chat(ask, settings, None, tools=[TIME]).result(120)
+            call_turn = eng.chat(ask, settings, None, tools=tools).result(600)
             assert call_turn.error is None and call_turn.stats.stop_reason == "tool_calls", call_turn
             [call] = call_turn.tool_calls
             assert call.name == "get_current_time" and isinstance(call.arguments.get("timezone"), str)
@@ -150,7 +160,7 @@ def test_the_demo_calls_the_time_tool_and_drafting_stays_exact():
                 {"role": "assistant", "content": None, "tool_calls": [call.openai()]},
                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"timezone": "Europe/Paris"})},
             ]
-            answer = eng.chat(history, settings, None, tools=[TIME]).result(120)
+            answer = eng.chat(history, settings, None, tools=tools).result(600)
         finally:
             eng.close()
         runs[name] = (call_turn.token_ids, answer.token_ids)

@@ -13,6 +13,12 @@ fed the fake's virtual round times, and its choice and reason ride on the RoundE
 engine's do. Timing is virtual (`round_s` per plain round, `draft_cost` of it more per draft) so the
 statistics in TurnDone are deterministic; `delay_s` is real sleep per round, for watching it stream.
 `step=True` holds every round until `allow(n)` releases it.
+
+Tool calls: when a chat is given `tools` (or `tools_always`), a scripted reply may hold calls written
+as the model writes them, `<|tool_call>call:NAME{key:<|"|>v<|"|>}<tool_call|>`: the text around
+them streams as tokens, then each call is one token with no text followed by ToolCallStarted,
+ToolCallDelta and ToolCall (or ToolCallError for one that does not parse, raw text kept), and the
+turn ends with stop reason "tool_calls", as the real engine's does.
 """
 
 from __future__ import annotations
@@ -27,9 +33,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from core.decode.autoblock import AutoBlock
+from core.decode.tool_calls import MALFORMED, Malformed, new_call_id, parse_call_text
 from core.engine.contract import EngineFeatures, PairingInfo, PairingSpec
 from core.engine.local import no_audio_message
-from core.events import LoadProgress, PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import (
+    LoadProgress,
+    PrefillDone,
+    PrefillStarted,
+    RoundEvent,
+    TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallError,
+    ToolCallStarted,
+    TurnDone,
+    TurnStats,
+)
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, context_error, is_block_size
 from core.settings import GenerationSettings
 
@@ -46,6 +65,15 @@ DEFAULT_REPLY = (
 IMAGE_TOKENS = DEFAULT_IMAGE_BUDGET  # soft tokens per image
 AUDIO_TOKENS = 25  # soft tokens per audio clip (a second of audio on E2B/E4B)
 PEAK_MEMORY_BYTES = 123 * 1024 * 1024
+
+
+CALL = re.compile(r"<\|tool_call>(.*?)<tool_call\|>", re.S)
+
+
+def split_calls(reply: str) -> tuple[str, list[str]]:
+    """A scripted reply -> (its content, the text of each call between the markers)."""
+    calls = CALL.findall(reply)
+    return CALL.sub("", reply).replace("<|tool_response>", ""), calls
 
 
 def split_tokens(text: str) -> list[str]:
@@ -86,6 +114,7 @@ class FakeEngine:
     context_length: int = 4096  # each image counts IMAGE_TOKENS prompt tokens against it
     hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
     prefill_done: int = 0  # what a held prefill reports as done so far (tests set it)
+    tools_enabled: bool = True  # features.tools
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -128,7 +157,7 @@ class FakeEngine:
         messages: list[dict],
         settings: GenerationSettings,
         on_event: Callable,
-        tools: list[dict] | None = None,  # recorded, not acted on: the script has no tool calls
+        tools: list[dict] | None = None,  # with tools, the script's calls come as tool-call events
     ) -> concurrent.futures.Future[TurnDone]:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.tools.append(tools)
@@ -138,7 +167,7 @@ class FakeEngine:
             self._control.cancel = False
             self._control.block_size = settings.block_size
             self._control.drafter_enabled = settings.drafter_enabled
-        self._jobs.put(("chat", (messages, settings), on_event, fut))
+        self._jobs.put(("chat", (messages, settings, tools), on_event, fut))
         return fut
 
     def cancel(self) -> None:
@@ -176,7 +205,11 @@ class FakeEngine:
     @property
     def features(self) -> EngineFeatures:
         info = self._info
-        return EngineFeatures(images=info is not None and info.has_vision, audio=info is not None and info.has_audio)
+        return EngineFeatures(
+            images=info is not None and info.has_vision,
+            audio=info is not None and info.has_audio,
+            tools=info is not None and self.tools_enabled,
+        )
 
     # -- test helpers ---------------------------------------------------------------------------
     def release_load(self) -> None:
@@ -209,8 +242,8 @@ class FakeEngine:
                 if kind == "load":
                     result = self._load(arg, on_event)
                 else:
-                    messages, settings = arg
-                    result = self._chat(messages, settings, on_event)
+                    messages, settings, tools = arg
+                    result = self._chat(messages, settings, on_event, tools)
             except Exception as e:  # a fake must never hang its caller
                 fut.set_exception(e)
             else:
@@ -240,7 +273,9 @@ class FakeEngine:
         on_event(LoadProgress("ready", 1.0, "ready"))
         return self._info
 
-    def _chat(self, messages: list[dict], settings: GenerationSettings, on_event: Callable) -> TurnDone:
+    def _chat(
+        self, messages: list[dict], settings: GenerationSettings, on_event: Callable, tools: list[dict] | None = None
+    ) -> TurnDone:
         stats = TurnStats()
         if self._info is None:
             return self._fail(stats, "no model is loaded", on_event)
@@ -249,6 +284,12 @@ class FakeEngine:
             return self._fail(stats, err, on_event)
         reply = self.replies[self._reply_index % len(self.replies)]
         self._reply_index += 1
+        if "{tool_result}" in reply:  # a scripted answer that quotes the last tool result it was given
+            results = [str(m.get("content")) for m in messages if m.get("role") == "tool"]
+            reply = reply.replace("{tool_result}", results[-1] if results else "(no tool result)")
+        calls: list[str] = []
+        if tools and self.tools_enabled:
+            reply, calls = split_calls(reply)
         tokens = split_tokens(reply)
         prompt_tokens = sum(len(split_tokens(_text_of(m))) + 4 for m in messages)
         images, clips = _count_items(messages, "image"), _count_items(messages, "audio")
@@ -325,15 +366,50 @@ class FakeEngine:
         finally:
             self._rounds_done = None
         stop = "cancelled" if cancelled else "eos" if pos >= len(tokens) else "max_tokens"
-        stats.tokens = len(emitted_ids)
         assert stats.decode_tokens == len(emitted_ids) - (1 if emitted_ids else 0)  # the rounds' tokens
+        made: list[ToolCall | ToolCallError] = []
+        if stop == "eos" and calls:
+            before = len(emitted_ids)
+            made = self._emit_calls(calls, emitted_ids, on_event)
+            stats.decode_tokens += len(emitted_ids) - before  # one decoded token per call, outside the rounds
+            stop = "tool_calls"
+        stats.tokens = len(emitted_ids)
         stats.peak_memory_bytes = PEAK_MEMORY_BYTES
         stats.stop_reason = stop
         stats.drafter_enabled = ctl.drafter_enabled if stats.rounds else settings.drafter_enabled
-        done = TurnDone(stats, "".join(tokens[:pos]), tuple(emitted_ids))
+        done = TurnDone(
+            stats,
+            "".join(tokens[:pos]),
+            tuple(emitted_ids),
+            tool_calls=tuple(c for c in made if isinstance(c, ToolCall)),
+            tool_errors=tuple(c for c in made if isinstance(c, ToolCallError)),
+        )
         self.turns.append(done)
         on_event(done)
         return done
+
+    def _emit_calls(
+        self, calls: list[str], emitted_ids: list[int], on_event: Callable
+    ) -> list[ToolCall | ToolCallError]:
+        """Each scripted call: one token without text, then its events (as core.decode.tool_calls sends them)."""
+        made: list[ToolCall | ToolCallError] = []
+        for index, text in enumerate(calls):
+            tid = 2000 + len(emitted_ids)
+            emitted_ids.append(tid)
+            on_event(TokenEvent(tid, "", from_draft=False, round=self._rounds_done or 0))
+            raw = f"<|tool_call>{text}<tool_call|>"
+            try:
+                name, arguments, arguments_json = parse_call_text(text)
+            except Malformed as e:
+                made.append(ToolCallError(index, f"{MALFORMED}: {e}", raw))
+                on_event(made[-1])
+                continue
+            call_id = new_call_id()
+            on_event(ToolCallStarted(index, call_id, name))
+            on_event(ToolCallDelta(index, arguments_json))
+            made.append(ToolCall(index, call_id, name, arguments, arguments_json, raw))
+            on_event(made[-1])
+        return made
 
     def _fail(self, stats: TurnStats, message: str, on_event: Callable) -> TurnDone:
         stats.stop_reason = "error"
@@ -344,7 +420,7 @@ class FakeEngine:
 
 
 def _text_of(message: dict) -> str:
-    content = message.get("content", "")
+    content = message.get("content") or ""
     if isinstance(content, str):
         return content
     return " ".join(part.get("text", "") for part in content if isinstance(part, dict))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import BindingsMap
+from textual.binding import Binding, BindingsMap
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -48,6 +48,7 @@ from app.tui.messages import (
     PromptSubmitted,
 )
 from app.tui.screens.chat_images import ChatImages
+from app.tui.screens.chat_tools import ChatTools, ToolOutcome
 from app.tui.session import ChatSession
 from app.tui.widgets.attachments import AttachmentBar, user_content
 from app.tui.widgets.conversation import Conversation, ReplyView, UserMessage, Variant, legend
@@ -59,8 +60,11 @@ from core.settings import GenerationSettings
 from core.user import keymap
 
 if TYPE_CHECKING:
+    from textual.widget import Widget
+
     from core.engine.contract import PairingSpec
     from core.user.config import Config
+    from core.user.mcp_client import McpHub
     from core.user.store import Chat, Store
 
 
@@ -100,7 +104,8 @@ class ChatCommands(Provider):
     """Command palette entries for the chat screen's actions."""
 
     def _commands(self) -> tuple[tuple[str, str, str], ...]:
-        return keymap.PALETTE  # the action table (core.user.keymap) that the keys and the help screen read too
+        # the action table (core.user.keymap) that the keys and the help screen read too, and the tools (F12)
+        return (*keymap.PALETTE, ("Tools: MCP servers (F12)", "tools", "the tool servers, their tools, on/off"))
 
     async def _run(self, action: str) -> None:
         screen = self.screen
@@ -122,6 +127,7 @@ class ChatCommands(Provider):
 class ChatScreen(Screen[None]):
     CSS_PATH = str(style_path("chat.tcss"))
     COMMANDS = Screen.COMMANDS | {ChatCommands}
+    BINDINGS = [Binding("f12", "tools", "Tools", show=False)]  # the MCP servers (app.tui.screens.tools)
 
     def __init__(
         self,
@@ -133,6 +139,7 @@ class ChatScreen(Screen[None]):
         on_config: Callable[[Config], None] | None = None,
         open_models: Callable[[], None] | None = None,
         config_path: Path | None = None,
+        tools_hub: McpHub | None = None,
     ) -> None:
         super().__init__()
         self.session = session
@@ -176,6 +183,7 @@ class ChatScreen(Screen[None]):
         )
         self.images = ChatImages(self, self.attachments, self.conversation, self.prompt, lambda: self.session.info)
         self.chat_log = ChatLog(recorder)
+        self.tools = ChatTools(self, tools_hub, self._mount_at_end)
         self.prompt.recall_source = lambda: self.input_history.entries(user_texts(self.history))
         self.prompt.refuses = lambda path: bool(self.attachments.refusals([path]))
         self.chat_log.start_chat(self.session.spec, self.settings)
@@ -312,6 +320,8 @@ class ChatScreen(Screen[None]):
         """Why a turn cannot start now, or None."""
         if self.generating:
             return "a reply is still streaming (Esc stops it)"
+        if self.tools.active:
+            return "a tool call is waiting or running (Esc stops it)"
         if self.session.load_error is not None:
             return f"the model failed to load: {self.session.load_error}"
         if self.session.info is None:
@@ -333,8 +343,13 @@ class ChatScreen(Screen[None]):
         user.set_class(bool(images), "-with-images")
         self.conversation.mount(user)
         self._turn_user = (text, user)
+        self.tools.user_sent()
         self._start_turn()
         return True
+
+    def _mount_at_end(self, widget: Widget) -> None:
+        self.conversation.mount(widget)
+        self.conversation.anchor()
 
     def _start_turn(self) -> None:
         self.turn += 1
@@ -349,8 +364,13 @@ class ChatScreen(Screen[None]):
         self.panel.show_status(self._with_kernels("generating… (Esc stops)"))
         self._awaiting_prefill = True
         settings = session.turn_settings(self.settings)
+        tools = self.tools.offered(session.engine.features.tools)
+        listener = self.bridge.listener(self.turn)
         try:
-            self._turn_future = session.engine.chat(list(self.history), settings, self.bridge.listener(self.turn))
+            if tools:
+                self._turn_future = session.engine.chat(list(self.history), settings, listener, tools=tools)
+            else:
+                self._turn_future = session.engine.chat(list(self.history), settings, listener)
         except Exception as e:  # the contract says it does not raise; a broken engine must not kill the UI
             stats = TurnStats(stop_reason="error")
             self._finish(TurnDone(stats, "", (), error=f"{type(e).__name__}: {e}"))
@@ -443,6 +463,15 @@ class ChatScreen(Screen[None]):
             self._turn_failed(reply, user)
             return
         answer = self.chat_log.reply_done(reply)
+        if done.tool_errors:
+            self.notify(done.tool_errors[0].message[:300], severity="warning", timeout=8, markup=False)
+        calls = done.tool_calls if done.stats.stop_reason == "tool_calls" else ()
+        if calls and self.tools.run(calls, partial(self._tools_done, reply)):
+            if answer.strip():  # text before the calls is a message of its own (the template puts content last)
+                self.history.append({"role": "assistant", "content": answer})
+            self.last_reply = reply
+            self.panel.show_status("tool calls… (Esc stops)")
+            return
         self.history.append({"role": "assistant", "content": answer})
         self.last_reply = reply
         earlier, self._carry_variants = self._carry_variants, []
@@ -456,6 +485,19 @@ class ChatScreen(Screen[None]):
             )
         if self.view_mode == "rendered":
             reply.flush_markdown()
+
+    def _tools_done(self, reply: ReplyView, outcomes: list[ToolOutcome], stopped: bool) -> None:
+        """The reply's calls have their results: into the history (and saved), then the model goes on."""
+        self.history.append({"role": "assistant", "content": None, "tool_calls": [o.call.openai() for o in outcomes]})
+        for o in outcomes:
+            self.history.append({"role": "tool", "tool_call_id": o.call.id, "name": o.call.name, "content": o.content})
+        self.chat_log.tool_round(reply, outcomes)
+        if stopped or self.session.info is None:
+            self.notify("Tool calls stopped: the model does not go on", severity="warning")
+            if self.session.loaded:
+                self.show_ready()
+            return
+        self._start_turn()
 
     def _turn_failed(self, reply: ReplyView, user: tuple[str, UserMessage] | None) -> None:
         """The turn never happened: take the user's message back out of the history and, if the
@@ -513,14 +555,22 @@ class ChatScreen(Screen[None]):
 
     # -- actions ----------------------------------------------------------------------------------
     def action_stop(self) -> None:
-        if self.reply is not None:
+        if self.tools.active:
+            self.tools.stop()
+        elif self.reply is not None:
             self.session.engine.cancel()
+
+    def action_tools(self) -> None:
+        from app.tui.screens.tools import ToolsScreen
+
+        self.app.push_screen(ToolsScreen(self.tools.hub))
 
     async def stop_and_keep(self, timeout_s: float = 1.0) -> None:
         """Stop a streaming reply and keep what it said, marked stopped (quitting mid-reply): the
         engine's own TurnDone when it comes within `timeout_s`, else the reply as streamed so far."""
         import asyncio
 
+        self.tools.stop()
         if self.reply is None:
             return
         self.session.engine.cancel()

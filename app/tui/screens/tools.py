@@ -1,0 +1,103 @@
+"""The tools screens: `ToolApprovalScreen` asks before a call runs (allow once, always for this tool,
+deny; Esc stops), `ToolsScreen` lists the MCP servers, their state and their tools, and turns each on
+or off. Both read core.user.mcp_client's plain values; neither talks to a server itself."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Static
+
+from app.resources import style_path
+from app.tui.widgets.tool_call import arguments_text
+from core.user.mcp_client import McpHub
+
+ALLOW, ALWAYS, DENY, STOP = "allow", "always", "deny", "stop"
+
+
+class ToolApprovalScreen(ModalScreen[str]):
+    """Dismisses with ALLOW, ALWAYS, DENY (the model is told) or STOP (Esc: no more calls, no reply)."""
+
+    CSS_PATH = str(style_path("tools.tcss"))
+    BINDINGS = [
+        Binding("y,enter", "answer('allow')", "Allow once", priority=True),
+        Binding("a", "answer('always')", "Always for this tool", priority=True),
+        Binding("n", "answer('deny')", "Deny", priority=True),
+        Binding("escape", "answer('stop')", "Stop", priority=True),
+    ]
+
+    def __init__(self, name: str, server: str, arguments: dict) -> None:
+        super().__init__()
+        self.tool_name, self.server, self.arguments = name, server, arguments
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="approval-box"):
+            yield Static(f"Run {self.tool_name} from MCP server '{self.server}'?", id="approval-question", markup=False)
+            with VerticalScroll(id="approval-args"):
+                yield Static(arguments_text(self.arguments), markup=False)
+            with Horizontal(id="approval-buttons"):
+                yield Button("Allow once (y)", id="allow", variant="primary")
+                yield Button("Always (a)", id="always")
+                yield Button("Deny (n)", id="deny")
+            yield Static("Esc stops: no call runs and the model does not go on", id="approval-note", markup=False)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(str(event.button.id))
+
+    def action_answer(self, answer: str) -> None:
+        self.dismiss(answer)
+
+
+class ToolsScreen(ModalScreen[None]):
+    """The MCP servers: name, state (with the reason when failed), tools; Enter or space turns one on/off."""
+
+    CSS_PATH = str(style_path("tools.tcss"))
+    BINDINGS = [
+        Binding("escape,f12,q", "close", "Close", priority=True),
+        Binding("enter,space", "toggle_server", "On/off", priority=True),
+    ]
+
+    def __init__(self, hub: McpHub | None) -> None:
+        super().__init__()
+        self.hub = hub
+        self.table: DataTable = DataTable(id="tools-table", cursor_type="row")
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="tools-box"):
+            yield Static("Tool servers (MCP) · Enter: on/off · Esc: close", id="tools-title", markup=False)
+            yield self.table
+            yield Static("", id="tools-detail", markup=False)
+
+    def on_mount(self) -> None:
+        self.table.add_columns("server", "state", "tools")
+        self.refresh_rows()
+        self.set_interval(0.5, self.refresh_rows)
+        self.table.focus()
+
+    def refresh_rows(self) -> None:
+        detail = self.query_one("#tools-detail", Static)
+        if self.hub is None or not self.hub.states():
+            detail.update("No MCP servers: add them to config.toml as [mcp.servers.NAME] (see the README).")
+            return
+        row = self.table.cursor_row
+        self.table.clear()
+        for s in self.hub.states():
+            state = s.status + (" · trusted" if s.trusted else "")
+            self.table.add_row(s.name, state, ", ".join(t.name for t in s.tools) or "-", key=s.name)
+        if self.table.row_count:
+            self.table.move_cursor(row=min(row, self.table.row_count - 1))
+            current = self.hub.states()[self.table.cursor_row]
+            detail.update(f"{current.where}\n{current.error}" if current.error else current.where)
+
+    def action_toggle_server(self) -> None:
+        if self.hub is None or not self.table.row_count:
+            return
+        state = self.hub.states()[self.table.cursor_row]
+        self.hub.set_enabled(state.name, state.status in ("off", "failed"))
+        self.refresh_rows()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,63 @@
+"""One tool call in the conversation: its name, server and arguments in full, its state (waiting for
+the user, running, done, denied, failed) and, once it ran, its result collapsed under a toggle."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Collapsible, Static
+
+CSS = """
+ToolCallView {
+    height: auto;
+    margin: 0 0 1 0;
+    padding: 0 1;
+    border-left: thick $accent;
+}
+ToolCallView #tool-head { color: $accent; text-style: bold; }
+ToolCallView #tool-args { color: $text-muted; }
+ToolCallView #tool-state { color: $text-muted; }
+ToolCallView.-failed #tool-state { color: $error; }
+ToolCallView Collapsible { border: none; padding: 0; margin: 0; }
+"""
+
+
+def arguments_text(arguments: dict[str, Any]) -> str:
+    """The arguments as the user reads them before allowing a call: all of them, indented JSON."""
+    return json.dumps(arguments, indent=2, ensure_ascii=False)
+
+
+class ToolCallView(Vertical):
+    DEFAULT_CSS = CSS
+
+    def __init__(self, name: str, server: str | None, arguments: dict[str, Any]) -> None:
+        super().__init__()
+        self.tool_name = name
+        self.server = server
+        self.arguments = arguments
+        self.state_text = "waiting for your answer…"
+        self.result_text: str | None = None
+
+    def compose(self) -> ComposeResult:
+        where = f" ({self.server})" if self.server else ""
+        yield Static(f"tool call: {self.tool_name}{where}", id="tool-head", markup=False)
+        yield Static(arguments_text(self.arguments), id="tool-args", markup=False)
+        yield Static(self.state_text, id="tool-state", markup=False)
+
+    def set_state(self, text: str, failed: bool = False) -> None:
+        self.state_text = text
+        self.set_class(failed, "-failed")
+        for state in self.query("#tool-state").results(Static):  # none while it is composed or torn down
+            state.update(text)
+
+    def show_result(self, text: str) -> None:
+        """The result, collapsed: one line says how long it is; Enter or a click opens it."""
+        self.result_text = text
+        lines = text.count("\n") + 1
+        title = f"result: {len(text)} characters" + (f", {lines} lines" if lines > 1 else "")
+        if not self.is_attached:
+            return
+        self.mount(Collapsible(Static(text, markup=False, id="tool-result"), title=title, collapsed=True))
