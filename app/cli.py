@@ -89,7 +89,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "prefer $GEMMA_CHAT_API_KEY or --api-key-file",
     )
     s.add_argument("--api-key-file", metavar="PATH", default=None, help="read the API key from this file's first line")
-    s.add_argument("--max-waiting", type=int, default=4, metavar="N", help="requests queued behind the running one")
+    s.add_argument("--parallel", type=int, default=4, metavar="N", help="requests decoded together (1: one at a time)")
+    s.add_argument(
+        "--max-waiting", type=int, default=4, metavar="M", help="requests queued behind the running ones (429 past it)"
+    )
     s.add_argument(
         "--max-connections", type=int, default=256, metavar="N", help="open connections; more are answered 503"
     )

@@ -1,7 +1,9 @@
-"""What does `gemma-chat serve` add per token? (issue 17)
+"""What does `gemma-chat serve` add per token? (issue 17) And what do concurrent streams gain? (issue 25)
 
     .venv/bin/python scripts/bench_serve.py [--tokens 200] [--repeats 6] [--block-size 3] \
         [--model DIR --drafter DIR | --demo]
+    .venv/bin/python scripts/bench_serve.py --demo --streams 4,8 --tokens 128 --repeats 3
+        (scripts/_serve_streams.py: N streams at once against `serve --parallel` vs one at a time)
 
 Interleaved, ONE engine, greedy, EOS ignored, a fixed number of tokens. This process holds the
 engine and serves it (core.frontends.server on uvicorn, 127.0.0.1, as `gemma-chat serve` does); the server
@@ -139,9 +141,24 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--block-size", type=int, default=3)
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the server")
+    p.add_argument(
+        "--streams",
+        metavar="N,M",
+        default=None,
+        help="concurrent streams instead (issue 25): N and M greedy streams against `serve --parallel` vs one at a "
+        "time (scripts/_serve_streams.py); --demo or --model/--drafter; block size from --stream-block",
+    )
+    p.add_argument("--stream-block", default="auto", metavar="K", help="--streams: block size, 'auto' or 1..16")
     args = p.parse_args()
     if args.client:
         return client_loop(args.client, args.tokens, args.block_size)
+    if args.streams:
+        from _serve_streams import bench_streams
+
+        serve_args = ["--demo"] if args.demo else ["--model", args.model, "--drafter", args.drafter]
+        counts = [int(n) for n in args.streams.split(",")]
+        bench_streams(serve_args, counts, args.tokens, args.repeats, args.stream_block)
+        return 0
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)

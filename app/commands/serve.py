@@ -15,6 +15,8 @@ import sys
 
 from app.commands.common import API_KEY_ENV, UsageError, api_key, pairing_from_args
 
+MAX_PARALLEL = 64
+
 
 def check_bind(host: str, api_key: str | None) -> str | None:
     """Why the server must not start on `host`, or None."""
@@ -46,6 +48,8 @@ def _limits_problem(args: argparse.Namespace) -> str | None:
         return f"--port must be 1..65535, got {args.port}"
     if args.max_waiting < 0 or args.max_tokens < 1:
         return "--max-waiting must be >= 0 and --max-tokens >= 1"
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        return f"--parallel must be 1..{MAX_PARALLEL}, got {args.parallel}"
     if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_body_mb > 0):
         return "--header-timeout, --body-timeout and --max-body-mb must be > 0"
     # each connection is a file descriptor: the cap must leave room for the model's files and the engine
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     from core.engine.local import Engine
     from core.frontends.server import ServerConfig, create_app, is_loopback, uvicorn_config
 
-    engine = Engine(kernels="background")  # a long-lived server: kernels built alongside the first requests
+    # a long-lived server: kernels built alongside the first requests
+    engine = Engine(kernels="background", parallel=args.parallel)
     try:
         print(f"loading {spec.name} ...", file=sys.stderr, flush=True)
         try:
@@ -103,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(
             f"serving {model_id} at http://{host}:{args.port}/v1 "
-            f"({'drafter on' if spec.drafter else 'no drafter'}; {'API key required' if key else 'no API key'}); "
+            f"({'drafter on' if spec.drafter else 'no drafter'}; {'API key required' if key else 'no API key'}; "
+            f"{args.parallel} at once, {args.max_waiting} waiting); "
             "Ctrl+C stops",
             file=sys.stderr,
             flush=True,

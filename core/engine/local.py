@@ -91,6 +91,7 @@ class _Loaded:
     audio_spec: AudioSpec | None = None
     # image or audio key -> soft tokens [n, H], for the live conversation
     soft_tokens: dict[Hashable, mx.array] = field(default_factory=dict)
+    batch: Any = None  # core.decode.batch.BatchDecoder, made on the first batched request (parallel > 1)
 
 
 class Engine:
@@ -100,11 +101,16 @@ class Engine:
     pairing yet (core.engine.kernels): "background" (run uncompiled while a child process builds them: the
     app, serve), "eager-if-cold" (run uncompiled: one-shot commands) or "first-use" (MLX's default)."""
 
-    def __init__(self, kernels: str = "first-use") -> None:
+    def __init__(self, kernels: str = "first-use", parallel: int = 1) -> None:
         from core.engine.kernels import MODES
 
         if kernels not in MODES:
             raise ValueError(f"kernels must be one of {MODES}, got {kernels!r}")
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
+        # > 1: generation requests decode together, up to this many at once (core.engine.batching)
+        self.parallel = parallel
+        self._deferred: list[_Request | None] = []  # taken from the queue by a batch, served after it
         self._kernel_mode = kernels
         self._kernels: KernelPreparer | None = None
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -172,6 +178,13 @@ class Engine:
             for c in self._live_controls():
                 c.cancel_event.set()
 
+    def cancel_turn(self, future: concurrent.futures.Future) -> None:
+        """Stop the one turn (queued or running) whose `chat`/`complete` returned `future`."""
+        with self._lock:
+            for r in self._pending:
+                if r.future is future and r.controls is not None:
+                    r.controls.cancel_event.set()
+
     def set_block_size(self, k: int | str) -> None:
         """Block size (core.limits: an int K or "auto") for the running and queued turns, from their next round."""
         if not is_block_size(k):
@@ -224,6 +237,8 @@ class Engine:
         """The next request. While the kernels are being prepared, or are ready but not yet traced at every
         shape, the wait is spent on that, one short warm-up step at a time (core.engine.kernels)."""
         while True:
+            if self._deferred:
+                return self._deferred.pop(0)
             kernels = self._kernels
             if kernels is None or not kernels.busy:
                 return self._queue.get()
@@ -256,6 +271,10 @@ class Engine:
             try:
                 if req.kind == "load":
                     req.future.set_result(self._load(*req.args))
+                elif req.kind in ("chat", "complete") and self.parallel > 1:
+                    from core.engine.batching import serve_batch
+
+                    self._deferred[:0] = serve_batch(self, req, self.parallel)
                 elif req.kind in ("chat", "complete"):
                     req.future.set_result(self._generate(req))
                 elif req.kind == "warmup":
@@ -286,6 +305,27 @@ class Engine:
         # (mlx-lm's geglu) and then exits can abort the process at interpreter exit
         # ("terminate called without an active exception"). A parked daemon thread cannot.
         threading.Event().wait()
+
+    @property
+    def user_errors(self) -> tuple[type[Exception], ...]:
+        """Failures of a turn whose message is for the user (core.engine.batching reads it)."""
+        from core.decode.spec import TurnError
+
+        return (_UserError, TurnError, ValueError)
+
+    def _emit(self, req: _Request) -> Callable[[object], None]:
+        """A request's event listener, guarded (a listener's bug must not end the turn)."""
+        on_event = req.args[2]
+        return lambda ev: _safe_call(on_event, ev)
+
+    def _finish(self, req: _Request, done: TurnDone) -> None:
+        """End a batched request (core.engine.batching): its TurnDone to its listener, its future, its controls."""
+        _safe_call(req.args[2], done)
+        if not req.future.done():
+            req.future.set_result(done)
+        with self._lock:
+            if req in self._pending:
+                self._pending.remove(req)
 
     # --- load ----------------------------------------------------------------------------
 

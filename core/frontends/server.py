@@ -4,10 +4,11 @@ Routes: GET /health, GET /v1/models, POST /v1/chat/completions (server-sent even
 POST /v1/gemma-chat/control (block size / drafter for the running turn). Errors are OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
 
-One engine, one turn at a time, in arrival order: an asyncio lock (FIFO) guards the engine, so the
-engine's `cancel()` only ever reaches the turn of the client that went away. At most `max_waiting`
-requests wait behind the running one; the next gets 429 at once. A client that disconnects, while
-waiting or while its turn runs, cancels its turn (the engine stops within one round).
+One engine, turns admitted in arrival order (FIFO): as many run at once as the engine's `parallel`
+(1: one at a time; N > 1: the engine decodes them together, core.engine.batching). At most
+`max_waiting` requests wait behind the running ones; the next gets 429 at once. A client that
+disconnects, while waiting or while its turn runs, cancels its own turn only (`cancel_turn`; the
+engine stops it within one round).
 
 The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" object per chunk:
   {"tokens": [{"id", "text", "from_draft", "round"}], "rounds": [RoundEvent fields], "prefill": {...}}
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -556,29 +558,82 @@ class Busy(Exception):
     pass
 
 
-class EngineGate:
-    """Serialises turns on the engine (FIFO) with a bounded wait line."""
+@dataclass
+class TurnHandle:
+    """One request's turn on the engine: its future once submitted (the gate stops it by it)."""
 
-    def __init__(self, engine: Any, max_waiting: int) -> None:
+    future: Any = None
+
+
+class EngineGate:
+    """Admits turns to the engine in arrival order (FIFO): up to `slots` run at once (the engine's
+    `parallel`: its batch decodes them together), at most `max_waiting` wait behind them."""
+
+    def __init__(self, engine: Any, max_waiting: int, slots: int = 1) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
-        self.waiting = 0
-        self.running = False
-        self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in arrival order
+        self.slots = max(1, slots)
+        self.active = 0  # turns holding a slot
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def running(self) -> bool:
+        return self.active > 0
+
+    def full(self) -> bool:
+        """A new request would be refused (429): every slot taken and the wait line full."""
+        return self.active >= self.slots and self.waiting >= self.max_waiting
+
+    async def _acquire(self) -> None:
+        if self.active < self.slots and not self._waiters:
+            self.active += 1
+            return
+        if self.full():
+            raise Busy()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # a releasing turn hands its slot over (active stays the same)
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot was handed over just as this request went away
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.active -= 1
+
+    def stop(self, handle: TurnHandle) -> None:
+        """Cancel this request's turn only (the engine stops it within one round)."""
+        if handle.future is None:
+            return
+        cancel_turn = getattr(self.engine, "cancel_turn", None)
+        if cancel_turn is not None:
+            cancel_turn(handle.future)
+        else:
+            self.engine.cancel()
 
     async def turn(
-        self, messages: list[dict], settings: GenerationSettings, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        settings: GenerationSettings,
+        handle: TurnHandle | None = None,
+        tools: list[dict] | None = None,
     ) -> AsyncGenerator[list, None]:
         """The turn's engine events, in batches of what arrived together. Closing the iterator early
-        (client gone) cancels the turn and waits for the engine to finish it before the next starts."""
-        if self._lock.locked() and self.waiting >= self.max_waiting:
-            raise Busy()
-        self.waiting += 1
-        try:
-            await self._lock.acquire()
-        finally:
-            self.waiting -= 1
-        self.running = True
+        (client gone) cancels the turn and waits for the engine to finish it before its slot is free."""
+        handle = handle or TurnHandle()
+        await self._acquire()
         try:
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
@@ -591,6 +646,7 @@ class EngineGate:
                 future = self.engine.chat(messages, settings, on_event, tools=tools)
             else:
                 future = self.engine.chat(messages, settings, on_event)
+            handle.future = future
             # an engine whose turn fails without its TurnDone (a bug) must not hang the request forever
             future.add_done_callback(lambda f: on_event(_TurnEnded(f)))
             finished = False
@@ -611,12 +667,11 @@ class EngineGate:
                         )
             finally:
                 if not finished:
-                    self.engine.cancel()
+                    self.stop(handle)
                     with contextlib.suppress(Exception):
                         await asyncio.shield(asyncio.wrap_future(future))
         finally:
-            self.running = False
-            self._lock.release()
+            self._release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -729,6 +784,7 @@ class ChatCompletion(Response):
 
     def __init__(self, gate: EngineGate, request: ChatRequest, model_id: str) -> None:
         self.gate, self.request, self.model_id = gate, request, model_id
+        self.handle = TurnHandle()
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.streaming = False  # the 200 and its headers are out
         self.created = int(time.time())
@@ -736,7 +792,7 @@ class ChatCompletion(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.scope = scope
-        events = self.gate.turn(self.request.messages, self.request.settings, self.request.tools)
+        events = self.gate.turn(self.request.messages, self.request.settings, self.handle, self.request.tools)
         try:
             await _until_disconnect(receive, self._respond(events, send))
         except _Disconnected:
@@ -815,7 +871,7 @@ class ChatCompletion(Response):
             if ext or delta:
                 await write(self._chunk(delta, ext))
             if (state.scanner.stopped or state.calls.full) and state.done is None and not state.cancelled:
-                self.gate.engine.cancel()  # the client has all it asked for; the turn ends within a round
+                self.gate.stop(self.handle)  # the client has all it asked for; the turn ends within a round
                 state.cancelled = True
         await write(self._last_chunk(state.done, state))
         await write(b"data: [DONE]\n\n")
@@ -898,7 +954,7 @@ class ChatCompletion(Response):
                 done = ev
                 tokens += scanner.flush()
             if (scanner.stopped or calls.full) and done is None and not cancelled:
-                self.gate.engine.cancel()  # the turn ends within a round; its TurnDone still comes
+                self.gate.stop(self.handle)  # the turn ends within a round; its TurnDone still comes
                 cancelled = True
         if done.error:
             await error_response(500, done.error, "server_error")(self.scope, _no_receive, send)
@@ -1036,7 +1092,7 @@ class RequestGuard:
 
 def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
     """The ASGI app over a loaded engine (an Engine or anything with its chat/cancel API)."""
-    gate = EngineGate(engine, config.max_waiting)
+    gate = EngineGate(engine, config.max_waiting, getattr(engine, "parallel", 1))
     created = int(time.time())
 
     def authorised(request: Request) -> bool:
@@ -1050,7 +1106,8 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
         return error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": config.model_id, "busy": gate.running, "waiting": gate.waiting})
+        body = {"status": "ok", "model": config.model_id, "busy": gate.running, "waiting": gate.waiting}
+        return JSONResponse({**body, "running": gate.active, "parallel": gate.slots})
 
     async def models(request: Request) -> Response:
         if not authorised(request):
@@ -1070,7 +1127,7 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
         if parsed.tools and not engine.features.tools:
             message = "'tools': this model cannot call tools (its vocabulary has no tool-call tokens)"
             return error_response(400, message, "invalid_request_error", "tools")
-        if gate.running and gate.waiting >= gate.max_waiting:
+        if gate.full():
             message = "the server is busy: too many requests waiting; retry later"
             return error_response(429, message, "server_busy", None, {"retry-after": "1"})
         return ChatCompletion(gate, parsed, config.model_id)

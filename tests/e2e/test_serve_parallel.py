@@ -1,0 +1,103 @@
+"""`gemma-chat serve --demo --parallel N` as a process, driven by the official `openai` client from
+8 threads at once (issue 25): every streamed answer is the one the same request gets alone (greedy),
+with per-token draft marks and per-request stats; past `--max-waiting` a request gets 429 at once,
+and the server keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from serve_process import ServeProcess
+
+openai = pytest.importorskip("openai")
+
+QUESTIONS = [
+    "What is speculative decoding?",
+    "Tell me about the sea.",
+    "What is a cat?",
+    "Write a poem about rain.",
+    "hi",
+    "Explain rivers.",
+    "Why is the sky blue?",
+    "Name three colours.",
+]
+
+
+def client(server: ServeProcess) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=300, max_retries=0)
+
+
+def streamed(server: ServeProcess, question: str, max_tokens: int = 32) -> dict[str, Any]:
+    stream = client(server).chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+    )
+    chunks = list(stream)
+    tokens = [t for c in chunks for t in (c.model_extra.get("gemma_chat") or {}).get("tokens", [])]
+    return {
+        "ids": [t["id"] for t in tokens],
+        "text": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+        "token_text": "".join(t["text"] for t in tokens),
+        "from_draft": [t["from_draft"] for t in tokens],
+        "stats": chunks[-1].model_extra["gemma_chat"]["stats"],
+        "finish": chunks[-1].choices[0].finish_reason,
+    }
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    with ServeProcess(["--demo", "--parallel", "4", "--max-waiting", "8"]) as s:
+        yield s
+
+
+def test_eight_threads_get_their_solo_answers_with_draft_marks(server: ServeProcess) -> None:
+    alone = [streamed(server, q) for q in QUESTIONS]  # one at a time
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda q: streamed(server, q), QUESTIONS))
+    for q, a, t in zip(QUESTIONS, alone, together):
+        assert t["ids"] == a["ids"] and t["ids"], q
+        assert t["text"] == a["text"] == t["token_text"]
+        assert t["stats"]["tokens"] == len(t["ids"])
+        assert t["stats"]["decode_tokens"] == len(t["ids"]) - 1
+        assert t["finish"] in ("stop", "length")
+    marks = [m for t in together for m in t["from_draft"]]
+    assert any(marks) and not all(marks)  # drafted tokens and the target's own, marked per token
+    # stats are per request: each its own rounds and acceptance
+    assert len({(t["stats"]["rounds"], t["stats"]["accepted"]) for t in together}) > 1
+    health = client(server)._client.get(server.url + "/health").json()
+    assert health["parallel"] == 4 and health["running"] == 0 and health["waiting"] == 0
+
+
+def test_past_max_waiting_is_429_at_once_and_the_rest_complete() -> None:
+    with ServeProcess(["--demo", "--parallel", "2", "--max-waiting", "1"]) as s:
+        s_alone = streamed(s, QUESTIONS[1], max_tokens=200)
+        results: list[Any] = [None] * 6
+        started = threading.Barrier(6)
+
+        def one(i: int) -> None:
+            started.wait()
+            t0 = time.monotonic()
+            try:
+                results[i] = ("ok", streamed(s, QUESTIONS[1], max_tokens=200), time.monotonic() - t0)
+            except openai.RateLimitError as e:
+                results[i] = ("429", e, time.monotonic() - t0)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        ok = [r for r in results if r and r[0] == "ok"]
+        busy = [r for r in results if r and r[0] == "429"]
+        assert len(ok) + len(busy) == 6
+        assert len(ok) >= 3 and busy  # two rows and one waiting seat; the others are refused
+        assert all(r[1]["ids"] == s_alone["ids"] for r in ok)
+        assert all(r[2] < 5 for r in busy)  # refused at once, not after waiting
+        assert streamed(s, QUESTIONS[0])["ids"]  # and it keeps serving
