@@ -33,7 +33,7 @@ import mlx.core as mx
 
 from core import sampling
 from core.decode.autoblock import AutoBlock, AutoBlockConfig
-from core.decode.spec import Controls, Decoder, Prompt, TurnResult, draft_cost_hint
+from core.decode.spec import Controls, Decoder, Prompt, TurnResult, draft_cost_hint, stop_rule
 from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
 from core.model import memory
 from core.model.batched import RowSampling, draft_rows, forward_rows
@@ -278,13 +278,7 @@ class BatchDecoder:
         row.reason = stop
 
     def _stop_rule(self, row: Row, tokens: list[int]) -> tuple[int, str | None]:
-        s = row.settings
-        for j, tok in enumerate(tokens):
-            if tok in self.stop_ids and not s.ignore_eos:
-                return j + 1, "eos"
-            if len(row.emitted) + j + 1 >= s.max_tokens:
-                return j + 1, "max_tokens"
-        return len(tokens), None
+        return stop_rule(tokens, self.stop_ids, row.settings, len(row.emitted))
 
     def _emit_token(self, row: Row, tok: int, from_draft: bool) -> None:
         row.emitted.append(tok)

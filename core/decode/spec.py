@@ -40,6 +40,20 @@ if TYPE_CHECKING:
 PREFILL_CHUNK = 512
 
 
+def stop_rule(
+    tokens: list[int], stop_ids: frozenset[int], settings: GenerationSettings, emitted: int
+) -> tuple[int, str | None]:
+    """The one stop rule (solo and batched turns): how many of `tokens` (decided, not yet emitted, after
+    `emitted` already out) go out, and the stop they end on, if any (a stop token unless eos is
+    ignored, or max tokens)."""
+    for j, tok in enumerate(tokens):
+        if tok in stop_ids and not settings.ignore_eos:
+            return j + 1, "eos"
+        if emitted + j + 1 >= settings.max_tokens:
+            return j + 1, "max_tokens"
+    return len(tokens), None
+
+
 class DraftModel(Protocol):
     """What the round loop needs of a drafter (`core.model.drafter.Drafter`; the bench's simulated
     drafter and the tests' oracles wrap or imitate it)."""
@@ -406,15 +420,7 @@ class Decoder:
     # --- per-round bookkeeping -----------------------------------------------------------------
 
     def _stop_rule(self, turn: _Turn, tokens: list[int]) -> tuple[int, str | None]:
-        """The one stop rule: how many of `tokens` (decided, not yet emitted) go out, and the stop
-        they end on, if any (a stop token unless eos is ignored, or max tokens)."""
-        s = turn.settings
-        for j, tok in enumerate(tokens):
-            if tok in self.stop_ids and not s.ignore_eos:
-                return j + 1, "eos"
-            if len(turn.emitted) + j + 1 >= s.max_tokens:
-                return j + 1, "max_tokens"
-        return len(tokens), None
+        return stop_rule(tokens, self.stop_ids, turn.settings, len(turn.emitted))
 
     def _commit(self, turn: _Turn, rnd: _Round, tokens: list[int], out: int, trim: bool) -> None:
         """Keep b and the accepted drafts before the last emitted token (next round's b) in the cache;
