@@ -220,25 +220,38 @@ def refuse_unserved(body: dict) -> None:
             raise ApiError(400, f"'{key}': {why} by gemma-chat serve; leave it out", param=key)
 
 
-def _image_item(part: dict, allow_files: bool) -> dict:
-    spec = part.get("image_url")
+# an image_url / audio_url part's words: (a data URL example, the noun for its file: URL)
+_URL_KINDS = {
+    "image": ("data:image/png;base64,...", "an image's file: URL"),
+    "audio": ("data:audio/wav;base64,...", "an audio clip's file: URL"),
+}
+
+
+def _url_item(part: dict, kind: str, allow_files: bool) -> dict:
+    """An OpenAI image_url or vLLM audio_url part: a base64 data: URL, or a file: URL on loopback."""
+    example, file_noun = _URL_KINDS[kind]
+    spec = part.get(f"{kind}_url")
     url = spec.get("url") if isinstance(spec, dict) else spec
     if not isinstance(url, str) or not url:
-        raise ApiError(400, "an image_url part needs image_url.url (a data: or file: URL)", param="messages")
+        raise ApiError(400, f"an {kind}_url part needs {kind}_url.url (a data: or file: URL)", param="messages")
     if url.startswith("data:"):
         header, _, payload = url.partition(",")
         if ";base64" not in header:
-            raise ApiError(400, "image data URLs must be base64 (data:image/png;base64,...)", param="messages")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(400, "the image data URL is not valid base64", param="messages") from None
-        return {"type": "image", "image": data}
+            raise ApiError(400, f"{kind} data URLs must be base64 ({example})", param="messages")
+        what = f"the {kind} data URL"
+        if kind == "image":  # an empty image is the decoder's to refuse, with its own words
+            try:
+                return {"type": kind, kind: base64.b64decode(payload, validate=True)}
+            except (binascii.Error, ValueError):
+                raise ApiError(400, f"{what} is not valid base64", param="messages") from None
+        return {"type": kind, kind: _base64(payload, what)}
     if url.startswith("file:"):
         if not allow_files:
-            raise ApiError(400, "file: image URLs are refused on a server reachable from the network", param="messages")
-        return {"type": "image", "path": _text(unquote(urlparse(url).path), "an image's file: URL")}
-    raise ApiError(400, "image URLs must be data: or file: URLs (this server does not download)", param="messages")
+            raise ApiError(
+                400, f"file: {kind} URLs are refused on a server reachable from the network", param="messages"
+            )
+        return {"type": kind, "path": _text(unquote(urlparse(url).path), file_noun)}
+    raise ApiError(400, f"{kind} URLs must be data: or file: URLs (this server does not download)", param="messages")
 
 
 # `input_audio.format` values taken (OpenAI names wav and mp3; the decoder reads the bytes, whatever
@@ -269,24 +282,6 @@ def _input_audio_item(part: dict) -> dict:
     return {"type": "audio", "audio": _base64(data, "input_audio.data")}
 
 
-def _audio_url_item(part: dict, allow_files: bool) -> dict:
-    """vLLM's {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,..." | "file:///..."}}."""
-    spec = part.get("audio_url")
-    url = spec.get("url") if isinstance(spec, dict) else spec
-    if not isinstance(url, str) or not url:
-        raise ApiError(400, "an audio_url part needs audio_url.url (a data: or file: URL)", param="messages")
-    if url.startswith("data:"):
-        header, _, payload = url.partition(",")
-        if ";base64" not in header:
-            raise ApiError(400, "audio data URLs must be base64 (data:audio/wav;base64,...)", param="messages")
-        return {"type": "audio", "audio": _base64(payload, "the audio data URL")}
-    if url.startswith("file:"):
-        if not allow_files:
-            raise ApiError(400, "file: audio URLs are refused on a server reachable from the network", param="messages")
-        return {"type": "audio", "path": _text(unquote(urlparse(url).path), "an audio clip's file: URL")}
-    raise ApiError(400, "audio URLs must be data: or file: URLs (this server does not download)", param="messages")
-
-
 def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
     if content is None:
         return ""
@@ -300,11 +295,11 @@ def _content(content: Any, i: int, allow_files: bool) -> str | list[dict]:
         if kind == "text" and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": _text(part["text"], f"messages[{i}].content")})
         elif kind == "image_url":
-            parts.append(_image_item(part, allow_files))
+            parts.append(_url_item(part, "image", allow_files))
         elif kind == "input_audio":
             parts.append(_input_audio_item(part))
         elif kind == "audio_url":
-            parts.append(_audio_url_item(part, allow_files))
+            parts.append(_url_item(part, "audio", allow_files))
         else:
             message = f"messages[{i}]: content parts must be text, image_url or input_audio, got {_show(kind)}"
             raise ApiError(400, message)
