@@ -275,7 +275,8 @@ async def test_use_loads_the_pairing_in_the_running_engine(cache):
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.session.loaded, timeout=20)
         assert engine.info.demo and app.session.spec.demo
-    # remembered, the demo included: the next start opens the pairing used last
+        # remembered, the demo included: the next start opens the pairing used last (written by a worker)
+        await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
     assert load_config().default_pairing == DEMO_KEY
 
 
