@@ -163,7 +163,8 @@ class BatchDecoder:
         sizes, auto = self._plan(rows)
         K = max(sizes)
         n_acc, decided = self._read(self._submit(rows, sizes, K))
-        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto))
+        scored = any(r.logprobs is not None for r in rows)  # scoring the vocabulary is not the block's cost
+        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto), clean=not scored)
         for row, k, n, tokens in zip(rows, sizes, n_acc, decided):
             self._advance(row, K, k, n, tokens)
         self.rounds += 1
@@ -266,13 +267,13 @@ class BatchDecoder:
             row.h = H[i]  # [K, H] for now; _advance keeps the row it needs
         return n_acc, decided
 
-    def _observe(self, K: int, n_acc: list[int], auto: bool) -> None:
+    def _observe(self, K: int, n_acc: list[int], auto: bool, clean: bool = True) -> None:
         """Feed the controller the round's time (sync to sync) and its auto rows' mean acceptance."""
         now = self._clock()
         round_s, self._last_sync = now - self._last_sync, now
         if not auto:
             return
-        clean = K in self._timed  # a size's first round also built its kernels
+        clean = clean and K in self._timed  # a size's first round also built its kernels
         self._timed.add(K)
         mean = round(sum(n_acc) / len(n_acc)) if n_acc else 0
         self.auto.observe(K, min(mean, K - 1), round_s=round_s, clean=clean)

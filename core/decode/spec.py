@@ -432,6 +432,7 @@ class Decoder:
             if rnd.K not in self._timed_sizes:  # its first round also built its kernels (MLX compiles per shape)
                 self._timed_sizes.add(rnd.K)
                 clean = False
+            clean = clean and rnd.logprobs is None  # scoring the vocabulary is not the block size's cost
             self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead)
 
     # --- per-round bookkeeping -----------------------------------------------------------------
