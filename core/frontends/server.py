@@ -1,8 +1,14 @@
 """`gemma-chat serve`: an OpenAI-compatible HTTP API over one engine (Starlette on uvicorn).
 
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions (server-sent events or one JSON body),
-POST /v1/gemma-chat/control (block size / drafter for the running turn). Errors are OpenAI-shaped:
+POST /v1/completions (a plain prompt, no chat template: `TextCompletion`), POST /v1/gemma-chat/control
+(block size / drafter for the running turn). Errors are OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
+
+`logprobs` / `top_logprobs` (chat) and `logprobs: N` (completions) are the target's own log-probabilities of
+the emitted tokens (core.decode.logprobs: read from each round's verify logits), as OpenAI's
+`logprobs.content` items or the legacy lists. `stream_options.include_usage` ends the stream with OpenAI's
+usage chunk (empty `choices`). `n` > 1 is refused (one request, one reply: send n requests).
 
 One engine, turns admitted in arrival order (FIFO): as many run at once as the engine's `parallel`
 (1: one at a time; N > 1: the engine decodes them together, core.engine.batching). At most
