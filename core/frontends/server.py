@@ -496,7 +496,7 @@ def _one_choice(body: dict) -> None:
     n = _number(body, "n", int, 1)
     if n != 1:
         message = (
-            f"'n': gemma-chat serve returns one choice per request (got n={n}); send {n} requests instead "
+            f"'n': only n=1 is served: one request is one reply (got n={n}); send {n} requests instead "
             "(they decode together with serve --parallel), each with its own seed for different samples"
         )
         raise ApiError(400, message, param="n")
