@@ -1382,6 +1382,10 @@ async def _completion(request: Request, engine: Any, config: ServerConfig, gate:
         return _client_gone(request)
     if getattr(engine, "complete", None) is None:
         return error_response(404, "this server's engine does not serve plain completions", "not_found")
+    vocab = engine.info.vocab_size if engine.info is not None else 0
+    if isinstance(parsed.prompt, list) and vocab and max(parsed.prompt) >= vocab:
+        message = f"'prompt' holds token id {max(parsed.prompt)}; this model's ids are 0..{vocab - 1}"
+        return error_response(400, message, "invalid_request_error", "prompt")
     return _busy() if gate.full() else TextCompletion(gate, parsed, config.model_id)
 
 

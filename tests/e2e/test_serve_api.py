@@ -142,6 +142,8 @@ def test_include_usage_sends_the_usage_as_a_last_chunk_without_choices(url: str)
         ("completions", {"logprobs": 30}, "logprobs"),
         ("completions", {"prompt": ["one", "two"]}, "prompt"),
         ("completions", {"prompt": ""}, "prompt"),
+        ("completions", {"prompt": [2, 10**9]}, "prompt"),
+        ("completions", {"prompt": [2, -1]}, "prompt"),
     ],
 )
 def test_what_is_not_served_is_a_clear_400(url: str, route: str, body: dict, param: str) -> None:
