@@ -19,11 +19,22 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of an emitted token and its most likely alternatives at that position
+    (core.decode.logprobs; only when GenerationSettings.logprobs asks)."""
+
+    logprob: float
+    token: bytes  # the token's bytes in the reply text (b"" for a token that leaves none: the end of turn)
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (id, its bytes as shown, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     id: int
     text: str  # decoded text delta (UTF-8 safe: may be "" while a multi-byte char is incomplete)
     from_draft: bool | None  # True: drafted and accepted; False: the target's own; None: unknown (remote)
     round: int
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ class GenerationSettings:
     thinking: bool = False
     system_prompt: str | None = None
     image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
+    # the target's logprob of each emitted token (TokenEvent.logprob) with this many alternatives; None: off
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # one rule wherever settings are made (command line, config, forms, server, the engine's copy)

@@ -24,6 +24,7 @@ target's distribution (per-row rejection sampling) and, with a seed, draws its k
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,8 +34,9 @@ import mlx.core as mx
 
 from core import sampling
 from core.decode.autoblock import AutoBlock, AutoBlockConfig
+from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
 from core.decode.spec import Controls, Decoder, Prompt, TurnResult, draft_cost_hint, stop_rule
-from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
+from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.model import memory
 from core.model.batched import RowSampling, draft_rows, forward_rows
 from core.model.target import Target, TargetCache
@@ -65,6 +67,7 @@ class Row:
     t_first: float = 0.0
     reason: str | None = None  # why it stopped, once it has
     tag: Any = None  # the caller's handle for this request
+    logprobs: BlockLogprobs | None = None  # this round's, when the row asks for them
 
 
 class BatchDecoder:
@@ -130,7 +133,8 @@ class BatchDecoder:
         if not self.rows:
             self.auto.begin_turn(sampled=keys is not None)
         _, row.reason = self._stop_rule(row, [row.b_tok])
-        self._emit_token(row, row.b_tok, False)
+        first, self.solo.first_logprobs = self.solo.first_logprobs, None
+        self._emit_token(row, row.b_tok, False, first.row(0, row.b_tok, row.detok) if first is not None else None)
         self.rows.append(row)
         return row
 
@@ -159,7 +163,8 @@ class BatchDecoder:
         sizes, auto = self._plan(rows)
         K = max(sizes)
         n_acc, decided = self._read(self._submit(rows, sizes, K))
-        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto))
+        scored = any(r.logprobs is not None for r in rows)  # scoring the vocabulary is not the block's cost
+        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto), clean=not scored)
         for row, k, n, tokens in zip(rows, sizes, n_acc, decided):
             self._advance(row, K, k, n, tokens)
         self.rounds += 1
@@ -203,7 +208,7 @@ class BatchDecoder:
             picks = [self.solo._pick(logits[i, 0], r.settings, r.keys) for i, r in enumerate(rows)]
             t = mx.stack(picks).astype(mx.uint32).reshape(B, 1)
             packed = mx.concatenate([mx.zeros((B, 1), mx.uint32), t], axis=1)
-            mx.async_eval(packed, H)
+            mx.async_eval(packed, H, *self._logprobs(rows, logits, t, softcap))
             return rows, K, packed, H
         assert self.drafter is not None, "a speculative round needs a drafter"
         sampled = [_draft_sampling(r, k, K) for r, k in zip(rows, sizes)]
@@ -231,8 +236,23 @@ class BatchDecoder:
                     ts.append(ti)
             n, t = mx.stack(ns), mx.stack(ts)
         packed = mx.concatenate([n.reshape(B, 1).astype(mx.uint32), t.reshape(B, 1).astype(mx.uint32), drafts], axis=1)
-        mx.async_eval(packed, H)
+        lp = self._logprobs(rows, logits, round_tokens(drafts, n.reshape(B), t.reshape(B)), softcap)
+        mx.async_eval(packed, H, *lp)
         return rows, K, packed, H
+
+    def _logprobs(self, rows: list[Row], logits: mx.array, tokens: mx.array, capped: bool) -> list[mx.array]:
+        """Each asking row's logprobs of its tokens [B, K] under logits [B, K, V] (core.decode.logprobs),
+        kept on the row for `_advance`; the arrays to evaluate with the round."""
+        tops = [r.settings.logprobs for r in rows]
+        for r in rows:
+            r.logprobs = None
+        if all(t is None for t in tops):
+            return []
+        cap = None if capped else getattr(self.target, "softcap", None)
+        lp = BlockLogprobs(block_logprobs(logits, tokens, max(t or 0 for t in tops), cap))
+        for i, r in enumerate(rows):
+            r.logprobs = lp.part(i) if tops[i] is not None else None
+        return lp.arrays()
 
     def _read(self, submitted: tuple[list[Row], int, mx.array, mx.array]) -> tuple[list[int], list[list[int]]]:
         """The round's one host sync: per row (accepted drafts n, the tokens it decided: d1..dn, t);
@@ -247,13 +267,13 @@ class BatchDecoder:
             row.h = H[i]  # [K, H] for now; _advance keeps the row it needs
         return n_acc, decided
 
-    def _observe(self, K: int, n_acc: list[int], auto: bool) -> None:
+    def _observe(self, K: int, n_acc: list[int], auto: bool, clean: bool = True) -> None:
         """Feed the controller the round's time (sync to sync) and its auto rows' mean acceptance."""
         now = self._clock()
         round_s, self._last_sync = now - self._last_sync, now
         if not auto:
             return
-        clean = K in self._timed  # a size's first round also built its kernels
+        clean = clean and K in self._timed  # a size's first round also built its kernels
         self._timed.add(K)
         mean = round(sum(n_acc) / len(n_acc)) if n_acc else 0
         self.auto.observe(K, min(mean, K - 1), round_s=round_s, clean=clean)
@@ -270,8 +290,9 @@ class BatchDecoder:
         row.committed.extend(tokens[: out - 1])
         row.b_tok = tokens[out - 1]
         row.round_no += 1
+        lp = row.logprobs
         for j, tok in enumerate(tokens[:out]):
-            self._emit_token(row, tok, j < n)
+            self._emit_token(row, tok, j < n, lp.row(j, tok, row.detok) if lp is not None else None)
         ev = RoundEvent(row.round_no, k - 1, min(n, out), k, row.controls.block_size == "auto", out)
         row.stats.add_round(ev)
         row.emit(ev)
@@ -280,10 +301,12 @@ class BatchDecoder:
     def _stop_rule(self, row: Row, tokens: list[int]) -> tuple[int, str | None]:
         return stop_rule(tokens, self.stop_ids, row.settings, len(row.emitted))
 
-    def _emit_token(self, row: Row, tok: int, from_draft: bool) -> None:
+    def _emit_token(self, row: Row, tok: int, from_draft: bool, logprob: TokenLogprob | None = None) -> None:
         row.emitted.append(tok)
         text = row.detok.add(tok) if row.detok is not None else ""
-        row.emit(TokenEvent(tok, text, from_draft, row.round_no))
+        if logprob is not None:  # the batch scored the most alternatives any row asked for
+            logprob = dataclasses.replace(logprob, top=logprob.top[: row.settings.logprobs or 0])
+        row.emit(TokenEvent(tok, text, from_draft, row.round_no, logprob))
 
     def _result(self, row: Row) -> TurnResult:
         stats = row.stats

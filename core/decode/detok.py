@@ -85,6 +85,11 @@ class Detokenizer:
             b = self._bytes[token_id] = self._piece_bytes(token_id)
         return b
 
+    def display_bytes(self, token_id: int) -> bytes:
+        """The token as shown on its own (a logprob's alternative): a special token by its name."""
+        special = self._specials.get(int(token_id))
+        return special.encode("utf-8") if special is not None else self.piece_bytes(token_id)
+
     def _piece_bytes(self, token_id: int) -> bytes:
         if token_id in self.skip_ids:
             return b""

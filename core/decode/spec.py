@@ -28,7 +28,8 @@ import mlx.nn as nn
 
 from core import sampling
 from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice
-from core.events import PrefillDone, RoundEvent, TokenEvent, TurnStats
+from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
+from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.limits import context_error
 from core.model import memory
 from core.model.target import Target, TargetCache
@@ -153,6 +154,7 @@ class _Round:
     packed: mx.array | None  # K > 1: [2 + K - 1] uint32, n accepted, the target's token, the drafts
     H: mx.array  # [K, H] target hidden states of the verified block
     ahead: bool = False  # submitted on an unread plain step (built while that step ran)
+    logprobs: BlockLogprobs | None = None  # when the turn asks for them (core.decode.logprobs)
 
 
 def draft_cost_hint(target: Target, drafter: object | None) -> float | None:
@@ -213,6 +215,8 @@ class Decoder:
         # process taking the cores inflates wall times by 2-5x at random, CPU time only a little.
         self._clock = time.perf_counter if memory.on_metal() else time.process_time
         self._timed_sizes: set[int] = set()  # block sizes that have run once (their kernels are built)
+        # the first token's logprobs, from the last `_prefill` (when its settings ask for them)
+        self.first_logprobs: BlockLogprobs | None = None
 
     def run(
         self,
@@ -272,7 +276,7 @@ class Decoder:
         stats.ttft_s = t_first - t_start
         turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=self._clock())
         _, reason = self._stop_rule(turn, [b_tok])
-        self._emit_token(turn, b_tok, False, emit)
+        self._emit_token(turn, b_tok, False, emit, self._first_logprob(b_tok))
         if reason is None:
             reason = self._decode(turn, controls, emit)
         return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
@@ -373,8 +377,9 @@ class Decoder:
             logits, H = tg.forward(b, cache, logits="all", softcap=temp > 0)
             assert logits is not None  # asked for
             t = self._pick(logits[0], s, turn.keys).reshape(1).astype(mx.uint32)
-            mx.async_eval(t)
-            return _Round(K, setting, choice, P, t, None, H)
+            lp = self.logprobs_of(logits, t, s)
+            mx.async_eval(t, *(lp.arrays() if lp is not None else []))
+            return _Round(K, setting, choice, P, t, None, H, logprobs=lp)
         assert self.drafter is not None, "a speculative round needs a drafter"
         draft_keys = turn.keys.split(K - 1) if turn.keys is not None else None
         drafts, q_lp = self.drafter.draft(
@@ -391,8 +396,20 @@ class Decoder:
             n, t = sampling.verify_greedy(drafts, logits)
         t = t.reshape(1).astype(mx.uint32)
         packed = mx.concatenate([n.reshape(1).astype(mx.uint32), t, drafts])
-        mx.async_eval(packed, H)
-        return _Round(K, setting, choice, P, t, packed, H)
+        lp = self.logprobs_of(logits, round_tokens(drafts, n, t[0]), s)
+        mx.async_eval(packed, H, *(lp.arrays() if lp is not None else []))
+        return _Round(K, setting, choice, P, t, packed, H, logprobs=lp)
+
+    def logprobs_of(self, logits: mx.array, tokens: mx.array, s: GenerationSettings) -> BlockLogprobs | None:
+        """The logprobs of `tokens` [..., K] under logits [..., K, V] (soft-capped when sampling), if asked."""
+        if s.logprobs is None:
+            return None
+        cap = None if s.temperature > 0 else getattr(self.target, "softcap", None)
+        return BlockLogprobs(block_logprobs(logits, tokens, s.logprobs, cap))
+
+    def _first_logprob(self, tok: int) -> TokenLogprob | None:
+        lp, self.first_logprobs = self.first_logprobs, None
+        return lp.row(0, tok, self.detok) if lp is not None else None
 
     def _read(self, rnd: _Round) -> tuple[int, list[int]]:
         """The round's one host sync: (accepted drafts n, the tokens it decided: d1..dn, t)."""
@@ -415,6 +432,7 @@ class Decoder:
             if rnd.K not in self._timed_sizes:  # its first round also built its kernels (MLX compiles per shape)
                 self._timed_sizes.add(rnd.K)
                 clean = False
+            clean = clean and rnd.logprobs is None  # scoring the vocabulary is not the block size's cost
             self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead)
 
     # --- per-round bookkeeping -----------------------------------------------------------------
@@ -436,8 +454,9 @@ class Decoder:
         self, turn: _Turn, rnd: _Round, n_acc: int, tokens: list[int], emit: Callable[[object], None]
     ) -> None:
         turn.round_no += 1
+        lp = rnd.logprobs
         for j, tok in enumerate(tokens):
-            self._emit_token(turn, tok, j < n_acc, emit)
+            self._emit_token(turn, tok, j < n_acc, emit, lp.row(j, tok, self.detok) if lp is not None else None)
         choice = rnd.choice
         ev = RoundEvent(
             turn.round_no,
@@ -452,10 +471,17 @@ class Decoder:
         turn.stats.add_round(ev)
         emit(ev)
 
-    def _emit_token(self, turn: _Turn, tok: int, from_draft: bool, emit: Callable[[object], None]) -> None:
+    def _emit_token(
+        self,
+        turn: _Turn,
+        tok: int,
+        from_draft: bool,
+        emit: Callable[[object], None],
+        logprob: TokenLogprob | None = None,
+    ) -> None:
         turn.emitted.append(tok)
         text = self.detok.add(tok) if self.detok is not None else ""
-        emit(TokenEvent(tok, text, from_draft, turn.round_no))
+        emit(TokenEvent(tok, text, from_draft, turn.round_no, logprob))
 
     # --- prefill ------------------------------------------------------------------------------
 
@@ -511,7 +537,8 @@ class Decoder:
         assert logits is not None and hidden is not None  # the last chunk asked for its logits
         h = hidden[-1]
         first = self._pick(logits[0], settings, keys)
-        mx.eval(first, h)
+        self.first_logprobs = self.logprobs_of(logits[:1], first.reshape(1), settings)
+        mx.eval(first, h, *(self.first_logprobs.arrays() if self.first_logprobs is not None else []))
         controls.prefilled = len(prompt.ids)
         return cast(int, first.item()), h
 

@@ -13,7 +13,14 @@ What the events carry depends on the server (found out by `load` from GET /v1/mo
                tokens and drafts), polled during the turn and turned into round events: the
                acceptance and tokens/round are exact over the turn, the per-round spread is the
                average of each poll interval. The counters are server-wide: other users' requests
-               running at the same time are counted too.
+               running at the same time are counted too. A vLLM started with
+               `--per-request-spec-decode-metrics summary|detailed` also sends the reply's own counts
+               (`metrics.speculative_decoding` on the last chunk): the turn's figures are then those,
+               every round exact with `detailed`, and later turns stop polling /metrics.
+  llama.cpp    llama.cpp's server (`owned_by: "llamacpp"`): text deltas; its `timings` object (on the
+               last chunk) gives the reply's own `draft_n` / `draft_n_accepted`. It does not count its
+               drafting steps: the rounds are its decode steps (tokens after the first, less the
+               accepted drafts), the drafts spread over them.
   openai       any other OpenAI-compatible server: text deltas, no speculative figures.
 Block size and drafter switches reach the running turn only on a gemma-chat server
 (`live_controls`); vLLM fixes num_speculative_tokens at launch.
@@ -34,7 +41,7 @@ import types
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Union, cast, get_args, get_origin, get_type_hints
 from urllib.parse import unquote, urlparse
 
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo
@@ -142,6 +149,55 @@ def split_rounds(drafts: int, drafted: int, accepted: int, first_round: int) -> 
     return out
 
 
+@dataclass(frozen=True)
+class ReplySpec:
+    """One reply's own speculative figures, as a server reported them (vLLM's per-request metrics,
+    llama.cpp's timings); `steps` per round (drafted, accepted) when the server lists them."""
+
+    drafted: int
+    accepted: int
+    rounds: int | None = None  # None: not reported (llama.cpp)
+    steps: tuple[tuple[int, int], ...] = ()
+
+    def round_events(self, tokens: int, first_round: int = 0) -> list[RoundEvent]:
+        """The reply's rounds: listed, or `rounds` (else the decode steps of a `tokens` reply) spread evenly."""
+        if self.steps:
+            return [RoundEvent(first_round + i, d, a, d + 1, False, a + 1) for i, (d, a) in enumerate(self.steps)]
+        rounds = self.rounds if self.rounds is not None else tokens - 1 - self.accepted
+        if self.drafted <= 0:
+            return []
+        return split_rounds(max(1, min(rounds, self.drafted)), self.drafted, self.accepted, first_round)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def reply_spec(chunk: dict) -> ReplySpec | None:
+    """A response or chunk's own speculative counts: vLLM's `metrics.speculative_decoding`
+    (num_spec_steps, num_draft_tokens, num_accepted_draft_tokens, and with `detailed` per_step_drafted /
+    per_step_accepted) or llama.cpp's `timings` (draft_n, draft_n_accepted); None when it has neither."""
+    metrics = chunk.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(spec, dict):
+        drafted, accepted = _int(spec.get("num_draft_tokens")), _int(spec.get("num_accepted_draft_tokens"))
+        if drafted is None or accepted is None or accepted > drafted:
+            return None
+        per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
+        steps: tuple[tuple[int, int], ...] = ()
+        if isinstance(per_d, list) and isinstance(per_a, list) and len(per_d) == len(per_a):
+            pairs = [(_int(d), _int(a)) for d, a in zip(per_d, per_a)]
+            if all(d is not None and a is not None and a <= d for d, a in pairs):
+                steps = tuple((cast(int, d), cast(int, a)) for d, a in pairs)
+        return ReplySpec(drafted, accepted, _int(spec.get("num_spec_steps")), steps)
+    timings = chunk.get("timings")
+    if isinstance(timings, dict) and "draft_n" in timings:
+        drafted, accepted = _int(timings.get("draft_n")), _int(timings.get("draft_n_accepted"))
+        if drafted is not None and accepted is not None and accepted <= drafted:
+            return ReplySpec(drafted, accepted)
+    return None
+
+
 def image_data_url(item: dict) -> str:
     """An engine image item ({"type": "image", "path" | "image"}) as a base64 data URL."""
     data = item.get("image")
@@ -241,7 +297,8 @@ class RemoteEngine:
         self.model = model
         self.timeout_s = timeout_s
         self.metrics_poll_s = metrics_poll_s
-        self.kind: str | None = None  # "gemma-chat" | "vllm" | "openai", after load
+        self.kind: str | None = None  # "gemma-chat" | "vllm" | "llama.cpp" | "openai", after load
+        self._reply_spec = False  # the vLLM server reports each reply's own counts: no /metrics polling
         self.model_id: str | None = None
         self._info: PairingInfo | None = None
         self._tools = False  # the server takes `tools` (gemma-chat serve says so in its model card)
@@ -269,6 +326,8 @@ class RemoteEngine:
             note = ""
         elif self.kind == "vllm":
             note = "vLLM fixes the number of drafts per round at launch (--speculative-config num_speculative_tokens)"
+        elif self.kind == "llama.cpp":
+            note = "llama.cpp's server fixes its drafting at launch (--draft-max, --draft-min)"
         else:
             note = "this server does not take block size or drafter changes"
         images = self._info is not None and self._info.has_vision
@@ -472,8 +531,8 @@ class RemoteEngine:
             self.kind = "gemma-chat"
             drafter = bool(ext.get("drafter"))
         else:
-            self.kind = "vllm" if card.get("owned_by") == "vllm" or "max_model_len" in card else "openai"
-            metrics = await self._metrics()
+            self.kind = _server_kind(card)
+            metrics = await self._metrics() if self.kind != "llama.cpp" else None
             drafter = metrics is not None
         self._info = self._pairing_info(card, ext or {}, drafter)
         # gemma-chat serve says it takes tools. Other servers are not asked: vLLM refuses every request with
@@ -485,9 +544,10 @@ class RemoteEngine:
     def _pairing_info(self, card: dict, ext: dict, drafter: bool) -> PairingInfo:
         """What the panels show, from the model card; a field of the wrong type counts as not given."""
         assert self.kind is not None and self.model_id is not None
-        label = {"gemma-chat": "gemma-chat", "vllm": "vLLM", "openai": "server"}[self.kind]
+        label = {"gemma-chat": "gemma-chat", "vllm": "vLLM", "llama.cpp": "llama.cpp", "openai": "server"}[self.kind]
         ours = self.kind == "gemma-chat"
-        context = _count(ext.get("context_length")) or _count(card.get("max_model_len"))
+        meta = card["meta"] if isinstance(card.get("meta"), dict) else {}  # llama.cpp's
+        context = _count(ext.get("context_length")) or _count(card.get("max_model_len")) or _count(meta.get("n_ctx"))
         dtype = ext.get("dtype")
         return PairingInfo(
             name=f"{self.model_id} ({label} at {urlparse(self.base).netloc})",
@@ -521,7 +581,7 @@ class RemoteEngine:
             body["seed"] = s.seed
         if s.top_k > 0:  # not part of OpenAI's API, but vLLM and gemma-chat take it
             body["top_k"] = s.top_k
-        if self.kind in ("gemma-chat", "vllm"):
+        if self.kind in ("gemma-chat", "vllm", "llama.cpp"):
             if s.ignore_eos:
                 body["ignore_eos"] = True
             if s.thinking:
@@ -551,14 +611,16 @@ class RemoteEngine:
             if self._info is None:
                 raise RemoteError("not connected: load() has not succeeded")
             body = self._body(messages, settings, tools)
-            if self.kind == "vllm":
+            if self.kind == "vllm" and not self._reply_spec:
                 turn.metrics_start = await self._metrics()
                 if turn.metrics_start is not None:
                     poller = asyncio.ensure_future(self._poll_metrics(turn))
             await self._stream(body, turn)
             if poller is not None:
                 poller.cancel()
-                await self._rounds_from_metrics(turn)
+                if turn.spec is None:
+                    await self._rounds_from_metrics(turn)
+            self._reply_spec = self._reply_spec or (self.kind == "vllm" and turn.spec is not None)
             done = turn.finish()
         except asyncio.CancelledError:
             done = turn.finish(stop_reason="cancelled")
@@ -676,6 +738,7 @@ class _Turn:
         self.metrics_start: dict | None = None
         self.metrics_seen: dict | None = None
         self.calls: dict[int, dict] = {}  # streamed tool_calls by index: {"id", "name", "arguments"}
+        self.spec: ReplySpec | None = None  # the reply's own speculative counts, when the server sends them
 
     @property
     def complete(self) -> bool:
@@ -709,6 +772,8 @@ class _Turn:
         if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
             self._tool_deltas(delta["tool_calls"])
         ext = chunk.get(EXTENSION) if extended else None
+        if not extended:
+            self.spec = reply_spec(chunk) or self.spec
         if isinstance(ext, dict):
             self._extension(ext, content)
         elif content:
@@ -801,6 +866,8 @@ class _Turn:
             if self.first_at is not None and self.last_at is not None:
                 stats.ttft_s = self.first_at - self.t_start
                 stats.decode_s = self.last_at - self.first_at
+            if self.spec is not None and stop_reason is None:
+                self._spec_rounds(stats, n)
             stats.drafter_enabled = self.stats.drafted > 0
             full = self.max_tokens is not None and n >= self.max_tokens
             reason = {"length": "max_tokens"}.get(self.finish_reason or "", "max_tokens" if full else "eos")
@@ -812,8 +879,29 @@ class _Turn:
             stats.stop_reason = "tool_calls"
         return TurnDone(stats, "".join(self.text), ids, tool_calls=calls, tool_errors=errors)
 
+    def _spec_rounds(self, stats: TurnStats, tokens: int) -> None:
+        """The reply's own speculative counts replace what /metrics said (server-wide); their rounds are
+        sent as events unless the /metrics polling already sent some this turn (they cannot be taken back)."""
+        assert self.spec is not None
+        emit = stats.rounds == 0
+        stats.rounds = stats.drafted = stats.accepted = 0
+        stats.block_size_counts = {}
+        decode_tokens = stats.decode_tokens  # counted from the tokens, not from the rounds
+        for ev in self.spec.round_events(tokens):
+            stats.add_round(ev)
+            if emit:
+                _emit(self.on_event, ev)
+        stats.decode_tokens = decode_tokens
+
     def fail(self, message: str) -> TurnDone:
         return TurnDone(TurnStats(stop_reason="error"), "".join(self.text), tuple(self.ids), error=message)
+
+
+def _server_kind(card: dict) -> str:
+    """Which kind of server lists this model card (not gemma-chat's, which says so in its extension)."""
+    if card.get("owned_by") == "llamacpp":
+        return "llama.cpp"
+    return "vllm" if card.get("owned_by") == "vllm" or "max_model_len" in card else "openai"
 
 
 def _known(cls: type, data: dict) -> dict:

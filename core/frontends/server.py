@@ -1,8 +1,14 @@
 """`gemma-chat serve`: an OpenAI-compatible HTTP API over one engine (Starlette on uvicorn).
 
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions (server-sent events or one JSON body),
-POST /v1/gemma-chat/control (block size / drafter for the running turn). Errors are OpenAI-shaped:
+POST /v1/completions (a plain prompt, no chat template: `TextCompletion`), POST /v1/gemma-chat/control
+(block size / drafter for the running turn). Errors are OpenAI-shaped:
 {"error": {"message", "type", "param", "code"}}.
+
+`logprobs` / `top_logprobs` (chat) and `logprobs: N` (completions) are the target's own log-probabilities of
+the emitted tokens (core.decode.logprobs: read from each round's verify logits), as OpenAI's
+`logprobs.content` items or the legacy lists. `stream_options.include_usage` ends the stream with OpenAI's
+usage chunk (empty `choices`). `n` > 1 is refused (one request, one reply: send n requests).
 
 One engine, turns admitted in arrival order (FIFO): as many run at once as the engine's `parallel`
 (1: one at a time; N > 1: the engine decodes them together, core.engine.batching). At most
@@ -59,7 +65,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.events import PrefillDone, RoundEvent, TokenEvent, ToolCall, ToolCallError, TurnDone
+from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, ToolCall, ToolCallError, TurnDone
 from core.limits import MAX_AUDIO_PER_PROMPT, MAX_IMAGES_PER_PROMPT
 from core.settings import GenerationSettings
 from core.units import format_bytes
@@ -156,6 +162,8 @@ class ChatRequest:
     stops: list[str]
     tools: list[dict] | None = None  # declared to the model (None: none, or tool_choice "none")
     parallel_tool_calls: bool = True  # False: the reply ends at its first complete call
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage and no choices
+    prompt: str | list[int] | None = None  # /v1/completions: the plain prompt (no chat template)
 
 
 def _show(value: Any) -> str:
@@ -201,8 +209,6 @@ def _text(value: str, where: str) -> str:
 # Fields of OpenAI's API this server does not serve yet. Refused rather than ignored: a client that asks
 # for logprobs or a tool call and gets plain text has no way to tell. Remove an entry when it is served.
 UNSERVED = {
-    "logprobs": "logprobs are not served yet",
-    "top_logprobs": "logprobs are not served yet",
     "functions": "function calling is not served (and 'functions' is deprecated: use 'tools')",
     "function_call": "function calling is not served (and 'function_call' is deprecated: use 'tool_choice')",
     "response_format": "response_format (JSON mode, structured output) is not served yet",
@@ -451,17 +457,59 @@ def _stops(body: dict) -> list[str]:
     return [_text(s, "'stop'") for s in stops]
 
 
+def _block_size(body: dict) -> int | str:
+    block = body.get("block_size", "auto")
+    if block != "auto" and (isinstance(block, bool) or not isinstance(block, int)):
+        raise ApiError(400, "'block_size' must be an integer 1..16 or 'auto'", param="block_size")
+    return block
+
+
+MAX_TOP_LOGPROBS = 20  # as OpenAI (core.decode.logprobs scores any number; the reply's size is what it costs)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """OpenAI's `logprobs` (a boolean) and `top_logprobs` (0..20) as GenerationSettings.logprobs."""
+    wanted = _flag(body, "logprobs", False)
+    top = _number(body, "top_logprobs", int, None)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be an integer 0..{MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
+    if top and not wanted:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        message = "'stream_options' must be an object such as {\"include_usage\": true}"
+        raise ApiError(400, message, param="stream_options")
+    if not stream:
+        raise ApiError(400, "'stream_options' is only taken with 'stream': true", param="stream_options")
+    return _flag(options, "include_usage", False)
+
+
+def _one_choice(body: dict) -> None:
+    """n > 1 is refused: one request is one reply here. Send n requests instead (with `serve --parallel N`
+    they decode together, each with its own seed), which is what n would cost anyway."""
+    n = _number(body, "n", int, 1)
+    if n != 1:
+        message = (
+            f"'n': only n=1 is served: one request is one reply (got n={n}); send {n} requests instead "
+            "(they decode together with serve --parallel), each with its own seed for different samples"
+        )
+        raise ApiError(400, message, param="n")
+
+
 def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refuse_unserved(body)
     messages = parse_messages(body.get("messages"), config.allow_file_urls)
-    if _number(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n=1 is supported", param="n")
+    _one_choice(body)
     stops = _stops(body)
-    block = body.get("block_size", "auto")
-    if block != "auto" and (isinstance(block, bool) or not isinstance(block, int)):
-        raise ApiError(400, "'block_size' must be an integer 1..16 or 'auto'", param="block_size")
+    block = _block_size(body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -477,13 +525,70 @@ def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
         ignore_eos=_flag(body, "ignore_eos", False),
         thinking=_flag(kwargs, "enable_thinking", False),
         image_budget=_number(body, "image_budget", int, None),
+        logprobs=_chat_logprobs(body),
     )
     try:
         settings.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     tools, parallel = parse_tools(body)
-    return ChatRequest(messages, settings, _flag(body, "stream", False), stops, tools, parallel)
+    stream = _flag(body, "stream", False)
+    return ChatRequest(messages, settings, stream, stops, tools, parallel, _include_usage(body, stream))
+
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# /v1/completions fields this server does not serve, with what asking for nothing looks like
+COMPLETION_UNSERVED = {"echo": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
+
+
+def _prompt(body: dict) -> str | list[int]:
+    """One prompt: a string, a list holding one string, or token ids (fed as they are, no BOS added)."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
+        raw = raw[0]  # a batch of one
+    if isinstance(raw, str) and raw:
+        return _text(raw, "'prompt'")
+    if isinstance(raw, list) and raw and all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+        if not all(0 <= i < INT_LIMIT for i in raw):
+            raise ApiError(400, "'prompt' token ids must be integers >= 0", param="prompt")
+        return list(raw)
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, (str, list)) for p in raw):
+        raise ApiError(400, "'prompt': one prompt per request (send one request per prompt)", param="prompt")
+    raise ApiError(400, "'prompt' must be a non-empty string (or a list of token ids)", param="prompt")
+
+
+def parse_completion_request(body: Any, config: ServerConfig) -> ChatRequest:
+    """A /v1/completions body: a plain prompt, sampling, `stop`, `max_tokens` (default 16, as OpenAI),
+    `logprobs` (an integer 0..20: the alternatives per token), `stream` and `stream_options`."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for key, nothing in COMPLETION_UNSERVED.items():
+        value = body.get(key)
+        if not any(value == d and type(value) is type(d) for d in nothing):
+            raise ApiError(400, f"'{key}' is not served by gemma-chat serve's /v1/completions; leave it out", param=key)
+    prompt = _prompt(body)
+    _one_choice(body)
+    top = _number(body, "logprobs", int, None)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'logprobs' must be an integer 0..{MAX_TOP_LOGPROBS}, got {top}", param="logprobs")
+    block = _block_size(body)
+    settings = GenerationSettings(
+        max_tokens=_number(body, "max_tokens", int, COMPLETION_DEFAULT_MAX_TOKENS),
+        temperature=_number(body, "temperature", float, 0.0),
+        top_p=_number(body, "top_p", float, 1.0),
+        top_k=_number(body, "top_k", int, 0),
+        seed=_number(body, "seed", int, None),
+        block_size=block,
+        drafter_enabled=_flag(body, "drafter", True),
+        ignore_eos=_flag(body, "ignore_eos", False),
+        logprobs=top,
+    )
+    try:
+        settings.validate()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    stream = _flag(body, "stream", False)
+    return ChatRequest([], settings, stream, _stops(body), include_usage=_include_usage(body, stream), prompt=prompt)
 
 
 # -- stop strings ------------------------------------------------------------------------------------
@@ -624,6 +729,7 @@ class EngineGate:
         settings: GenerationSettings,
         handle: TurnHandle | None = None,
         tools: list[dict] | None = None,
+        prompt: str | list[int] | None = None,
     ) -> AsyncGenerator[list, None]:
         """The turn's engine events, in batches of what arrived together. Closing the iterator early
         (client gone) cancels the turn and waits for the engine to finish it before its slot is free."""
@@ -637,7 +743,9 @@ class EngineGate:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
                     loop.call_soon_threadsafe(events.put_nowait, ev)
 
-            if tools:
+            if prompt is not None:  # /v1/completions: no chat template
+                future = self.engine.complete(prompt, settings, on_event)
+            elif tools:
                 future = self.engine.chat(messages, settings, on_event, tools=tools)
             else:
                 future = self.engine.chat(messages, settings, on_event)
@@ -772,22 +880,29 @@ class _StreamState:
     held_rounds: list[dict] = dataclasses.field(default_factory=list)
     cancelled: bool = False
     done: TurnDone | None = None
+    offset: int = 0  # characters of content sent (a completion's logprobs count their text_offset from 0)
+    usage: dict | None = None
 
 
 class ChatCompletion(Response):
     """The ASGI response of one /v1/chat/completions request (streamed or not)."""
 
+    ID_PREFIX = "chatcmpl-"
+    CHUNK_OBJECT = "chat.completion.chunk"
+
     def __init__(self, gate: EngineGate, request: ChatRequest, model_id: str) -> None:
         self.gate, self.request, self.model_id = gate, request, model_id
         self.handle = TurnHandle()
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.id = f"{self.ID_PREFIX}{uuid.uuid4().hex[:24]}"
         self.streaming = False  # the 200 and its headers are out
         self.created = int(time.time())
         self.background = None
+        self.logprobs = request.settings.logprobs is not None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.scope = scope
-        events = self.gate.turn(self.request.messages, self.request.settings, self.handle, self.request.tools)
+        r = self.request
+        events = self.gate.turn(r.messages, r.settings, self.handle, r.tools, r.prompt)
         try:
             await _until_disconnect(receive, self._respond(events, send))
         except _Disconnected:
@@ -821,21 +936,42 @@ class ChatCompletion(Response):
         else:
             await self._whole(head, events, send)
 
+    def _choice(self, delta: dict, finish: str | None, tokens: list[TokenEvent], state: _StreamState | None) -> dict:
+        """A chunk's choice: the delta, and the logprobs of its tokens when asked for."""
+        logprobs = {"content": logprob_content(tokens)} if self.logprobs and tokens else None
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
     def _chunk(
-        self, delta: dict, ext: dict | None = None, finish: str | None = None, usage: dict | None = None
+        self,
+        delta: dict,
+        ext: dict | None = None,
+        finish: str | None = None,
+        usage: dict | None = None,
+        tokens: list[TokenEvent] | None = None,
+        state: _StreamState | None = None,
     ) -> bytes:
-        chunk = {
+        chunk: dict[str, Any] = {
             "id": self.id,
-            "object": "chat.completion.chunk",
+            "object": self.CHUNK_OBJECT,
             "created": self.created,
             "model": self.model_id,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [self._choice(delta, finish, tokens or [], state)],
         }
-        if usage is not None:
+        if self.request.include_usage:
+            chunk["usage"] = None  # as OpenAI: null on every chunk but the last, which has no choices
+        elif usage is not None:
             chunk["usage"] = usage
         if ext:
             chunk[EXTENSION] = ext
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        return _sse(chunk)
+
+    def _usage_chunk(self, usage: dict) -> bytes:
+        """stream_options.include_usage: the last chunk, with the usage and an empty `choices`."""
+        chunk = {"id": self.id, "object": self.CHUNK_OBJECT, "created": self.created, "model": self.model_id}
+        return _sse({**chunk, "choices": [], "usage": usage})
+
+    def _opening(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
 
     async def _stream(self, head: list, events: AsyncGenerator[list, None], send: Any) -> None:
         await send(
@@ -854,26 +990,30 @@ class ChatCompletion(Response):
         async def write(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        await write(self._chunk({"role": "assistant", "content": ""}))
+        if opening := self._opening():
+            await write(opening)
         state = _StreamState(StopScanner(self.request.stops), ToolCallsOut(self.request.parallel_tool_calls))
         queue = list(head)
         it = events.__aiter__()
         while state.done is None:
             if not queue:
                 queue.extend(await it.__anext__())
-            delta, ext = self._stream_batch(queue, state)
+            delta, ext, tokens = self._stream_batch(queue, state)
             queue.clear()
             if ext or delta:
-                await write(self._chunk(delta, ext))
+                await write(self._chunk(delta, ext, tokens=tokens, state=state))
+                state.offset += len(delta.get("content") or "")
             if (state.scanner.stopped or state.calls.full) and state.done is None and not state.cancelled:
                 self.gate.stop(self.handle)  # the client has all it asked for; the turn ends within a round
                 state.cancelled = True
         await write(self._last_chunk(state.done, state))
+        if self.request.include_usage and state.usage is not None:
+            await write(self._usage_chunk(state.usage))
         await write(b"data: [DONE]\n\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _stream_batch(self, batch: list, state: _StreamState) -> tuple[dict, dict]:
-        """One chunk's delta and gemma_chat object from the events that arrived together."""
+    def _stream_batch(self, batch: list, state: _StreamState) -> tuple[dict, dict, list[TokenEvent]]:
+        """One chunk's delta, gemma_chat object and released tokens from the events that arrived together."""
         tokens: list[TokenEvent] = []
         ext: dict[str, Any] = {}
         items: list[dict] = []
@@ -908,7 +1048,7 @@ class ChatCompletion(Response):
             delta["content"] = "".join(t.text for t in tokens) + extra
         if items:
             delta["tool_calls"] = items
-        return delta, ext
+        return delta, ext, tokens
 
     def _last_chunk(self, done: TurnDone | None, state: _StreamState) -> bytes:
         assert done is not None
@@ -921,11 +1061,13 @@ class ChatCompletion(Response):
         if not scanner.stops and done.text.startswith(text) and len(done.text) > len(text):
             tail = done.text[len(text) :]  # bytes the detokenizer held back until the end
         cut = scanner.stopped or state.calls.full
+        state.usage = _usage(done, len(streamed) if cut else len(done.token_ids))
         return self._chunk(
             {"content": tail} if tail else {},
             {"stats": done.stats.as_dict()},
             finish=_finish_reason(done, scanner.stopped, state.calls),
-            usage=_usage(done, len(streamed) if cut else len(done.token_ids)),
+            usage=state.usage,
+            state=state,
         )
 
     async def _whole(self, head: list, events: AsyncGenerator[list, None], send: Any) -> None:
@@ -956,6 +1098,14 @@ class ChatCompletion(Response):
             return
         await JSONResponse(self._whole_body(done, tokens, scanner, calls, extra))(self.scope, _no_receive, send)
 
+    def _whole_choice(self, text: str, calls: ToolCallsOut, tokens: list[TokenEvent], finish: str) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls.sent:
+            message["tool_calls"] = calls.message_items()
+            message["content"] = text or None
+        logprobs = {"content": logprob_content(tokens), "refusal": None} if self.logprobs else None
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+
     def _whole_body(
         self, done: TurnDone, tokens: list[TokenEvent], scanner: StopScanner, calls: ToolCallsOut, extra: str
     ) -> dict:
@@ -963,30 +1113,89 @@ class ChatCompletion(Response):
         if not scanner.stops and done.text.startswith(text):
             text = done.text
         text += extra
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls.sent:
-            message["tool_calls"] = calls.message_items()
-            message["content"] = text or None
         ext: dict[str, Any] = {"stats": done.stats.as_dict(), "tokens": [_token_json(t) for t in tokens]}
         if calls.errors:
             ext["tool_errors"] = calls.errors
         cut = scanner.stopped or calls.full
         return {
             "id": self.id,
-            "object": "chat.completion",
+            "object": self.CHUNK_OBJECT.removesuffix(".chunk"),
             "created": self.created,
             "model": self.model_id,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": _finish_reason(done, scanner.stopped, calls),
-                }
-            ],
+            "choices": [self._whole_choice(text, calls, tokens, _finish_reason(done, scanner.stopped, calls))],
             "usage": _usage(done, len(tokens) if cut else len(done.token_ids)),
             EXTENSION: ext,
         }
+
+
+class TextCompletion(ChatCompletion):
+    """The ASGI response of one /v1/completions request: the same turn as a chat completion, prompted
+    without the chat template, answered as OpenAI's `text_completion` objects (`choices[].text`, the
+    legacy `logprobs` lists)."""
+
+    ID_PREFIX = "cmpl-"
+    CHUNK_OBJECT = "text_completion"
+
+    def _choice(self, delta: dict, finish: str | None, tokens: list[TokenEvent], state: _StreamState | None) -> dict:
+        offset = state.offset if state is not None else 0
+        logprobs = legacy_logprobs(tokens, offset) if self.logprobs and tokens else None
+        return {"index": 0, "text": delta.get("content") or "", "logprobs": logprobs, "finish_reason": finish}
+
+    def _opening(self) -> bytes:
+        return b""  # a completion's stream has no role chunk
+
+    def _whole_choice(self, text: str, calls: ToolCallsOut, tokens: list[TokenEvent], finish: str) -> dict:
+        logprobs = legacy_logprobs(tokens, 0) if self.logprobs else None
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _sse(chunk: dict) -> bytes:
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+# -- logprobs ----------------------------------------------------------------------------------------
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for a probability of 0 (JSON has no -Infinity)
+
+
+def token_string(data: bytes) -> str:
+    """A token's text as OpenAI shows it: its UTF-8 text, or for a token that is part of a character
+    (byte fallback) its bytes escaped ("\\xe2"); `bytes` carries them exactly."""
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _logprob(value: float) -> float:
+    return value if value > LOGPROB_FLOOR else LOGPROB_FLOOR  # also turns NaN into the floor
+
+
+def _scored(tokens: list[TokenEvent]) -> list[TokenLogprob]:
+    """The tokens' logprobs, for the tokens that are text of the reply (not its end-of-turn token)."""
+    return [t.logprob for t in tokens if t.logprob is not None and t.logprob.token]
+
+
+def logprob_content(tokens: list[TokenEvent]) -> list[dict]:
+    """Chat completions' `logprobs.content`: per token {token, logprob, bytes, top_logprobs}."""
+    out = []
+    for lp in _scored(tokens):
+        top = [{"token": token_string(b), "logprob": _logprob(v), "bytes": list(b)} for _, b, v in lp.top]
+        out.append({"token": token_string(lp.token), "logprob": _logprob(lp.logprob), "bytes": list(lp.token)})
+        out[-1]["top_logprobs"] = top
+    return out
+
+
+def legacy_logprobs(tokens: list[TokenEvent], offset: int) -> dict:
+    """/v1/completions' `logprobs`: {tokens, token_logprobs, top_logprobs, text_offset}, the offsets
+    counted in characters of the whole reply (`offset`: where these tokens' text starts)."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in tokens:
+        lp = t.logprob
+        if lp is not None and lp.token:
+            out["tokens"].append(token_string(lp.token))
+            out["token_logprobs"].append(_logprob(lp.logprob))
+            out["top_logprobs"].append({token_string(b): _logprob(v) for _, b, v in lp.top})
+            out["text_offset"].append(offset)
+        offset += len(t.text)
+    return out
 
 
 # -- requests from outside: host, origin, body ----------------------------------------------------------
@@ -1122,10 +1331,12 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
         if parsed.tools and not engine.features.tools:
             message = "'tools': this model cannot call tools (its vocabulary has no tool-call tokens)"
             return error_response(400, message, "invalid_request_error", "tools")
-        if gate.full():
-            message = "the server is busy: too many requests waiting; retry later"
-            return error_response(429, message, "server_busy", None, {"retry-after": "1"})
-        return ChatCompletion(gate, parsed, config.model_id)
+        return _busy() if gate.full() else ChatCompletion(gate, parsed, config.model_id)
+
+    async def completions(request: Request) -> Response:
+        if not authorised(request):
+            return unauthorised()
+        return await _completion(request, engine, config, gate)
 
     async def control(request: Request) -> Response:
         if not authorised(request):
@@ -1152,12 +1363,35 @@ def create_app(engine: Any, config: ServerConfig) -> RequestGuard:
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/gemma-chat/control", control, methods=["POST"]),
     ]
     handlers = {404: not_found, 405: method_not_allowed, Exception: internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.gate = gate
     return RequestGuard(app, config)
+
+
+async def _completion(request: Request, engine: Any, config: ServerConfig, gate: EngineGate) -> Response:
+    """POST /v1/completions, once authorised."""
+    try:
+        parsed = parse_completion_request(await read_json(request, config), config)
+    except ApiError as e:
+        return e.response()
+    except _ClientGone:
+        return _client_gone(request)
+    if getattr(engine, "complete", None) is None:
+        return error_response(404, "this server's engine does not serve plain completions", "not_found")
+    vocab = engine.info.vocab_size if engine.info is not None else 0
+    if isinstance(parsed.prompt, list) and vocab and max(parsed.prompt) >= vocab:
+        message = f"'prompt' holds token id {max(parsed.prompt)}; this model's ids are 0..{vocab - 1}"
+        return error_response(400, message, "invalid_request_error", "prompt")
+    return _busy() if gate.full() else TextCompletion(gate, parsed, config.model_id)
+
+
+def _busy() -> JSONResponse:
+    message = "the server is busy: too many requests waiting; retry later"
+    return error_response(429, message, "server_busy", None, {"retry-after": "1"})
 
 
 def model_card(engine: Any, config: ServerConfig, created: int) -> dict:

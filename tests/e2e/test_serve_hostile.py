@@ -326,8 +326,7 @@ def test_09_control_drafter_enabled_must_be_a_boolean(serve_process):
 @pytest.mark.parametrize(
     "extra",
     [
-        {"logprobs": True},
-        {"logprobs": True, "top_logprobs": 3},
+        {"function_call": "auto", "functions": [{"name": "f", "parameters": {"type": "object"}}]},
         {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
         {"response_format": {"type": "json_object"}},
     ],

@@ -101,3 +101,54 @@ def test_past_max_waiting_is_429_at_once_and_the_rest_complete() -> None:
         assert all(r[1]["ids"] == s_alone["ids"] for r in ok)
         assert all(r[2] < 5 for r in busy)  # refused at once, not after waiting
         assert streamed(s, QUESTIONS[0])["ids"]  # and it keeps serving
+
+
+def logprob_stream(server: ServeProcess, question: str) -> dict[str, Any]:
+    """One greedy streamed chat with logprobs and stream_options.include_usage, as an OpenAI client sends it."""
+    stream = client(server).chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=32,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    exts = [c.model_extra.get("gemma_chat") or {} for c in chunks]
+    items = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    return {
+        "ids": [t["id"] for e in exts for t in e.get("tokens", [])],
+        "text": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+        "logprobs": [t.logprob for t in items],
+        "top": [[x.token for x in t.top_logprobs] for t in items],
+        "tokens": "".join(t.token for t in items),
+        "rounds": [r for e in exts for r in e.get("rounds", [])],
+        "stats": next(e["stats"] for e in exts if "stats" in e),
+        "usage": chunks[-1].usage if not chunks[-1].choices else None,
+    }
+
+
+def completion(server: ServeProcess, prompt: str) -> tuple[str, list[float]]:
+    r = client(server).completions.create(model="demo", prompt=prompt, max_tokens=24, temperature=0, logprobs=1)
+    return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+
+
+def test_concurrent_rows_keep_their_own_logprobs_usage_and_stats(server: ServeProcess) -> None:
+    questions = QUESTIONS[:4]
+    alone = [logprob_stream(server, q) for q in questions]
+    plain_alone = completion(server, "The sea is")
+    with ThreadPoolExecutor(5) as pool:
+        plain = pool.submit(completion, server, "The sea is")  # a plain prompt in the same batch
+        together = list(pool.map(lambda q: logprob_stream(server, q), questions))
+    assert plain.result()[0] == plain_alone[0] and plain.result()[1] == pytest.approx(plain_alone[1], abs=1e-4)
+    for a, t in zip(alone, together):
+        assert t["ids"] == a["ids"] and t["text"] == a["text"] == t["tokens"]
+        assert t["logprobs"] == pytest.approx(a["logprobs"], abs=1e-4) and t["top"] == a["top"]
+        assert t["usage"] is not None and t["usage"].completion_tokens == len(t["ids"]) == t["stats"]["tokens"]
+        # each row's stats are its own: the rounds it streamed, its drafts and acceptance
+        assert t["stats"]["rounds"] == len(t["rounds"])
+        assert t["stats"]["accepted"] == sum(r["accepted"] for r in t["rounds"])
+        assert t["stats"]["drafted"] == sum(r["drafted"] for r in t["rounds"])
+        assert t["stats"]["decode_tokens"] == sum(r["emitted"] for r in t["rounds"]) == len(t["ids"]) - 1

@@ -54,7 +54,12 @@ def test_accept_errors_are_one_line_a_minute():
 
 
 @pytest.mark.parametrize(
-    "body", [{"logprobs": True}, {"functions": [{"name": "f"}]}, {"response_format": {"type": "json_schema"}}]
+    "body",
+    [
+        {"function_call": "auto", "functions": [{"name": "f"}]},
+        {"functions": [{"name": "f"}]},
+        {"response_format": {"type": "json_schema"}},
+    ],
 )
 def test_unserved_fields_are_refused(body):
     with pytest.raises(ApiError, match="not served"):
