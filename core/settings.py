@@ -98,6 +98,9 @@ class GenerationSettings:
     thinking: bool = False
     system_prompt: str | None = None
     image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
+    # with tools declared: None, the model decides (OpenAI "auto"); "*", the reply starts with a call to one
+    # of them ("required"); a tool's name, a call to that one (core.decode.forced)
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         # one rule wherever settings are made (command line, config, forms, server, the engine's copy)

@@ -517,6 +517,10 @@ class RemoteEngine:
         }
         if tools:
             body["tools"] = tools
+            if s.tool_choice is not None:
+                from core.decode.forced import choice_to_openai
+
+                body["tool_choice"] = choice_to_openai(s.tool_choice)
         if s.seed is not None:
             body["seed"] = s.seed
         if s.top_k > 0:  # not part of OpenAI's API, but vLLM and gemma-chat take it
