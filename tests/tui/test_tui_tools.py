@@ -199,3 +199,49 @@ async def test_the_calls_and_results_are_saved_with_the_reply(hub, tmp_path):
         [summary] = store.list_chats()
         messages = store.load_chat(summary.id).engine_messages()
     assert messages == history  # reopened, the model is sent what it saw
+
+
+async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
+    """The chat is saved live (an allowed call, then a denied one), then reopened from the history in a
+    new app: each call is a ToolCallView again (name, arguments, what happened; the result collapsed
+    for the one that ran, none for the denied one), not plain text, and the model is sent the same."""
+    from textual.widgets import Collapsible
+
+    from app.tui.history import HistoryRecorder
+    from core.user.store import Store
+
+    db = tmp_path / "history.db"
+    recorder = HistoryRecorder(path=db)
+    add = "<|tool_call>call:add{a:2,b:40}<tool_call|>"
+    app = make_app(replies=["Checking." + ECHO, add, ANSWER], tools_hub=hub, history=recorder)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        await pilot.press("y")
+        await approval(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: len(replies_text(app)) == 3 and not app.chat.generating, timeout=20)
+        history = list(app.chat.history)
+    recorder.flush()
+    recorder.close()
+    with Store(db) as store:
+        [summary] = store.list_chats()
+    again = make_app(replies=["more"], history=HistoryRecorder(path=db))
+    async with again.run_test(size=(100, 40)) as pilot:
+        await ready(pilot, again)
+        await again.chat.open_chat(summary.id)
+        await pilot.pause()
+        echo, denied = views(again)
+        assert (echo.tool_name, echo.arguments, echo.state_text) == ("echo", {"text": "hi there"}, "done")
+        assert "echo: hi there" in (echo.result_text or "")
+        [box] = echo.query(Collapsible)
+        assert box.collapsed and box.title.startswith("result: ")
+        assert (denied.tool_name, denied.arguments) == ("add", {"a": 2, "b": 40})
+        assert denied.state_text == "the user denied this call" and denied.result_text is None
+        assert not denied.query(Collapsible) and not denied.has_class("-failed")
+        # in order: the first reply, its call, the second reply (the denied call), that call, the answer
+        order = [type(w).__name__ for w in again.chat.conversation.children if type(w).__name__ != "UserMessage"]
+        assert order[-5:] == ["RestoredReply", "ToolCallView", "RestoredReply", "ToolCallView", "RestoredReply"]
+        assert "echo: hi there" not in replies_text(again)[0]  # the call is a widget, not the reply's text
+        assert again.chat.history == history
+        again.history.close()
