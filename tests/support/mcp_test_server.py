@@ -3,7 +3,8 @@
     python tests/support/mcp_test_server.py [MODE]
 
 MODE: "ok" (default: tools echo, add, slow, crash), "garbage" (writes non-JSON on stdout and never
-answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once).
+answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once),
+"slow-start SECONDS" (waits, then serves as "ok").
 
     python tests/support/mcp_test_server.py http PORT TOKEN
 
@@ -62,6 +63,9 @@ def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
     if mode == "ok":
+        serve()
+    elif mode == "slow-start":  # ready after a few seconds, as mcp-server-time on a loaded machine
+        time.sleep(float(sys.argv[2]))
         serve()
     elif mode == "http":
         serve("http", int(sys.argv[2]), sys.argv[3])

@@ -245,3 +245,59 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         assert "echo: hi there" not in replies_text(again)[0]  # the call is a widget, not the reply's text
         assert again.chat.history == history
         again.history.close()
+
+
+def _slow_hub(mode: str, *args: str) -> McpHub:
+    h = McpHub([McpServerConfig("slow", command=sys.executable, args=(SERVER, mode, *args))], start_timeout_s=60.0)
+    h.start()
+    return h
+
+
+def _starting_line(app) -> str | None:
+    from textual.widgets import Static
+
+    lines = list(app.chat.conversation.query(".tools-starting").results(Static))
+    return str(lines[0].render()) if lines else None
+
+
+async def test_a_message_sent_while_a_server_starts_waits_for_its_tools():
+    """Sent before the server is ready: a "starting MCP servers" line, no turn yet; once it is ready
+    the line goes and the turn offers its tools."""
+    h = _slow_hub("slow-start", "3")
+    try:
+        app = make_app(replies=["Hello."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "hi")
+            await pilot.pause()
+            assert h.state("slow").status == "starting"
+            assert "starting MCP servers (slow)" in (_starting_line(app) or "")
+            assert app.engine.chats == []  # the turn waits
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=60)
+            assert _starting_line(app) is None
+            [tools] = app.engine.tools
+            assert {t["function"]["name"] for t in tools or ()} == {"echo", "add", "slow", "crash"}
+    finally:
+        h.close()
+
+
+async def test_esc_or_a_server_too_slow_sends_without_its_tools_and_says_so(monkeypatch):
+    from app.tui.screens import chat_tools
+
+    h = _slow_hub("hang")  # never answers initialize: "starting" until the hub's start timeout
+    try:
+        app = make_app(replies=["One.", "Two."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "first")
+            await until(pilot, lambda: _starting_line(app) is not None, timeout=10)
+            await pilot.press("escape")
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=20)
+            assert "still starting (sent at once with Esc)" in (_starting_line(app) or "")
+            assert app.engine.tools == [None]
+            monkeypatch.setattr(chat_tools, "STARTING_WAIT_S", 1.0)
+            await send(pilot, "second")
+            await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+            shown = [str(w.render()) for w in app.chat.conversation.query(".tools-starting")]
+            assert "tools not available yet: slow still starting (waited 1 s)" in shown[-1]
+            assert app.engine.tools == [None, None]
+    finally:
+        h.close()

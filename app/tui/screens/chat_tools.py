@@ -9,12 +9,18 @@ result is shown collapsed. A denied call, a failure or a timeout goes back to th
 (the screen starts the next turn with the calls and results in the history). Esc, in the approval
 dialog or while a call runs, stops there: the running call is cancelled, no further call runs and
 the model does not continue. At most MAX_ROUNDS rounds of calls follow one message of the user.
+
+Servers take seconds to start (mcp-server-time about 5 s on a loaded machine). A message sent while an
+enabled server is still starting waits for it, up to STARTING_WAIT_S, under a "starting MCP servers…"
+line, so that its first question is asked with the tools; Esc sends it at once with the tools that are
+ready. A server still starting after the wait is named in that line: the message went without its tools.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from textual.worker import Worker
 
 MAX_ROUNDS = 8
+STARTING_WAIT_S = 15.0  # the hub's start timeout is 20 s: a server slower than this is probably stuck
 STOPPED = "stopped by the user: not run"
 DENIED = "the user denied this call"
 
@@ -68,6 +75,50 @@ class ChatTools:
 
     def user_sent(self) -> None:
         self.rounds = 0
+
+    def starting(self) -> list[str]:
+        """The enabled servers still starting (their tools are not offered yet)."""
+        return [s.name for s in self.hub.states() if s.status == "starting"] if self.hub is not None else []
+
+    def wait_for_servers(self, engine_can: bool, then: Callable[[], None]) -> bool:
+        """If servers are still starting (and the engine takes tools), wait for them in a worker, then
+        call `then` (the turn starts); False when there is nothing to wait for (call `then` yourself)."""
+        names = self.starting()
+        if not engine_can or not names:
+            return False
+        self.worker = self.screen.run_worker(self._wait(names, then), group="tools", exclusive=True)
+        return True
+
+    async def _wait(self, names: list[str], then: Callable[[], None]) -> None:
+        from textual.widgets import Static
+
+        line = Static(f"starting MCP servers ({', '.join(names)})… the message goes when they are ready (Esc: now)")
+        line.add_class("tools-starting")
+        self.mount(line)
+        deadline = time.monotonic() + STARTING_WAIT_S
+        try:
+            while (late := self.starting()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            late = self.starting()
+            self._waited(line, late, "sent at once with Esc")
+            then()
+            raise
+        self._waited(line, late, f"waited {STARTING_WAIT_S:g} s")
+        then()
+
+    @staticmethod
+    def _waited(line: Widget, late: list[str], why: str) -> None:
+        """The wait is over: the line goes, or, with servers still starting, says their tools were not offered."""
+        if not late:
+            line.remove()
+            return
+        from textual.widgets import Static
+
+        assert isinstance(line, Static)
+        line.update(
+            f"tools not available yet: {', '.join(late)} still starting ({why}); this message went without their tools"
+        )
 
     def run(self, calls: tuple[ToolCall, ...], done: Callable[[list[ToolOutcome], bool], None]) -> bool:
         """Handle a reply's calls in a worker; `done(outcomes, stopped)` when they have their results.
