@@ -566,7 +566,8 @@ class ChatLog:
         record = dict(reply.record or {})
         record[TOOL_CALLS] = [o.call.openai() for o in outcomes]
         record[TOOL_RESULTS] = [
-            {"tool_call_id": o.call.id, "name": o.call.name, "content": o.content, "shown": o.shown} for o in outcomes
+            {"tool_call_id": o.call.id, "name": o.call.name, "content": o.content, "shown": o.shown, "server": o.server}
+            for o in outcomes
         ]
         self.recorder.drop_last()
         self.recorder.record_reply(
@@ -640,7 +641,12 @@ def restored_tool_calls(record: dict[str, Any]) -> list[ToolCallView]:
         failed = not ran and content.startswith('{"error"') and not shown.startswith(_NOT_FAILURES)
         args = arguments if isinstance(arguments, dict) else {"value": arguments}
         view = ToolCallView(
-            str(fn.get("name") or "?"), None, args, state=shown, failed=failed, result=content if ran else None
+            str(fn.get("name") or "?"),
+            result.get("server") if isinstance(result.get("server"), str) else None,
+            args,
+            state=shown,
+            failed=failed,
+            result=content if ran else None,
         )
         views.append(view)
     return views

@@ -168,7 +168,7 @@ def test_reopened_chat_with_tool_calls(snap_compare, tmp_path, utc):
     ]
     result = '{"timezone": "Asia/Tokyo", "datetime": "2026-05-28T21:04:00+09:00", "is_dst": false}'
     results = [
-        {"tool_call_id": "c1", "name": "get_current_time", "content": result, "shown": "done"},
+        {"tool_call_id": "c1", "name": "get_current_time", "content": result, "shown": "done", "server": "time"},
         {
             "tool_call_id": "c2",
             "name": "convert_time",

@@ -233,6 +233,7 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         await pilot.pause()
         echo, denied = views(again)
         assert (echo.tool_name, echo.arguments, echo.state_text) == ("echo", {"text": "hi there"}, "done")
+        assert echo.server == denied.server == "t"  # the server it ran on, saved with the result
         assert "echo: hi there" in (echo.result_text or "")
         [box] = echo.query(Collapsible)
         assert box.collapsed and box.title.startswith("result: ")
@@ -247,8 +248,9 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         again.history.close()
 
 
-def _slow_hub(mode: str, *args: str) -> McpHub:
-    h = McpHub([McpServerConfig("slow", command=sys.executable, args=(SERVER, mode, *args))], start_timeout_s=60.0)
+def _slow_hub(mode: str, *args: str, start_timeout_s: float = 60.0) -> McpHub:
+    config = McpServerConfig("slow", command=sys.executable, args=(SERVER, mode, *args))
+    h = McpHub([config], start_timeout_s=start_timeout_s)
     h.start()
     return h
 
@@ -299,5 +301,20 @@ async def test_esc_or_a_server_too_slow_sends_without_its_tools_and_says_so(monk
             shown = [str(w.render()) for w in app.chat.conversation.query(".tools-starting")]
             assert "tools not available yet: slow still starting (waited 1 s)" in shown[-1]
             assert app.engine.tools == [None, None]
+    finally:
+        h.close()
+
+
+async def test_a_server_that_fails_while_a_message_waits_is_named_with_why():
+    h = _slow_hub("hang", start_timeout_s=4.0)  # fails at the hub's start timeout, within the wait
+    try:
+        app = make_app(replies=["One."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "first")
+            await until(pilot, lambda: _starting_line(app) is not None, timeout=10)
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=30)
+            line = _starting_line(app) or ""
+            assert "tools not available yet: slow failed (did not answer within 4 s" in line, line
+            assert app.engine.tools == [None]
     finally:
         h.close()

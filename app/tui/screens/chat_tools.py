@@ -46,6 +46,7 @@ class ToolOutcome:
     call: ToolCall
     content: str  # the `role: "tool"` message's content, for the model
     shown: str  # what the chat says happened
+    server: str | None = None  # the MCP server whose tool it is (None: no such tool)
 
 
 def _error(text: str) -> str:
@@ -97,28 +98,29 @@ class ChatTools:
         self.mount(line)
         deadline = time.monotonic() + STARTING_WAIT_S
         try:
-            while (late := self.starting()) and time.monotonic() < deadline:
+            while self.starting() and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
         except asyncio.CancelledError:
-            late = self.starting()
-            self._waited(line, late, "sent at once with Esc")
+            self._waited(line, names, "sent at once with Esc")
             then()
             raise
-        self._waited(line, late, f"waited {STARTING_WAIT_S:g} s")
+        self._waited(line, names, f"waited {STARTING_WAIT_S:g} s")
         then()
 
-    @staticmethod
-    def _waited(line: Widget, late: list[str], why: str) -> None:
-        """The wait is over: the line goes, or, with servers still starting, says their tools were not offered."""
-        if not late:
-            line.remove()
-            return
+    def _waited(self, line: Widget, names: list[str], why: str) -> None:
+        """The wait is over: the line goes when every server is ready, else it says whose tools the
+        message went without: those still starting, and those that failed meanwhile (and why)."""
         from textual.widgets import Static
 
-        assert isinstance(line, Static)
-        line.update(
-            f"tools not available yet: {', '.join(late)} still starting ({why}); this message went without their tools"
-        )
+        assert self.hub is not None and isinstance(line, Static)
+        states = [self.hub.state(n) for n in names]
+        late = [s.name for s in states if s.status == "starting"]
+        failed = [f"{s.name} failed ({s.error})" for s in states if s.status == "failed"]
+        if not late and not failed:
+            line.remove()
+            return
+        parts = ([f"{', '.join(late)} still starting ({why})"] if late else []) + failed
+        line.update(f"tools not available yet: {'; '.join(parts)}; this message went without their tools")
 
     def run(self, calls: tuple[ToolCall, ...], done: Callable[[list[ToolOutcome], bool], None]) -> bool:
         """Handle a reply's calls in a worker; `done(outcomes, stopped)` when they have their results.
@@ -176,10 +178,10 @@ class ChatTools:
             self.always.add(call.name)
         if answer == STOP:
             view.set_state(STOPPED)
-            return ToolOutcome(call, _error(STOPPED), STOPPED)
+            return ToolOutcome(call, _error(STOPPED), STOPPED, tool.server)
         if answer == DENY:
             view.set_state("denied: the model is told so")
-            return ToolOutcome(call, _error(DENIED), DENIED)
+            return ToolOutcome(call, _error(DENIED), DENIED, tool.server)
         view.set_state("running… (Esc stops)" + (" · trusted server" if trusted else ""))
         future = self.hub.call(tool, call.arguments)
         try:
@@ -190,11 +192,11 @@ class ChatTools:
             raise
         except McpError as e:
             view.set_state(str(e), failed=True)
-            return ToolOutcome(call, _error(str(e)), str(e))
+            return ToolOutcome(call, _error(str(e)), str(e), tool.server)
         except Exception as e:  # the hub's contract is McpError; nothing from a server may end the chat
             message = f"{call.name} failed: {type(e).__name__}: {e}"
             view.set_state(message, failed=True)
-            return ToolOutcome(call, _error(message), message)
+            return ToolOutcome(call, _error(message), message, tool.server)
         view.set_state("the tool said it failed" if result.is_error else "done", failed=result.is_error)
         view.show_result(result.text)
-        return ToolOutcome(call, _error(result.text) if result.is_error else result.text, "done")
+        return ToolOutcome(call, _error(result.text) if result.is_error else result.text, "done", tool.server)
