@@ -185,6 +185,20 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
         help="an OpenAI-style tools list the model may call; calls print as {'tool_call': ...} JSON",
     )
     g.add_argument(
+        "--mcp",
+        action="store_true",
+        help="offer the tools of config.toml's MCP servers and run their calls once allowed (see --yes)",
+    )
+    g.add_argument(
+        "--yes", action="store_true", help="with --mcp: run every MCP tool call without asking (default: ask)"
+    )
+    g.add_argument(
+        "--tool-choice",
+        metavar="auto|required|none|NAME",
+        default="auto",
+        help="auto (default: the model decides), required (a call), a tool's name (a call to it), none",
+    )
+    g.add_argument(
         "--block-size",
         type=_block_size,
         default="auto",

@@ -100,6 +100,9 @@ class GenerationSettings:
     image_budget: int | None = None  # soft tokens per image (core.limits.IMAGE_BUDGETS); None: the checkpoint's
     # the target's logprob of each emitted token (TokenEvent.logprob) with this many alternatives; None: off
     logprobs: int | None = None
+    # with tools declared: None, the model decides (OpenAI "auto"); "*", the reply starts with a call to one
+    # of them ("required"); a tool's name, a call to that one (core.decode.forced)
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         # one rule wherever settings are made (command line, config, forms, server, the engine's copy)

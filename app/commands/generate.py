@@ -14,7 +14,12 @@ JSON line, `{"tool_call": {"index", "id", "name", "arguments": {...}}}`, among t
 `{"tool_call_error": {"index", "message", "raw"}}`. A reply that ends in calls has stop reason
 `tool_calls`, and `--json` then prints `{"messages": [...]}` before the stats: the assistant
 message(s) to append to `--messages`, followed by one `{"role": "tool", "tool_call_id", "content"}`
-per call, to continue the conversation.
+per call, to continue the conversation. `--tool-choice required|NAME|none` forces a call (or declares no
+tools): core.decode.forced.
+
+`--mcp` adds the tools of config.toml's MCP servers and runs their calls once allowed (`--yes`, a trusted
+server, or an answer on the terminal), each result a `{"tool_result": ...}` line, and the model goes on
+with them (app.commands.generate_tools). `{"messages": [...]}` then holds every message the run added.
 
 `--image PATH` (repeatable) puts the images before the prompt text in the user message, at
 `--image-budget` soft tokens each (default: the checkpoint's). `--audio FILE` (repeatable) puts audio
@@ -36,9 +41,12 @@ from typing import TYPE_CHECKING, Any
 from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
 
 if TYPE_CHECKING:
+    from app.commands.generate_tools import CallRunner
     from core.engine.contract import ChatEngine, PairingSpec
     from core.events import TurnDone
     from core.settings import GenerationSettings
+    from core.user.config import Config
+    from core.user.mcp_client import McpHub
 
 
 MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds what a stray file costs
@@ -214,11 +222,15 @@ class _Output:
             print(f"error: {printable(message)}", file=sys.stderr)
         return 1
 
-    def finished(self, done: TurnDone, with_tools: bool) -> int:
+    def tool_result(self, call_id: str, name: str, content: str, is_error: bool) -> None:
+        self._line({"tool_result": {"id": call_id, "name": name, "content": content, "is_error": is_error}})
+        self.out.flush()
+
+    def finished(self, done: TurnDone, with_tools: bool, added: list[dict] | None = None) -> int:
         stats = done.stats.as_dict()
         if self.as_json:
             if with_tools:
-                self.out.write(json.dumps({"messages": reply_messages(done)}) + "\n")
+                self.out.write(json.dumps({"messages": (added or []) + reply_messages(done)}) + "\n")
             self.out.write(json.dumps({"stats": stats}) + "\n")
             self.out.flush()
         else:
@@ -267,6 +279,59 @@ def _settings(args: argparse.Namespace) -> GenerationSettings:
     return settings
 
 
+def _tool_choice(args: argparse.Namespace, tools: list[dict] | None) -> tuple[list[dict] | None, str | None]:
+    """--tool-choice: (the tools to declare, GenerationSettings.tool_choice)."""
+    from core.decode.forced import REQUIRED
+
+    choice = getattr(args, "tool_choice", None) or "auto"
+    if choice == "auto":
+        return tools, None
+    if not tools:
+        raise UsageError("--tool-choice needs tools (--tools FILE or --mcp)")
+    if choice == "none":
+        return None, None
+    if choice == "required":
+        return tools, REQUIRED
+    names = [t["function"]["name"] for t in tools]
+    if choice not in names:
+        raise UsageError(f"--tool-choice {choice}: no such tool (the tools are {', '.join(names)})")
+    return tools, choice
+
+
+def _converse(
+    engine: ChatEngine,
+    messages: list[dict],
+    settings: GenerationSettings,
+    tools: list[dict] | None,
+    runner: CallRunner | None,
+    output: _Output,
+) -> tuple[TurnDone, list[dict]]:
+    """The turn and, with an MCP runner, one more after each round of calls that ran: (the last turn's
+    TurnDone, the messages the rounds before it added: their replies and the tools' results)."""
+    import dataclasses
+
+    from app.commands.generate_tools import MAX_ROUNDS, tool_messages
+
+    added: list[dict] = []
+    for round_no in range(MAX_ROUNDS + 1):
+        done = _wait(engine, engine.chat(messages + added, settings, output.on_event, tools=tools))
+        if done.error or not done.tool_calls or runner is None or not runner.runnable(done.tool_calls):
+            break
+        if round_no == MAX_ROUNDS:
+            print(f"note: stopped after {MAX_ROUNDS} rounds of tool calls", file=sys.stderr)
+            break
+        outcomes = [runner.run(c) for c in done.tool_calls]
+        for c, o in zip(done.tool_calls, outcomes):
+            output.tool_result(c.id, c.name, o.content, o.is_error)
+        added += reply_messages(done) + tool_messages(done.tool_calls, outcomes)
+        settings = dataclasses.replace(settings, tool_choice=None)  # a forced call is the first reply's only
+    return done, added
+
+
+def _note(text: str) -> None:
+    print(f"note: {printable(text)}", file=sys.stderr, flush=True)
+
+
 def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone]) -> TurnDone:
     """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round)."""
     try:
@@ -283,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
 
     output = _Output(args.json)
     try:
-        load_config()  # generate takes its settings from its flags, but a broken config is said, as the app says it
+        config = load_config()  # generate takes its settings from its flags, but a broken config is said
     except ConfigError as e:
         return output.fail(str(e))
     try:
@@ -294,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--no-template is local only (a server applies its own chat template)")
         if args.no_template and args.tools:
             raise UsageError("--no-template takes no --tools (the tools go into the chat template's system turn)")
+        if args.no_template and getattr(args, "mcp", False):
+            raise UsageError("--no-template takes no --mcp (the tools go into the chat template's system turn)")
         messages = None if args.no_template else _messages(args)
         tools = read_tools_file(args.tools) if args.tools else None
         if args.connect:
@@ -310,18 +377,43 @@ def run(args: argparse.Namespace) -> int:
 
         local = Engine(kernels="eager-if-cold")  # one reply: uncompiled beats building kernels for it
         engine = local
+    hub = None
     try:
         try:
             engine.load(spec, None).result()
-        except EngineError as e:
+            hub, runner, tools = _mcp(args, config, tools)
+            tools, settings.tool_choice = _tool_choice(args, tools)
+        except (EngineError, UsageError) as e:
             return output.fail(str(e))
+        added: list[dict] = []
         if messages is None:  # --no-template: BOS + the prompt's tokens (local only, checked above)
-            future = local.complete(args.prompt or "", settings, output.on_event)
+            done = _wait(engine, local.complete(args.prompt or "", settings, output.on_event))
         else:
-            future = engine.chat(messages, settings, output.on_event, tools=tools)
-        done = _wait(engine, future)
+            done, added = _converse(engine, messages, settings, tools, runner, output)
         if done.error:
             return output.fail(done.error, mid_line=True)
-        return output.finished(done, with_tools=bool(tools))
+        return output.finished(done, with_tools=bool(tools), added=added)
     finally:
         engine.close()
+        if hub is not None:
+            hub.close()
+
+
+def _mcp(
+    args: argparse.Namespace, config: Config, tools: list[dict] | None
+) -> tuple[McpHub | None, CallRunner | None, list[dict] | None]:
+    """--mcp: the started hub, the runner of its calls, and the tools with the servers' added."""
+    if not getattr(args, "mcp", False):
+        if getattr(args, "yes", False):
+            raise UsageError("--yes runs MCP tools: it needs --mcp")
+        return None, None, tools
+    from app.commands.generate_tools import CallRunner, merged_tools, start_hub
+
+    hub = start_hub(config, _note)
+    try:
+        merged = merged_tools(tools, hub)
+    except UsageError:
+        hub.close()
+        raise
+    runner = CallRunner(hub, bool(args.yes), sys.stdin if sys.stdin.isatty() else None, _note)
+    return hub, runner, merged

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from app.tui.widgets.conversation import (
     origin_runs,
     text_with_origins,
 )
+from app.tui.widgets.tool_call import ToolCallView
 from core.decode.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
 from core.user.store import TOOL_CALLS, TOOL_RESULTS, Chat, decode_origins, encode_origins
@@ -564,7 +566,8 @@ class ChatLog:
         record = dict(reply.record or {})
         record[TOOL_CALLS] = [o.call.openai() for o in outcomes]
         record[TOOL_RESULTS] = [
-            {"tool_call_id": o.call.id, "name": o.call.name, "content": o.content, "shown": o.shown} for o in outcomes
+            {"tool_call_id": o.call.id, "name": o.call.name, "content": o.content, "shown": o.shown, "server": o.server}
+            for o in outcomes
         ]
         self.recorder.drop_last()
         self.recorder.record_reply(
@@ -593,10 +596,11 @@ def user_texts(history: list[dict[str, Any]]) -> list[str]:
     return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 
 
-def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip]:
+def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip | ToolCallView]:
     """A stored chat's messages as the conversation shows them (a user message's images by name, its
-    audio clips as in the live chat: name, length and waveform, read from the file)."""
-    widgets: list[UserMessage | RestoredReply | AudioStrip] = []
+    audio clips as in the live chat: name, length and waveform, read from the file; a reply's tool
+    calls under it as in the live chat: name, arguments, what happened, the result collapsed)."""
+    widgets: list[UserMessage | RestoredReply | AudioStrip | ToolCallView] = []
     for m in chat.messages:
         if m.role == "user":
             text = m.content
@@ -614,4 +618,38 @@ def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStri
             widgets.append(
                 RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
             )
+            widgets += restored_tool_calls(m.stats or {})
     return widgets
+
+
+def restored_tool_calls(record: dict[str, Any]) -> list[ToolCallView]:
+    """A saved reply's calls (its record's TOOL_CALLS and TOOL_RESULTS, app.tui.screens.chat_tools) as
+    their widgets. The result shows (collapsed) for a call that ran; a denied or stopped one has none."""
+    calls = [c for c in record.get(TOOL_CALLS) or () if isinstance(c, dict)]
+    results = {r.get("tool_call_id"): r for r in record.get(TOOL_RESULTS) or () if isinstance(r, dict)}
+    views = []
+    for call in calls:
+        fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except (ValueError, RecursionError, TypeError):
+            arguments = {"(arguments as saved)": fn.get("arguments")}
+        result = results.get(call.get("id"), {})
+        shown = str(result.get("shown") or "no result was saved")
+        content = str(result.get("content", ""))
+        ran = shown == "done"
+        failed = not ran and content.startswith('{"error"') and not shown.startswith(_NOT_FAILURES)
+        args = arguments if isinstance(arguments, dict) else {"value": arguments}
+        view = ToolCallView(
+            str(fn.get("name") or "?"),
+            result.get("server") if isinstance(result.get("server"), str) else None,
+            args,
+            state=shown,
+            failed=failed,
+            result=content if ran else None,
+        )
+        views.append(view)
+    return views
+
+
+_NOT_FAILURES = ("the user denied", "stopped by the user", "no result")

@@ -124,7 +124,8 @@ class BatchDecoder:
             row.reason = "cancelled"
             self.rows.append(row)
             return row
-        row.b_tok, row.h = done
+        first, row.h = done
+        row.b_tok = first[-1]
         stats.prefill_tokens = len(prompt.ids)
         stats.prefill_s = time.perf_counter() - row.t0
         emit(PrefillDone(stats.prompt_tokens, stats.prefill_tokens, 0, stats.prefill_s))
@@ -132,9 +133,10 @@ class BatchDecoder:
         stats.ttft_s = row.t_first - (row.t0 if t_start is None else t_start)
         if not self.rows:
             self.auto.begin_turn(sampled=keys is not None)
-        _, row.reason = self._stop_rule(row, [row.b_tok])
-        first, self.solo.first_logprobs = self.solo.first_logprobs, None
-        self._emit_token(row, row.b_tok, False, first.row(0, row.b_tok, row.detok) if first is not None else None)
+        _, row.reason = self._stop_rule(row, first)
+        lp, self.solo.first_logprobs = self.solo.first_logprobs, None
+        for tok in first:  # more than one: a forced start (Prompt.forced), which scores no logprobs
+            self._emit_token(row, tok, False, lp.row(0, tok, row.detok) if lp is not None and len(first) == 1 else None)
         self.rows.append(row)
         return row
 

@@ -37,6 +37,7 @@ from core.settings import GenerationSettings
 
 if TYPE_CHECKING:
     from core.decode.detok import Detokenizer
+    from core.decode.forced import ForcedPrefix
 
 PREFILL_CHUNK = 512
 
@@ -101,6 +102,7 @@ class Prompt:
     embeddings: mx.array | None = None  # [len(ids), H] soft tokens, rows used where mask is set
     embedding_mask: mx.array | None = None  # [len(ids)] bool
     bidirectional: list[tuple[int, int]] = field(default_factory=list)  # absolute [a, b) spans
+    forced: ForcedPrefix | None = None  # the reply's first tokens are a walk of this trie (core.decode.forced)
 
 
 @dataclass
@@ -267,16 +269,18 @@ class Decoder:
         done = self._prefill(cache, prompt, settings, keys, controls, committed)
         if done is None:
             return self._finish(stats, [], committed, "cancelled", t0, None)
-        b_tok, h = done
+        first, h = done
         stats.prefill_tokens = len(prompt.ids)
         stats.prefill_s = time.perf_counter() - t0
         emit(PrefillDone(stats.prompt_tokens, stats.prefill_tokens, stats.reused_tokens, stats.prefill_s))
 
         t_first = time.perf_counter()
         stats.ttft_s = t_first - t_start
-        turn = _Turn(cache, settings, stats, keys, b_tok, h, committed=committed, last_sync=self._clock())
-        _, reason = self._stop_rule(turn, [b_tok])
-        self._emit_token(turn, b_tok, False, emit, self._first_logprob(b_tok))
+        turn = _Turn(cache, settings, stats, keys, first[-1], h, committed=committed, last_sync=self._clock())
+        _, reason = self._stop_rule(turn, first)
+        lp = self._first_logprob(first[0]) if len(first) == 1 else None  # a forced start scores none
+        for tok in first:  # more than one: a forced start (Prompt.forced), all but the last in the cache
+            self._emit_token(turn, tok, False, emit, lp)
         if reason is None:
             reason = self._decode(turn, controls, emit)
         return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
@@ -493,9 +497,10 @@ class Decoder:
         keys: sampling.KeyStream | None,
         controls: Controls,
         committed: list[int],
-    ) -> tuple[int, mx.array] | None:
-        """Run the prompt through the target in chunks; (first token, hidden at its last position),
-        or None when cancelled between chunks.
+    ) -> tuple[list[int], mx.array] | None:
+        """Run the prompt through the target in chunks; ([first token], hidden at its last position),
+        or None when cancelled between chunks. With `prompt.forced`, the reply's first tokens are its
+        walk (`_walk`): all of them but the last are then in the cache and in `committed`.
 
         Every chunk but the last evaluates only the K/V it appends, and the last position runs as
         its own one-token step (as mlx-lm's generate_step does). MLX is lazy, so for the
@@ -536,11 +541,56 @@ class Decoder:
             committed.extend(prompt.ids[a:b])
         assert logits is not None and hidden is not None  # the last chunk asked for its logits
         h = hidden[-1]
+        if prompt.forced is not None:
+            controls.prefilled = len(prompt.ids)
+            self.first_logprobs = None
+            return self._walk(cache, prompt.forced, logits[0], h, settings, keys, committed)
         first = self._pick(logits[0], settings, keys)
         self.first_logprobs = self.logprobs_of(logits[:1], first.reshape(1), settings)
         mx.eval(first, h, *(self.first_logprobs.arrays() if self.first_logprobs is not None else []))
         controls.prefilled = len(prompt.ids)
-        return cast(int, first.item()), h
+        return [cast(int, first.item())], h
+
+    def _walk(
+        self,
+        cache: TargetCache,
+        node: ForcedPrefix,
+        logits: mx.array,
+        h: mx.array,
+        settings: GenerationSettings,
+        keys: sampling.KeyStream | None,
+        committed: list[int],
+    ) -> tuple[list[int], mx.array]:
+        """A forced start (core.decode.forced): from the target's `logits` [V] and hidden `h` [H] at the
+        last cached position, walk the trie to a complete opening. One possible token is taken as is;
+        among several the target picks (the others masked out), after the walked tokens before it ran.
+        Returns (the walked tokens, the hidden before the last); all but the last end up in the cache."""
+        tg, softcap = self.target, settings.temperature > 0
+        walked: list[int] = []
+        pending: list[int] = []  # walked, not yet in the cache
+        while node.children:
+            if len(node.children) == 1:
+                tok = next(iter(node.children))
+            else:
+                if pending:
+                    step_logits, hidden = tg.forward(pending, cache, logits="last", softcap=softcap)
+                    assert step_logits is not None  # asked for
+                    committed.extend(pending)
+                    pending, logits, h = [], step_logits[0], hidden[-1]
+                allowed = sorted(node.children)
+                mask = mx.full(logits.shape, float("-inf"), dtype=logits.dtype)
+                mask[mx.array(allowed)] = 0.0
+                tok = cast(int, self._pick(logits + mask, settings, keys).item())
+            walked.append(tok)
+            node = node.children[tok]
+            if node.children:
+                pending.append(tok)
+        if pending:
+            _, hidden = tg.forward(pending, cache, logits=None, softcap=softcap)
+            committed.extend(pending)
+            h = hidden[-1]
+        mx.eval(h, cache.state())
+        return walked, h
 
     def _pick(self, logits: mx.array, settings: GenerationSettings, keys: sampling.KeyStream | None) -> mx.array:
         """One token from one row of logits [V]: the argmax, or a sample from the transformed distribution."""

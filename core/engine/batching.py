@@ -142,7 +142,7 @@ def _join(engine: Engine, st: _Loaded, batch: BatchDecoder, req: _Request) -> No
         for notice in tp.notices:
             emit(Notice(notice))
         embeddings, mask, bidirectional = engine._image_rows(st, tp, 0)
-        prompt = Prompt(tp.ids, 0, embeddings, mask, bidirectional)
+        prompt = Prompt(tp.ids, 0, embeddings, mask, bidirectional, forced=tp.forced)
         splitter = engine._splitter(st, tools, tp, settings, emit)  # tool calls parsed out of the reply
         tag = (req, splitter, emit)
         batch.join(prompt, settings, splitter or emit, controls, prompt_tokens=len(tp.ids), t_start=t_start, tag=tag)

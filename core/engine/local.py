@@ -36,6 +36,7 @@ from core.settings import GenerationSettings
 if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not import mlx
     import mlx.core as mx
 
+    from core.decode.forced import ForcedPrefix
     from core.decode.prompt import ImageSpan, TokenLog
     from core.decode.spec import Controls, Decoder
     from core.decode.tool_calls import ReplySplitter, ToolMarkers
@@ -67,6 +68,7 @@ class _TurnPrompt:
     spans: list[ImageSpan]  # where each one's soft tokens sit in `ids` (in the order of `images`)
     notices: list[str] = field(default_factory=list)  # for the user, before the turn runs (a clip was cut)
     ends_in_thought: bool = False  # the prompt ends inside an open thought channel (after a tool result)
+    forced: ForcedPrefix | None = None  # tool_choice "required" or a name: the reply starts with a call
 
 
 @dataclass
@@ -486,7 +488,9 @@ class Engine:
         keep = self._reuse_cache(st, tp)
         suffix = tp.ids[keep:]
         embeddings, mask, bidirectional = self._image_rows(st, tp, keep)
-        prompt = Prompt(suffix, start=keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional)
+        prompt = Prompt(
+            suffix, keep, embeddings=embeddings, embedding_mask=mask, bidirectional=bidirectional, forced=tp.forced
+        )
         splitter = self._splitter(st, tools, tp, settings, emit)
         controls = req.controls
         done = (lambda: controls.prefilled) if controls is not None else None
@@ -575,7 +579,8 @@ class Engine:
         if too_long := context_error(len(ids), st.target.context_length):
             raise TurnError(too_long)
         image_spans = [prompt_mod.ImageSpan(a, b, key) for (a, b), (_, key) in zip(spans, images)]
-        return _TurnPrompt(ids, images, image_spans, notices, ends_in_thought)
+        forced = _forced_start(st, tools, settings) if kind == "chat" else None
+        return _TurnPrompt(ids, images, image_spans, notices, ends_in_thought, forced)
 
     def _expand_media(
         self, st: _Loaded, messages: list[dict], tools: list[dict] | None, settings: GenerationSettings
@@ -765,6 +770,19 @@ def _tool_support(tokenizer: Any, stops: set[int]) -> dict[str, Any]:
         "tool_stops": frozenset(prompt_mod.tool_stop_ids(tokenizer) & stops),
         "empty_thought": prompt_mod.empty_thought_prompt(tokenizer),
     }
+
+
+def _forced_start(st: _Loaded, tools: list[dict] | None, settings: GenerationSettings) -> ForcedPrefix | None:
+    """settings.tool_choice as the reply's forced start (core.decode.forced); None: the model decides."""
+    from core.decode import forced, prompt
+
+    try:
+        names = forced.tool_choice_names(tools, settings.tool_choice)
+    except ValueError as e:
+        raise _UserError(str(e)) from None
+    if not names or st.tool_markers is None:
+        return None
+    return forced.forced_prefix(st.tool_markers.call_start, names, lambda t: prompt.encode_rendered(st.tokenizer, t))
 
 
 class _UserError(Exception):

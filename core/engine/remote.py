@@ -24,6 +24,12 @@ What the events carry depends on the server (found out by `load` from GET /v1/mo
   openai       any other OpenAI-compatible server: text deltas, no speculative figures.
 Block size and drafter switches reach the running turn only on a gemma-chat server
 (`live_controls`); vLLM fixes num_speculative_tokens at launch.
+
+Tools go to every server in OpenAI's shape (`tools`, `tool_choice`) and come back as OpenAI `tool_calls`
+(streamed deltas, or a whole `message.tool_calls` from a server that answers a stream request with one
+JSON completion). A server that refuses a request for its tools (vLLM started without
+--enable-auto-tool-choice, llama.cpp without --jinja) gets the turn again without them, once: the
+turn's Notice says so, and `features.tools` is off for that server from then on.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from urllib.parse import unquote, urlparse
 from core.engine.contract import EngineError, EngineFeatures, PairingInfo
 from core.events import (
     LoadProgress,
+    Notice,
     PrefillDone,
     PrefillStarted,
     RoundEvent,
@@ -78,6 +85,14 @@ FINISH_GRACE_S = 5.0
 
 class RemoteError(EngineError):
     """The server cannot be reached, refused the request or answered something unreadable."""
+
+
+class Refused(RemoteError):
+    """The server answered the request with an HTTP error status (its message in the text)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -355,7 +370,8 @@ class RemoteEngine:
         tools: list[dict] | None = None,
     ) -> concurrent.futures.Future:
         if tools and not self.features.tools:
-            return self._refuse(on_event, "tools over --connect need a gemma-chat serve that takes them")
+            why = "this server does not take tools (it refused them before, or its model has no tool-call tokens)"
+            return self._refuse(on_event, why)
         job = _Job()
         messages = [dict(m) for m in messages]
         settings = GenerationSettings(**{f.name: getattr(settings, f.name) for f in fields(GenerationSettings)})
@@ -535,9 +551,9 @@ class RemoteEngine:
             metrics = await self._metrics() if self.kind != "llama.cpp" else None
             drafter = metrics is not None
         self._info = self._pairing_info(card, ext or {}, drafter)
-        # gemma-chat serve says it takes tools. Other servers are not asked: vLLM refuses every request with
-        # tools unless started with its tool parser, and the chat offers its MCP tools on every turn.
-        self._tools = _flag_or(ext.get("tools"), False) if ext is not None else False
+        # gemma-chat serve says whether it takes tools. Other servers are sent them until they refuse a
+        # request for them (vLLM without its tool parser refuses every one): see _chat.
+        self._tools = _flag_or(ext.get("tools"), False) if ext is not None else True
         _emit(on_event, LoadProgress("ready", 1.0, self._info.name))
         return self._info
 
@@ -577,6 +593,10 @@ class RemoteEngine:
         }
         if tools:
             body["tools"] = tools
+            if s.tool_choice is not None:
+                from core.decode.forced import choice_to_openai
+
+                body["tool_choice"] = choice_to_openai(s.tool_choice)
         if s.seed is not None:
             body["seed"] = s.seed
         if s.top_k > 0:  # not part of OpenAI's API, but vLLM and gemma-chat take it
@@ -615,7 +635,7 @@ class RemoteEngine:
                 turn.metrics_start = await self._metrics()
                 if turn.metrics_start is not None:
                     poller = asyncio.ensure_future(self._poll_metrics(turn))
-            await self._stream(body, turn)
+            await self._stream_or_without_tools(body, turn)
             if poller is not None:
                 poller.cancel()
                 if turn.spec is None:
@@ -636,13 +656,34 @@ class RemoteEngine:
         _emit(on_event, done)
         return done
 
+    async def _stream_or_without_tools(self, body: dict, turn: _Turn) -> None:
+        """The turn; a server other than gemma-chat's that refuses it for its tools gets it again without."""
+        try:
+            await self._stream(body, turn)
+        except Refused as e:
+            if "tools" not in body or self.kind == "gemma-chat" or e.status not in (400, 422) or turn.count:
+                raise
+            if "tool" not in str(e).lower():
+                raise
+            self._tools = False
+            body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice", "parallel_tool_calls")}
+            why = str(e).removeprefix("the server refused the request ")
+            _emit(turn.on_event, Notice(f"this server takes no tools {why}; they are off for it: answering without"))
+            await self._stream(body, turn)
+
     async def _stream(self, body: dict, turn: _Turn) -> None:
         url = self.base + "/v1/chat/completions"
         turn.max_tokens = int(body["max_tokens"])
         async with self._client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
-                raise RemoteError(_http_error(url, resp.status_code, await _read_capped(resp, MAX_BODY_BYTES, url)))
+                text = await _read_capped(resp, MAX_BODY_BYTES, url)
+                raise Refused(_http_error(url, resp.status_code, text), resp.status_code)
             kind = resp.headers.get("content-type", "")
+            if kind.startswith("application/json"):  # a server that does not stream: one whole completion
+                text = await _read_capped(resp, MAX_BODY_BYTES, url)
+                turn.on_chunk(_completion_as_chunk(text, url), False)
+                turn.done_seen = True
+                return
             if not kind.startswith("text/event-stream"):
                 text = await _read_capped(resp, MAX_BODY_BYTES, url)
                 raise RemoteError(f"{url} did not answer with an event stream: {_garbage(text)}")
@@ -1016,6 +1057,27 @@ def _emit(on_event: Callable | None, event: object) -> None:
 def _garbage(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return repr(text[:limit] + ("…" if len(text) > limit else "")) if text else "an empty body"
+
+
+def _completion_as_chunk(text: str, url: str) -> dict:
+    """A non-streamed chat completion as the one stream chunk that says the same (content, tool calls with
+    their index, finish reason, usage)."""
+    try:
+        body = json.loads(text)
+        choice = body["choices"][0]
+        message = choice["message"]
+    except (ValueError, RecursionError, KeyError, IndexError, TypeError):
+        raise RemoteError(f"{url} answered with JSON that is not a chat completion: {_garbage(text)}") from None
+    if not isinstance(message, dict):
+        raise RemoteError(f"{url} answered with a malformed message: {_garbage(text)}")
+    delta: dict = {"content": message.get("content")}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [{**c, "index": i} if isinstance(c, dict) else c for i, c in enumerate(calls)]
+    chunk: dict = {"choices": [{"delta": delta, "finish_reason": choice.get("finish_reason") or "stop"}]}
+    if isinstance(body.get("usage"), dict):
+        chunk["usage"] = body["usage"]
+    return chunk
 
 
 def _http_error(url: str, status: int, text: str) -> str:

@@ -31,9 +31,9 @@ not addressed to this server (Host), come from another site's page (Origin) or P
 number of connections; the parsers refuse what the engine would misread (strings for booleans, integers
 of hundreds of digits, lone surrogates, fields not served yet).
 
-Tools (OpenAI's `tools`, `tool_choice` auto/none, `parallel_tool_calls`; `required` and a named function
-are refused with a 400: the engine cannot force a call): the model's calls come back as `tool_calls`,
-each whole once the model closed it (streamed as one `tool_calls` delta per call), with
+Tools (OpenAI's `tools`, `tool_choice` auto/none/required/a named function, `parallel_tool_calls`;
+`required` and a named function force the reply's first tokens, core.decode.forced): the model's calls
+come back as `tool_calls`, each whole once the model closed it (streamed as one `tool_calls` delta per call), with
 `finish_reason: "tool_calls"`. History may hold assistant `tool_calls` and `role: "tool"` results (JSON
 text is rendered as the object, core.decode.chat_format). The server never runs a tool.
 """
@@ -413,39 +413,36 @@ def refuse_unheard_audio(engine: Any, messages: list[dict]) -> None:
     raise ApiError(400, no_audio_message(info.name if info is not None else "this model"), param="messages")
 
 
-def parse_tools(body: dict) -> tuple[list[dict] | None, bool]:
-    """`tools`, `tool_choice` and `parallel_tool_calls`: (the tools to declare, whether several calls may come).
+def parse_tools(body: dict) -> tuple[list[dict] | None, bool, str | None]:
+    """`tools`, `tool_choice` and `parallel_tool_calls`: (the tools to declare, whether several calls may
+    come, GenerationSettings.tool_choice).
 
-    `auto` (the default) declares the tools and the model decides; `none` declares none. `required` and a
-    named function are refused: the engine cannot force the model's first tokens, and a client told a call
-    is certain must not get text instead."""
+    `auto` (the default) declares the tools and the model decides; `none` declares none; `required` and
+    a named function declare them and force the reply to start with a call (core.decode.forced)."""
     from core.decode.chat_format import ToolFormatError, normalize_tools
+    from core.decode.forced import REQUIRED
 
     parallel = _flag(body, "parallel_tool_calls", True)
     raw = body.get("tools")
     if not raw:
-        return None, parallel
+        return None, parallel, None
     try:
         tools = normalize_tools(raw)
     except ToolFormatError as e:
         raise ApiError(400, f"'tools': {e}", param="tools") from None
     choice = body.get("tool_choice", "auto")
     if choice is None or choice == "auto":
-        return tools, parallel
+        return tools, parallel, None
     if choice == "none":
-        return None, parallel
-    names = [t["function"]["name"] for t in tools]
-    if choice == "required" or isinstance(choice, dict):
-        fn = choice.get("function") if isinstance(choice, dict) else None
+        return None, parallel, None
+    if choice == "required":
+        return tools, parallel, REQUIRED
+    if isinstance(choice, dict) and choice.get("type", "function") == "function":
+        fn = choice.get("function")
         named = fn.get("name") if isinstance(fn, dict) else None
-        if isinstance(choice, dict) and named not in names:
+        if named not in [t["function"]["name"] for t in tools]:
             raise ApiError(400, f"'tool_choice' names {_show(named)}, which is not in 'tools'", param="tool_choice")
-        what = "'required'" if choice == "required" else f"a named function ({named})"
-        message = (
-            f"'tool_choice': {what} is not served by gemma-chat serve: it cannot force the model to call a tool; "
-            "send 'auto' (the model decides) or 'none'"
-        )
-        raise ApiError(400, message, param="tool_choice")
+        return tools, parallel, named
     raise ApiError(400, f"'tool_choice' must be 'auto', 'none', 'required' or {{type, function}}, got {_show(choice)}")
 
 
@@ -531,7 +528,7 @@ def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
         settings.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-    tools, parallel = parse_tools(body)
+    tools, parallel, settings.tool_choice = parse_tools(body)
     stream = _flag(body, "stream", False)
     return ChatRequest(messages, settings, stream, stops, tools, parallel, _include_usage(body, stream))
 

@@ -78,6 +78,7 @@ class _Server:
     state: ServerState
     session: Any = None
     stop: asyncio.Event | None = None
+    http_error: str = ""  # a streamable HTTP server's last error status ("HTTP 401 from URL"), for _why
     task: asyncio.Task | None = None
     errlog: IO[str] | None = None
     crashed: bool = False  # a call found the connection gone: the state stays "failed"
@@ -256,7 +257,14 @@ class McpHub:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            client = await stack.enter_async_context(httpx2.AsyncClient(headers=c.headers, timeout=c.timeout_s))
+            async def record(response: Any) -> None:  # the SDK's own error says no more than "an error response"
+                if response.status_code >= 400:
+                    server.http_error = f"HTTP {response.status_code} from {c.url}"
+
+            hooks = {"response": [record]}
+            client = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=c.headers, timeout=c.timeout_s, event_hooks=hooks)
+            )
             assert c.url is not None
             streams = await stack.enter_async_context(streamable_http_client(c.url, http_client=client))
         return await stack.enter_async_context(ClientSession(streams[0], streams[1]))
@@ -270,6 +278,10 @@ class McpHub:
                 text += " (pip install mcp-server-time)"
             return text
         text = str(e) if isinstance(e, McpError) else f"{type(e).__name__}: {e}".rstrip(": ")
+        if server.http_error:
+            status = server.http_error
+            auth = status.startswith(("HTTP 401", "HTTP 403"))
+            text += f" ({status}{': check its headers in config.toml' if auth else ''})"
         tail = _last_line(server.errlog)
         return f"{text}; it said: {tail}" if tail else text
 

@@ -145,6 +145,10 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
         gc("generate", "--pairing", "12b", "--messages", AUDIO_MESSAGES, rc=1, expect=NOT_DOWNLOADED),
         gc("generate", "--model", UNIFIED_TARGET, "--messages", AUDIO_MESSAGES, expect="tokens/round"),
     ),
+    'gemma-chat generate --demo --mcp --yes --prompt "What time is it in Tokyo?"': (
+        # the default MCP server (mcp-server-time) runs the call; the demo may answer in prose instead of calling
+        gc("generate", "--demo", "--mcp", "--yes", "--prompt", "What time is it in Tokyo?", "--max-tokens", "48"),
+    ),
     "gemma-chat bench --demo": (gc("bench", "--demo", *BENCH_SHORT, expect="x mlx-lm"),),
     "gemma-chat models list | download NAME [--offline] | rm NAME": (
         gc("models", "list", expect="demo"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from serve_process import GEMMA_CHAT, ServeProcess
@@ -114,6 +115,47 @@ def test_tools_are_accepted_and_the_conversation_continues_after_a_tool_message(
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert chunks[-1].choices[0].finish_reason == after.choices[0].finish_reason
     assert text == (after.choices[0].message.content or "")  # greedy: the same reply streamed and not
+
+
+TIME_TOOLS = json.loads((Path(__file__).parents[1] / "data" / "mcp_server_time" / "captured.json").read_text())
+
+
+def _openai_tools() -> list[dict]:
+    """mcp-server-time's two tools (as captured from its tools/list) in OpenAI's shape."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": t["name"], "description": t["description"], "parameters": t["inputSchema"]},
+        }
+        for t in TIME_TOOLS["tools"]
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_current_time"}}])
+def test_tool_choice_forces_a_call_even_where_the_demo_would_answer_in_prose(server, stream, choice):
+    """The demo answers "What is speculative decoding?" in prose (test above); told it must call a tool
+    (required) or get_current_time (named), the reply is a call, whole, finish_reason "tool_calls"."""
+    ask = [{"role": "user", "content": PROMPT}]
+    body = {"model": "demo", "messages": ask, "tools": _openai_tools(), "tool_choice": choice, "max_tokens": 48}
+    if not stream:
+        reply = client(server).chat.completions.create(temperature=0, **body)
+        finish, calls = reply.choices[0].finish_reason, reply.choices[0].message.tool_calls or []
+        names = [c.function.name for c in calls]
+        args = [json.loads(c.function.arguments) for c in calls]
+    else:
+        finish, names, parts = None, [], {}
+        for chunk in client(server).chat.completions.create(temperature=0, stream=True, **body):
+            finish = chunk.choices[0].finish_reason or finish
+            for d in chunk.choices[0].delta.tool_calls or ():
+                if d.function.name:
+                    names.append(d.function.name)
+                parts[d.index] = parts.get(d.index, "") + (d.function.arguments or "")
+        args = [json.loads(parts[i]) for i in sorted(parts)]
+    assert finish == "tool_calls", (names, args)
+    if isinstance(choice, dict):
+        assert names[0] == "get_current_time"
+    assert set(names) <= {"get_current_time", "convert_time"} and all(isinstance(a, dict) for a in args)
 
 
 def test_ctrl_c_stops_the_server_with_status_0():

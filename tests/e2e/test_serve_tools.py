@@ -145,18 +145,28 @@ def test_tool_choice_none_declares_no_tools():
 
 
 @pytest.mark.parametrize(
+    ("choice", "forced"),
+    [("required", "*"), ({"type": "function", "function": {"name": "get_current_time"}}, "get_current_time")],
+)
+def test_required_and_a_named_function_reach_the_engine_as_its_tool_choice(choice, forced):
+    """The engine forces the call's opening (tests/engine/test_tool_choice.py; serve --demo as a process in
+    test_serve_process.py): the server passes the choice on in the turn's settings, tools declared."""
+    with served([CALL_PARIS]) as (engine, client):
+        reply = client.chat.completions.create(model="fake", messages=ASK, tools=[GET_CURRENT_TIME], tool_choice=choice)
+    [(_, settings)] = engine.chats
+    assert settings.tool_choice == forced and engine.tools[0] is not None
+    assert reply.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
     ("choice", "says"),
     [
-        ("required", "'required' is not served"),
-        (
-            {"type": "function", "function": {"name": "get_current_time"}},
-            "named function (get_current_time) is not served",
-        ),
         ({"type": "function", "function": {"name": "nope"}}, "not in 'tools'"),
+        ({"type": "function"}, "not in 'tools'"),
         ("sometimes", "must be 'auto', 'none'"),
     ],
 )
-def test_tool_choices_the_engine_cannot_honour_are_refused(choice, says):
+def test_bad_tool_choices_are_refused(choice, says):
     with served(["x"]) as (engine, client):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="fake", messages=ASK, tools=[GET_CURRENT_TIME], tool_choice=choice)

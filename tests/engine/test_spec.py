@@ -482,7 +482,7 @@ def test_prefill_runs_the_last_position_alone_and_matches_one_forward(monkeypatc
         assert calls == [(8, None), (8, None), (8, None), (5, None), (1, "last")]
     whole = tg.make_cache(slack=3)
     logits, hidden = tg.forward(prompt, whole, logits="last", bidirectional=spans or None)
-    assert first == int(mx.argmax(logits[0]).item())
+    assert first == [int(mx.argmax(logits[0]).item())]
     np.testing.assert_allclose(np.array(h), np.array(hidden[-1]), atol=1e-4, rtol=1e-4)
     assert cache.offset == whole.offset == len(prompt)
     for ours, one in zip(cache.layers, whole.layers):

@@ -3,7 +3,13 @@
     python tests/support/mcp_test_server.py [MODE]
 
 MODE: "ok" (default: tools echo, add, slow, crash), "garbage" (writes non-JSON on stdout and never
-answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once).
+answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once),
+"slow-start SECONDS" (waits, then serves as "ok").
+
+    python tests/support/mcp_test_server.py http PORT TOKEN
+
+serves the same tools over streamable HTTP at http://127.0.0.1:PORT/mcp, to requests that carry the
+header `Authorization: Bearer TOKEN` (others get a 401).
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 
-def serve() -> None:
+def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
     from mcp.server import MCPServer
 
     server = MCPServer("gemma-chat-test")
@@ -35,13 +42,33 @@ def serve() -> None:
     def crash() -> str:
         os._exit(7)
 
-    server.run("stdio")
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope: dict, receive: Any, send: Any) -> None:
+        headers = dict(scope.get("headers") or [])
+        if scope["type"] == "http" and headers.get(b"authorization") != f"Bearer {token}".encode():
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
 
 
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
     if mode == "ok":
         serve()
+    elif mode == "slow-start":  # ready after a few seconds, as mcp-server-time on a loaded machine
+        time.sleep(float(sys.argv[2]))
+        serve()
+    elif mode == "http":
+        serve("http", int(sys.argv[2]), sys.argv[3])
     elif mode == "garbage":
         for _ in range(3):
             sys.stdout.write("Welcome to my server! <html>not json</html>\n")

@@ -143,3 +143,53 @@ def test_chat_params_dialog(snap_compare, tmp_path):
     app = make_app(tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
     app.history.close()
+
+
+def test_reopened_chat_with_tool_calls(snap_compare, tmp_path, utc):
+    """A chat whose reply called get_current_time (allowed, its result saved) and convert_time (denied),
+    reopened from the chat list: the calls redraw as in the live chat, the result collapsed."""
+    from core.user.store import TOOL_CALLS, TOOL_RESULTS
+
+    db = tmp_path / "h.sqlite3"
+    calls = [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_current_time", "arguments": '{"timezone": "Asia/Tokyo"}'},
+        },
+        {
+            "id": "c2",
+            "type": "function",
+            "function": {
+                "name": "convert_time",
+                "arguments": '{"source_timezone": "Asia/Tokyo", "time": "21:04", "target_timezone": "Europe/Paris"}',
+            },
+        },
+    ]
+    result = '{"timezone": "Asia/Tokyo", "datetime": "2026-05-28T21:04:00+09:00", "is_dst": false}'
+    results = [
+        {"tool_call_id": "c1", "name": "get_current_time", "content": result, "shown": "done", "server": "time"},
+        {
+            "tool_call_id": "c2",
+            "name": "convert_time",
+            "content": '{"error": "denied"}',
+            "shown": "the user denied this call",
+        },
+    ]
+    with Store(db) as store:
+        cid = store.create_chat("What time is it in Tokyo?", pairing="E2B")
+        store.append_message(cid, "user", "What time is it in Tokyo?")
+        store.append_message(cid, "assistant", "Let me check.", stats={TOOL_CALLS: calls, TOOL_RESULTS: results})
+        store.append_message(cid, "assistant", "It is 21:04 in Tokyo.")
+        store._con.execute("UPDATE chats SET created_at = ?, updated_at = ? WHERE id = ?", (DAY, DAY + 60, cid))
+
+    async def run_before(pilot):
+        await _until(pilot, lambda: pilot.app.session.loaded)
+        await pilot.app.chat.open_chat(cid)
+        _no_blink(pilot.app.screen)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.2)
+
+    app = shared_make_app(name="E2B", history=HistoryRecorder(path=db), blink=False)
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    app.history.close()

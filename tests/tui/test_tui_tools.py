@@ -199,3 +199,122 @@ async def test_the_calls_and_results_are_saved_with_the_reply(hub, tmp_path):
         [summary] = store.list_chats()
         messages = store.load_chat(summary.id).engine_messages()
     assert messages == history  # reopened, the model is sent what it saw
+
+
+async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
+    """The chat is saved live (an allowed call, then a denied one), then reopened from the history in a
+    new app: each call is a ToolCallView again (name, arguments, what happened; the result collapsed
+    for the one that ran, none for the denied one), not plain text, and the model is sent the same."""
+    from textual.widgets import Collapsible
+
+    from app.tui.history import HistoryRecorder
+    from core.user.store import Store
+
+    db = tmp_path / "history.db"
+    recorder = HistoryRecorder(path=db)
+    add = "<|tool_call>call:add{a:2,b:40}<tool_call|>"
+    app = make_app(replies=["Checking." + ECHO, add, ANSWER], tools_hub=hub, history=recorder)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        await pilot.press("y")
+        await approval(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: len(replies_text(app)) == 3 and not app.chat.generating, timeout=20)
+        history = list(app.chat.history)
+    recorder.flush()
+    recorder.close()
+    with Store(db) as store:
+        [summary] = store.list_chats()
+    again = make_app(replies=["more"], history=HistoryRecorder(path=db))
+    async with again.run_test(size=(100, 40)) as pilot:
+        await ready(pilot, again)
+        await again.chat.open_chat(summary.id)
+        await pilot.pause()
+        echo, denied = views(again)
+        assert (echo.tool_name, echo.arguments, echo.state_text) == ("echo", {"text": "hi there"}, "done")
+        assert echo.server == denied.server == "t"  # the server it ran on, saved with the result
+        assert "echo: hi there" in (echo.result_text or "")
+        [box] = echo.query(Collapsible)
+        assert box.collapsed and box.title.startswith("result: ")
+        assert (denied.tool_name, denied.arguments) == ("add", {"a": 2, "b": 40})
+        assert denied.state_text == "the user denied this call" and denied.result_text is None
+        assert not denied.query(Collapsible) and not denied.has_class("-failed")
+        # in order: the first reply, its call, the second reply (the denied call), that call, the answer
+        order = [type(w).__name__ for w in again.chat.conversation.children if type(w).__name__ != "UserMessage"]
+        assert order[-5:] == ["RestoredReply", "ToolCallView", "RestoredReply", "ToolCallView", "RestoredReply"]
+        assert "echo: hi there" not in replies_text(again)[0]  # the call is a widget, not the reply's text
+        assert again.chat.history == history
+        again.history.close()
+
+
+def _slow_hub(mode: str, *args: str, start_timeout_s: float = 60.0) -> McpHub:
+    config = McpServerConfig("slow", command=sys.executable, args=(SERVER, mode, *args))
+    h = McpHub([config], start_timeout_s=start_timeout_s)
+    h.start()
+    return h
+
+
+def _starting_line(app) -> str | None:
+    from textual.widgets import Static
+
+    lines = list(app.chat.conversation.query(".tools-starting").results(Static))
+    return str(lines[0].render()) if lines else None
+
+
+async def test_a_message_sent_while_a_server_starts_waits_for_its_tools():
+    """Sent before the server is ready: a "starting MCP servers" line, no turn yet; once it is ready
+    the line goes and the turn offers its tools."""
+    h = _slow_hub("slow-start", "3")
+    try:
+        app = make_app(replies=["Hello."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "hi")
+            await pilot.pause()
+            assert h.state("slow").status == "starting"
+            assert "starting MCP servers (slow)" in (_starting_line(app) or "")
+            assert app.engine.chats == []  # the turn waits
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=60)
+            assert _starting_line(app) is None
+            [tools] = app.engine.tools
+            assert {t["function"]["name"] for t in tools or ()} == {"echo", "add", "slow", "crash"}
+    finally:
+        h.close()
+
+
+async def test_esc_or_a_server_too_slow_sends_without_its_tools_and_says_so(monkeypatch):
+    from app.tui.screens import chat_tools
+
+    h = _slow_hub("hang")  # never answers initialize: "starting" until the hub's start timeout
+    try:
+        app = make_app(replies=["One.", "Two."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "first")
+            await until(pilot, lambda: _starting_line(app) is not None, timeout=10)
+            await pilot.press("escape")
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=20)
+            assert "still starting (sent at once with Esc)" in (_starting_line(app) or "")
+            assert app.engine.tools == [None]
+            monkeypatch.setattr(chat_tools, "STARTING_WAIT_S", 1.0)
+            await send(pilot, "second")
+            await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+            shown = [str(w.render()) for w in app.chat.conversation.query(".tools-starting")]
+            assert "tools not available yet: slow still starting (waited 1 s)" in shown[-1]
+            assert app.engine.tools == [None, None]
+    finally:
+        h.close()
+
+
+async def test_a_server_that_fails_while_a_message_waits_is_named_with_why():
+    h = _slow_hub("hang", start_timeout_s=4.0)  # fails at the hub's start timeout, within the wait
+    try:
+        app = make_app(replies=["One."], tools_hub=h)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "first")
+            await until(pilot, lambda: _starting_line(app) is not None, timeout=10)
+            await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=30)
+            line = _starting_line(app) or ""
+            assert "tools not available yet: slow failed (did not answer within 4 s" in line, line
+            assert app.engine.tools == [None]
+    finally:
+        h.close()

@@ -112,6 +112,51 @@ def test_mcp_server_time_answers_get_current_time(hub):
     assert result["timezone"] == "Asia/Tokyo" and result["datetime"].endswith("+09:00")
 
 
+@pytest.fixture(scope="module")
+def http_server():
+    """tests/support/mcp_test_server.py over streamable HTTP on a free loopback port (its own process)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, SERVER, "http", str(port), "s3cret"], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_streamable_http_server_with_headers_lists_and_runs_its_tools(http_server):
+    """A `url` + `headers` server of config.toml, through the SDK's streamable HTTP client: its tools, a
+    call and its result; the same server without the right header fails with one line that says why."""
+    configs = [
+        McpServerConfig("web", url=http_server, headers={"Authorization": "Bearer s3cret"}),
+        McpServerConfig("nokey", url=http_server, headers={"Authorization": "Bearer wrong"}),
+    ]
+    h = McpHub(configs, start_timeout_s=20.0)
+    h.start()
+    try:
+        settle(h, ["web", "nokey"])
+        web = h.state("web")
+        assert web.status == "ready", web.error
+        assert web.where == http_server and [t.name for t in web.tools] == ["echo", "add", "slow", "crash"]
+        assert json.loads(h.call(h.find("add"), {"a": 20, "b": 22}).result(30).text) == {"sum": 42}
+        failed = h.state("nokey")
+        assert failed.status == "failed" and "401" in failed.error and "\n" not in failed.error, failed.error
+    finally:
+        h.close()
+
+
 def test_close_ends_the_server_processes(tmp_path):
     pid_file = tmp_path / "pid"
     script = tmp_path / "srv.py"

@@ -352,6 +352,11 @@ class ChatScreen(Screen[None]):
         self.conversation.anchor()
 
     def _start_turn(self) -> None:
+        """The next turn, once MCP servers still starting are ready (ChatTools.wait_for_servers)."""
+        if not self.tools.wait_for_servers(self.session.engine.features.tools, self._begin_turn):
+            self._begin_turn()
+
+    def _begin_turn(self) -> None:
         self.turn += 1
         session = self.session
         reply = ReplyView(drafter_on=session.has_drafter and session.controls.drafter_enabled)

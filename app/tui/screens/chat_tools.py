@@ -9,12 +9,18 @@ result is shown collapsed. A denied call, a failure or a timeout goes back to th
 (the screen starts the next turn with the calls and results in the history). Esc, in the approval
 dialog or while a call runs, stops there: the running call is cancelled, no further call runs and
 the model does not continue. At most MAX_ROUNDS rounds of calls follow one message of the user.
+
+Servers take seconds to start (mcp-server-time about 5 s on a loaded machine). A message sent while an
+enabled server is still starting waits for it, up to STARTING_WAIT_S, under a "starting MCP servers…"
+line, so that its first question is asked with the tools; Esc sends it at once with the tools that are
+ready. A server still starting after the wait is named in that line: the message went without its tools.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from textual.worker import Worker
 
 MAX_ROUNDS = 8
+STARTING_WAIT_S = 15.0  # the hub's start timeout is 20 s: a server slower than this is probably stuck
 STOPPED = "stopped by the user: not run"
 DENIED = "the user denied this call"
 
@@ -39,6 +46,7 @@ class ToolOutcome:
     call: ToolCall
     content: str  # the `role: "tool"` message's content, for the model
     shown: str  # what the chat says happened
+    server: str | None = None  # the MCP server whose tool it is (None: no such tool)
 
 
 def _error(text: str) -> str:
@@ -68,6 +76,51 @@ class ChatTools:
 
     def user_sent(self) -> None:
         self.rounds = 0
+
+    def starting(self) -> list[str]:
+        """The enabled servers still starting (their tools are not offered yet)."""
+        return [s.name for s in self.hub.states() if s.status == "starting"] if self.hub is not None else []
+
+    def wait_for_servers(self, engine_can: bool, then: Callable[[], None]) -> bool:
+        """If servers are still starting (and the engine takes tools), wait for them in a worker, then
+        call `then` (the turn starts); False when there is nothing to wait for (call `then` yourself)."""
+        names = self.starting()
+        if not engine_can or not names:
+            return False
+        self.worker = self.screen.run_worker(self._wait(names, then), group="tools", exclusive=True)
+        return True
+
+    async def _wait(self, names: list[str], then: Callable[[], None]) -> None:
+        from textual.widgets import Static
+
+        line = Static(f"starting MCP servers ({', '.join(names)})… the message goes when they are ready (Esc: now)")
+        line.add_class("tools-starting")
+        self.mount(line)
+        deadline = time.monotonic() + STARTING_WAIT_S
+        try:
+            while self.starting() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            self._waited(line, names, "sent at once with Esc")
+            then()
+            raise
+        self._waited(line, names, f"waited {STARTING_WAIT_S:g} s")
+        then()
+
+    def _waited(self, line: Widget, names: list[str], why: str) -> None:
+        """The wait is over: the line goes when every server is ready, else it says whose tools the
+        message went without: those still starting, and those that failed meanwhile (and why)."""
+        from textual.widgets import Static
+
+        assert self.hub is not None and isinstance(line, Static)
+        states = [self.hub.state(n) for n in names]
+        late = [s.name for s in states if s.status == "starting"]
+        failed = [f"{s.name} failed ({s.error})" for s in states if s.status == "failed"]
+        if not late and not failed:
+            line.remove()
+            return
+        parts = ([f"{', '.join(late)} still starting ({why})"] if late else []) + failed
+        line.update(f"tools not available yet: {'; '.join(parts)}; this message went without their tools")
 
     def run(self, calls: tuple[ToolCall, ...], done: Callable[[list[ToolOutcome], bool], None]) -> bool:
         """Handle a reply's calls in a worker; `done(outcomes, stopped)` when they have their results.
@@ -125,10 +178,10 @@ class ChatTools:
             self.always.add(call.name)
         if answer == STOP:
             view.set_state(STOPPED)
-            return ToolOutcome(call, _error(STOPPED), STOPPED)
+            return ToolOutcome(call, _error(STOPPED), STOPPED, tool.server)
         if answer == DENY:
             view.set_state("denied: the model is told so")
-            return ToolOutcome(call, _error(DENIED), DENIED)
+            return ToolOutcome(call, _error(DENIED), DENIED, tool.server)
         view.set_state("running… (Esc stops)" + (" · trusted server" if trusted else ""))
         future = self.hub.call(tool, call.arguments)
         try:
@@ -139,11 +192,11 @@ class ChatTools:
             raise
         except McpError as e:
             view.set_state(str(e), failed=True)
-            return ToolOutcome(call, _error(str(e)), str(e))
+            return ToolOutcome(call, _error(str(e)), str(e), tool.server)
         except Exception as e:  # the hub's contract is McpError; nothing from a server may end the chat
             message = f"{call.name} failed: {type(e).__name__}: {e}"
             view.set_state(message, failed=True)
-            return ToolOutcome(call, _error(message), message)
+            return ToolOutcome(call, _error(message), message, tool.server)
         view.set_state("the tool said it failed" if result.is_error else "done", failed=result.is_error)
         view.show_result(result.text)
-        return ToolOutcome(call, _error(result.text) if result.is_error else result.text, "done")
+        return ToolOutcome(call, _error(result.text) if result.is_error else result.text, "done", tool.server)

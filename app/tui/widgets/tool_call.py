@@ -33,19 +33,32 @@ def arguments_text(arguments: dict[str, Any]) -> str:
 class ToolCallView(Vertical):
     DEFAULT_CSS = CSS
 
-    def __init__(self, name: str, server: str | None, arguments: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        server: str | None,
+        arguments: dict[str, Any],
+        *,
+        state: str = "waiting for your answer…",
+        failed: bool = False,
+        result: str | None = None,
+    ) -> None:
+        """A live call starts waiting for the user; a reopened chat's comes with its state and result."""
         super().__init__()
         self.tool_name = name
         self.server = server
         self.arguments = arguments
-        self.state_text = "waiting for your answer…"
-        self.result_text: str | None = None
+        self.state_text = state
+        self.result_text: str | None = result
+        self.set_class(failed, "-failed")
 
     def compose(self) -> ComposeResult:
         where = f" ({self.server})" if self.server else ""
         yield Static(f"tool call: {self.tool_name}{where}", id="tool-head", markup=False)
         yield Static(arguments_text(self.arguments), id="tool-args", markup=False)
         yield Static(self.state_text, id="tool-state", markup=False)
+        if self.result_text is not None:
+            yield _result_box(self.result_text)
 
     def set_state(self, text: str, failed: bool = False) -> None:
         self.state_text = text
@@ -56,8 +69,11 @@ class ToolCallView(Vertical):
     def show_result(self, text: str) -> None:
         """The result, collapsed: one line says how long it is; Enter or a click opens it."""
         self.result_text = text
-        lines = text.count("\n") + 1
-        title = f"result: {len(text)} characters" + (f", {lines} lines" if lines > 1 else "")
-        if not self.is_attached:
-            return
-        self.mount(Collapsible(Static(text, markup=False, id="tool-result"), title=title, collapsed=True))
+        if self.is_attached:
+            self.mount(_result_box(text))
+
+
+def _result_box(text: str) -> Collapsible:
+    lines = text.count("\n") + 1
+    title = f"result: {len(text)} characters" + (f", {lines} lines" if lines > 1 else "")
+    return Collapsible(Static(text, markup=False, id="tool-result"), title=title, collapsed=True)
