@@ -7,6 +7,12 @@ at once from N threads to the second. Aggregate tok/s = all tokens / wall time f
 to the last token (prefills included). Per stream, the inter-token gaps are the times between the
 arrivals of consecutive tokens at the client (a round's tokens arrive together: a gap of 0 inside a
 round), and its p95 is compared with the p95 of the same stream alone.
+
+`--join` (bench_join): the latency of a long prompt joining running streams. Three streams run; once
+each has its first tokens, a request with a long prompt arrives. Per running stream its p95 (and max)
+inter-token gap against the same stream alone, and the newcomer's time to first token against its
+time alone (its prefill) plus two rounds (a round: the running streams' median gap between arrivals).
+`--checkout DIR` serves another checkout's code (e.g. main's, for a before/after run).
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ PROMPTS = [
 ]
 
 
-def stream_times(url: str, prompt: str, tokens: int, block_size: str) -> list[float]:
-    """One streamed request: the arrival time (perf_counter) of every token."""
+def stream_times(url: str, prompt: str, tokens: int, block_size: str, times: list[float] | None = None) -> list[float]:
+    """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come)."""
     body = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
@@ -41,7 +47,7 @@ def stream_times(url: str, prompt: str, tokens: int, block_size: str) -> list[fl
         "stream": True,
         "block_size": block_size if block_size == "auto" else int(block_size),
     }
-    times: list[float] = []
+    times = [] if times is None else times
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -81,12 +87,23 @@ def together(url: str, prompts: list[str], tokens: int, block: str) -> tuple[flo
     return sum(len(s) for s in streams) / (max(s[-1] for s in streams) - t0), streams
 
 
-def bench_streams(serve_args: list[str], counts: list[int], tokens: int, repeats: int, block: str) -> None:
+def _server(args: list[str], checkout: str | None) -> Any:
+    import sys
+    from pathlib import Path
+
     from serve_process import ServeProcess
 
+    if checkout is None:
+        return ServeProcess(args)
+    return ServeProcess(args, command=[sys.executable, "-m", "app.cli"], cwd=Path(checkout))
+
+
+def bench_streams(
+    serve_args: list[str], counts: list[int], tokens: int, repeats: int, block: str, checkout: str | None = None
+) -> None:
     biggest = max(counts)
-    solo = ServeProcess([*serve_args, "--parallel", "1", "--max-waiting", str(biggest)])
-    batched = ServeProcess([*serve_args, "--parallel", str(biggest), "--max-waiting", str(biggest)])
+    solo = _server([*serve_args, "--parallel", "1", "--max-waiting", str(biggest)], checkout)
+    batched = _server([*serve_args, "--parallel", str(biggest), "--max-waiting", str(biggest)], checkout)
     with solo, batched:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(biggest)]
         one_at_a_time(solo.url, prompts[:2], 16, block)  # warm both: kernels, caches
@@ -117,3 +134,58 @@ def bench_streams(serve_args: list[str], counts: list[int], tokens: int, repeats
             for i, (s, b, a, g) in enumerate(rows):
                 gaps = f"p95 gap {a * 1000:.1f} vs {g * 1000:.1f} ms"
                 print(f"  repeat {i + 1}: {s:.1f} vs {b:.1f} tok/s ({b / s:.2f}x), {gaps}")
+
+
+LONG_PROMPT = "Tell me everything about the sea, the ships, the rivers and the rain. " * 12
+
+
+def _first_token_after(url: str, prompt: str, block: str, out: dict[str, float]) -> None:
+    t0 = time.perf_counter()
+    times = stream_times(url, prompt, 8, block)
+    out["ttft"] = times[0] - t0
+
+
+def _collect(url: str, prompt: str, tokens: int, block: str, into: list[float]) -> None:
+    stream_times(url, prompt, tokens, block, into)
+
+
+def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, checkout: str | None = None) -> None:
+    """See the module docstring (`--join`)."""
+    server = _server([*serve_args, "--parallel", "4", "--max-waiting", "4"], checkout)
+    with server:
+        prompts = PROMPTS[:3]
+        together(server.url, prompts, 16, block)  # warm: kernels, and the long prompt's shapes
+        _first_token_after(server.url, "warm " + LONG_PROMPT, block, {})
+        print(f"3 streams of {tokens} tokens, a {len(LONG_PROMPT)}-character prompt joins; block size {block}")
+        print(
+            "| repeat | p95 gap alone ms | p95 gap with the join ms | max gap with the join ms | "
+            "newcomer TTFT alone ms | newcomer TTFT ms | TTFT alone + 2 rounds ms |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for r in range(repeats):
+            alone = [stream_times(server.url, p, tokens, block) for p in prompts]
+            solo: dict[str, float] = {}
+            _first_token_after(server.url, f"{r} alone " + LONG_PROMPT, block, solo)
+            streams: list[list[float]] = [[] for _ in prompts]
+            threads = [
+                threading.Thread(target=_collect, args=(server.url, p, tokens, block, streams[i]))
+                for i, p in enumerate(prompts)
+            ]
+            for t in threads:
+                t.start()
+            while min(len(s) for s in streams) < 8:
+                time.sleep(0.005)
+            joined: dict[str, float] = {}
+            _first_token_after(server.url, f"{r} joins " + LONG_PROMPT, block, joined)
+            for t in threads:
+                t.join()
+            gaps = [b - a for s in streams for a, b in zip(s, s[1:]) if b > a]
+            round_s = statistics.median(gaps) if gaps else 0.0
+            a95 = statistics.median(p95_gap(s) for s in alone)
+            t95 = statistics.median(p95_gap(s) for s in streams)
+            worst = max(b - a for s in streams for a, b in zip(s, s[1:]))
+            print(
+                f"| {r + 1} | {a95 * 1000:.1f} | {t95 * 1000:.1f} | {worst * 1000:.1f} | {solo['ttft'] * 1000:.1f} | "
+                f"{joined['ttft'] * 1000:.1f} | {(solo['ttft'] + 2 * round_s) * 1000:.1f} |",
+                flush=True,
+            )

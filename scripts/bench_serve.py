@@ -4,6 +4,8 @@
         [--model DIR --drafter DIR | --demo]
     .venv/bin/python scripts/bench_serve.py --demo --streams 4,8 --tokens 128 --repeats 3
         (scripts/_serve_streams.py: N streams at once against `serve --parallel` vs one at a time)
+    .venv/bin/python scripts/bench_serve.py --demo --join --tokens 128 --repeats 3 [--checkout DIR]
+        (a long prompt joins 3 running streams: their inter-token gaps, its time to first token)
 
 Interleaved, ONE engine, greedy, EOS ignored, a fixed number of tokens. This process holds the
 engine and serves it (core.frontends.server on uvicorn, 127.0.0.1, as `gemma-chat serve` does); the server
@@ -149,15 +151,20 @@ def main() -> int:
         "time (scripts/_serve_streams.py); --demo or --model/--drafter; block size from --stream-block",
     )
     p.add_argument("--stream-block", default="auto", metavar="K", help="--streams: block size, 'auto' or 1..16")
+    p.add_argument("--join", action="store_true", help="a long prompt joins 3 running streams: their gaps, its TTFT")
+    p.add_argument("--checkout", metavar="DIR", help="--streams/--join: serve this checkout's code (before/after)")
     args = p.parse_args()
     if args.client:
         return client_loop(args.client, args.tokens, args.block_size)
-    if args.streams:
-        from _serve_streams import bench_streams
+    if args.streams or args.join:
+        from _serve_streams import bench_join, bench_streams
 
         serve_args = ["--demo"] if args.demo else ["--model", args.model, "--drafter", args.drafter]
+        if args.join:
+            bench_join(serve_args, args.tokens, args.repeats, args.stream_block, args.checkout)
+            return 0
         counts = [int(n) for n in args.streams.split(",")]
-        bench_streams(serve_args, counts, args.tokens, args.repeats, args.stream_block)
+        bench_streams(serve_args, counts, args.tokens, args.repeats, args.stream_block, args.checkout)
         return 0
 
     if args.switch_interval:

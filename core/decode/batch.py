@@ -8,10 +8,22 @@ stop rule, key stream and detokenizer. A round (block size K, the same for every
     n, t    = per row: greedy prefix, or rejection sampling with its own keys
     one host sync for the whole batch; then per row: emit d1..dn, t; trim its cache to P + n + 1
 
-Each row accepts its own prefix, so rows advance at different speeds. Rows join between rounds
-(`join` prefills one, alone) and leave as soon as they stop (eos, max tokens, context, cancel):
-`step` returns them finished and drops their caches. K = 1 (drafter off for any row, or a row with
-one token of room) is a plain step for the whole batch through the same path.
+Each row accepts its own prefix, so rows advance at different speeds. Rows join between rounds and
+leave as soon as they stop (eos, max tokens, context, cancel): `take_finished` returns them. K = 1
+(drafter off for any row, or a row with one token of room) is a plain step for the whole batch
+through the same path.
+
+A joining row's prompt is prefilled in chunks between rounds (`step`: first some prefill, then one
+round for the rows that decode), so the running streams do not stall for a whole long prompt: while
+rows decode, a step spends at most about PREFILL_SHARE of a measured round's time on prefill
+(tokens = round seconds x measured prefill tokens/s, PREFILL_MIN_CHUNK..PREFILL_CHUNK), in join
+order. With no row decoding, prompts prefill at full speed (chunks of PREFILL_CHUNK, as alone). A row
+whose prefill ends joins that step's round.
+
+Prefix reuse (core.decode.prefix_cache): a finished text row's cache goes into a small LRU; a new text
+request that shares a prefix with one of them starts from a copy trimmed to that prefix (only where
+the sliding-window state for it is exact) and prefills only the rest; its stats say how many prompt
+tokens were reused.
 
 The block size is the batch's: an `AutoBlock` controller (timed per batch round, fed the rows' mean
 acceptance) when every row asks for auto, else the smallest fixed size the rows ask for. A row cannot
@@ -35,7 +47,17 @@ import mlx.core as mx
 from core import sampling
 from core.decode.autoblock import AutoBlock, AutoBlockConfig
 from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
-from core.decode.spec import Controls, Decoder, Prompt, TurnResult, draft_cost_hint, stop_rule
+from core.decode.prefix_cache import PrefixCache
+from core.decode.spec import (
+    PREFILL_CHUNK,
+    Controls,
+    Decoder,
+    Prompt,
+    TurnResult,
+    draft_cost_hint,
+    prefill_chunks,
+    stop_rule,
+)
 from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.model import memory
 from core.model.batched import RowSampling, draft_rows, forward_rows
@@ -45,6 +67,19 @@ from core.settings import GenerationSettings
 if TYPE_CHECKING:
     from core.decode.detok import Detokenizer
     from core.model.drafter import Drafter
+
+PREFILL_SHARE = 0.5  # while rows decode: prefill per step, as a fraction of one round's time
+PREFILL_MIN_CHUNK = 16  # tokens: never less per step, so a long prompt still gets through
+_EMA = 0.3  # weight of the newest measurement of a round's time and of the prefill rate
+
+
+@dataclass
+class PrefillJob:
+    """A joining row's prompt, prefilled a chunk at a time between rounds."""
+
+    prompt: Prompt
+    done: int = 0  # prompt tokens run so far (of prompt.ids)
+    seconds: float = 0.0  # time spent in its chunks
 
 
 @dataclass
@@ -68,6 +103,17 @@ class Row:
     reason: str | None = None  # why it stopped, once it has
     tag: Any = None  # the caller's handle for this request
     logprobs: BlockLogprobs | None = None  # this round's, when the row asks for them
+    first: list[int] = field(default_factory=list)  # its prefill's first tokens (several: a forced start)
+    prefill: PrefillJob | None = None  # its prompt while it is still being prefilled
+    prefix: list[int] = field(default_factory=list)  # reused ids already in its cache at join
+    storable: bool = True  # text only: its cache may serve later requests (core.decode.prefix_cache)
+    error: str | None = None  # a failure of its own prefill (the others go on)
+    t_start: float = 0.0  # when its request arrived (for the time to first token)
+
+    @property
+    def decoding(self) -> bool:
+        """Prefilled, not stopped, not cancelled: it takes part in the next round."""
+        return self.prefill is None and self.reason is None and not self.controls.cancelled
 
 
 class BatchDecoder:
@@ -79,18 +125,26 @@ class BatchDecoder:
         drafter: Drafter | None,
         detokenizer: Callable[[], Detokenizer | None],
         stop_ids: Iterable[int] = frozenset(),
+        prefix_cache: PrefixCache | None = None,
+        prefill_tokens: int | None = None,
     ) -> None:
+        """prefix_cache: where finished rows' caches go (None: a fresh default one); prefill_tokens: a
+        fixed prefill budget per step while rows decode, instead of the measured one (tests, benches)."""
         self.target = target
         self.drafter = drafter
         self.make_detok = detokenizer
         self.stop_ids = frozenset(stop_ids)
         self.solo = Decoder(target, drafter, None, self.stop_ids)  # its prefill, pick and stop rule
         self.auto = AutoBlock(AutoBlockConfig(), draft_cost=draft_cost_hint(target, drafter))
+        self.prefix = PrefixCache() if prefix_cache is None else prefix_cache
         self.rows: list[Row] = []
         self._clock = time.perf_counter if memory.on_metal() else time.process_time
         self._last_sync = self._clock()
         self._timed: set[int] = set()
         self.rounds = 0
+        self.round_s: float | None = None  # wall time of a round (EMA): the prefill budget's unit
+        self.prefill_tps: float | None = None  # prefill tokens per second (EMA)
+        self.prefill_tokens = prefill_tokens
 
     # --- rows join and leave --------------------------------------------------------------------
 
@@ -105,68 +159,205 @@ class BatchDecoder:
         t_start: float | None = None,
         tag: Any = None,
     ) -> Row:
-        """Prefill a new request into a fresh cache and add it to the batch (or finish it at once: a
-        stop on its first token, a cancel while prefilling). The caller collects finished rows from
-        `take_finished`."""
-        cache = self.target.make_cache()
+        """Add a new request to the batch. Its prompt is prefilled by the following `step`s (in chunks
+        while other rows decode), from a cached prefix where one fits; a refused prompt raises
+        `TurnError` before anything changes. The caller collects finished rows from `take_finished`."""
+        cache, rest, reused = self._cache_for(prompt)
         stats = TurnStats(
             prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt.ids),
+            reused_tokens=reused,
             drafter_enabled=self.drafter is not None and controls.drafter_enabled,
         )
         keys = sampling.KeyStream(settings.seed) if settings.temperature > 0 else None
         row = Row(cache, settings, controls, emit, stats, keys, self.make_detok(), tag=tag)
         row.t0 = time.perf_counter()
-        self.solo._check_prompt(cache, prompt)
+        row.t_start = row.t0 if t_start is None else t_start
+        self.solo._check_prompt(cache, rest)
+        row.prefix = list(prompt.ids[:reused])
+        row.storable = prompt.embeddings is None and not prompt.bidirectional
         if row.detok is not None:
             row.detok.reset()
-        done = self.solo._prefill(cache, prompt, settings, keys, controls, row.committed)
-        if done is None:
-            row.reason = "cancelled"
-            self.rows.append(row)
-            return row
-        first, row.h = done
-        row.b_tok = first[-1]
-        stats.prefill_tokens = len(prompt.ids)
-        stats.prefill_s = time.perf_counter() - row.t0
-        emit(PrefillDone(stats.prompt_tokens, stats.prefill_tokens, 0, stats.prefill_s))
-        row.t_first = time.perf_counter()
-        stats.ttft_s = row.t_first - (row.t0 if t_start is None else t_start)
-        if not self.rows:
-            self.auto.begin_turn(sampled=keys is not None)
-        _, row.reason = self._stop_rule(row, first)
-        lp, self.solo.first_logprobs = self.solo.first_logprobs, None
-        for tok in first:  # more than one: a forced start (Prompt.forced), which scores no logprobs
-            self._emit_token(row, tok, False, lp.row(0, tok, row.detok) if lp is not None and len(first) == 1 else None)
+        row.prefill = PrefillJob(rest)
         self.rows.append(row)
         return row
 
+    def _cache_for(self, prompt: Prompt) -> tuple[TargetCache, Prompt, int]:
+        """A cache for a new row and the part of its prompt to prefill into it: a copy of a cached
+        prefix for a text prompt that continues an earlier one, else a fresh cache and all of it."""
+        if prompt.start == 0 and prompt.embeddings is None and not prompt.bidirectional:
+            got = self.prefix.take(prompt.ids)
+            if got is not None:
+                cache, keep = got
+                return cache, dataclasses.replace(prompt, ids=prompt.ids[keep:], start=keep), keep
+        return self.target.make_cache(), prompt, 0
+
     def take_finished(self) -> list[tuple[Row, TurnResult]]:
-        """Remove the rows that stopped (or were cancelled) and return them with their results."""
+        """Remove the rows that stopped (or were cancelled) and return them with their results; a text
+        row's cache goes to the prefix cache (it holds exactly its prompt and its committed tokens)."""
         out = []
         for row in list(self.rows):
             if row.reason is None and row.controls.cancelled:
                 row.reason = "cancelled"
             if row.reason is not None:
                 self.rows.remove(row)
+                if row.storable and row.error is None:
+                    self.prefix.put(row.prefix + row.committed, row.cache)
                 out.append((row, self._result(row)))
         return out
+
+    # --- prefill between rounds -----------------------------------------------------------------
+
+    def _prefill_budget(self, decoding: bool) -> int | None:
+        """Prompt tokens this step may prefill: None (no limit) when no row decodes, else about
+        PREFILL_SHARE of a round's time at the measured prefill rate (see the module docstring)."""
+        if not decoding:
+            return None
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        if self.round_s is None or self.prefill_tps is None:
+            return 4 * PREFILL_MIN_CHUNK
+        tokens = int(self.round_s * self.prefill_tps * PREFILL_SHARE)
+        tokens -= tokens % PREFILL_MIN_CHUNK  # few distinct chunk shapes
+        return max(PREFILL_MIN_CHUNK, min(PREFILL_CHUNK, tokens))
+
+    def _prefill_some(self, budget: int | None) -> bool:
+        """Prefill the joining rows in join order within `budget` tokens; whether any ran. A row whose
+        own prefill fails ends with its error; the other rows go on."""
+        spent, ran = 0, False
+        for row in self.rows:
+            if row.prefill is None or row.reason is not None:
+                continue
+            if row.controls.cancelled:
+                row.reason = "cancelled"
+                continue
+            left = None if budget is None else budget - spent
+            if left is not None and left <= 0:
+                break
+            try:
+                n = self._prefill_row(row, left)
+            except Exception as e:
+                row.prefill, row.reason, row.error = None, "error", f"{type(e).__name__}: {e}"
+                continue
+            spent += n
+            ran = ran or n > 0
+        return ran
+
+    def _prefill_row(self, row: Row, limit: int | None) -> int:
+        """Run the row's next chunks, up to `limit` tokens (None: all of them); the tokens run. Chunks never
+        cut an image; the prompt's last token runs as its own step (as `Decoder._prefill`), unless it
+        lies inside an image; a chunk larger than the limit (an image) runs only as a step's first."""
+        job = row.prefill
+        assert job is not None
+        p = job.prompt
+        n = len(p.ids)
+        rel = [(a - p.start, b - p.start) for a, b in p.bidirectional]
+        body = n - 1 if n > 1 and not any(s <= n - 1 < e for s, e in rel) else n
+        spent = 0
+        while row.prefill is not None:
+            a = job.done
+            room = PREFILL_CHUNK if limit is None else min(PREFILL_CHUNK, limit - spent)
+            if room <= 0:
+                break
+            if a < body:
+                b = a + prefill_chunks(body - a, [(s - a, e - a) for s, e in rel if e > a], room)[0][1]
+                if limit is not None and spent and b - a > limit - spent:
+                    break
+            else:
+                b = n
+            self._prefill_chunk(row, a, b, rel)
+            spent += b - a
+        return spent
+
+    def _prefill_chunk(self, row: Row, a: int, b: int, rel: list[tuple[int, int]]) -> None:
+        """Prompt positions [a, b) (of the part to prefill) into the row's cache; the last chunk picks the
+        row's first token and hands it to `_prefilled`."""
+        job = row.prefill
+        assert job is not None
+        p, t0 = job.prompt, time.perf_counter()
+        last = b == len(p.ids)
+        emb = mask = None
+        if p.embeddings is not None and p.embedding_mask is not None:
+            emb, mask = p.embeddings[a:b], p.embedding_mask[a:b]
+        spans = [(s + p.start, e + p.start) for s, e in rel if s < b and e > a]
+        logits, hidden = self.target.forward(
+            p.ids[a:b],
+            row.cache,
+            embeddings=emb,
+            embedding_mask=mask,
+            bidirectional=spans or None,
+            logits="last" if last else None,
+            softcap=row.settings.temperature > 0,
+        )
+        row.committed.extend(p.ids[a:b])
+        job.done = b
+        if last:
+            assert logits is not None  # asked for
+            self._first_tokens(row, logits[0], hidden[-1])
+        else:
+            mx.eval(row.cache.state())  # bound the graph (and memory) per chunk
+        row.controls.prefilled = b
+        dt = time.perf_counter() - t0
+        job.seconds += dt
+        if b - a >= PREFILL_MIN_CHUNK and dt > 0:
+            self.prefill_tps = _ema(self.prefill_tps, (b - a) / dt)
+        if last:
+            self._prefilled(row)
+
+    def _first_tokens(self, row: Row, logits: mx.array, h: mx.array) -> None:
+        """The row's first tokens from its prompt's last logits [V] and hidden [H]: one pick (with its
+        logprobs when asked), or a forced start's walk (core.decode.forced), which scores none."""
+        p, solo = cast(PrefillJob, row.prefill).prompt, self.solo
+        if p.forced is not None:
+            row.first, row.h = solo._walk(row.cache, p.forced, logits, h, row.settings, row.keys, row.committed)
+        else:
+            first = solo._pick(logits, row.settings, row.keys)
+            row.logprobs = solo.logprobs_of(logits[None], first.reshape(1), row.settings)
+            row.h = h
+            mx.eval(first, h, *(row.logprobs.arrays() if row.logprobs is not None else []))
+            row.first = [cast(int, first.item())]
+        row.b_tok = row.first[-1]
+
+    def _prefilled(self, row: Row) -> None:
+        """The row's prompt is in: report the prefill, emit its first token (it decodes from the next round)."""
+        job, stats = row.prefill, row.stats
+        assert job is not None
+        row.prefill = None
+        stats.prefill_tokens = len(job.prompt.ids)
+        stats.prefill_s = job.seconds
+        row.emit(PrefillDone(stats.prompt_tokens, stats.prefill_tokens, stats.reused_tokens, stats.prefill_s))
+        row.t_first = time.perf_counter()
+        stats.ttft_s = row.t_first - row.t_start
+        if not any(r.decoding for r in self.rows if r is not row):
+            self.auto.begin_turn(sampled=row.keys is not None)
+        _, row.reason = self._stop_rule(row, row.first)
+        lp, row.logprobs = row.logprobs if len(row.first) == 1 else None, None
+        for tok in row.first:  # more than one: a forced start (Prompt.forced)
+            self._emit_token(row, tok, False, lp.row(0, tok, row.detok) if lp is not None else None)
 
     # --- one round ----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One round for every running row (nothing when no row runs); stopped rows wait in `take_finished`."""
-        rows = [r for r in self.rows if r.reason is None and not r.controls.cancelled]
+        """Some prefill of joining rows (see the module docstring), then one round for every decoding row
+        (nothing when none decodes); stopped rows wait in `take_finished`."""
+        prefilled = False
+        if any(r.prefill is not None for r in self.rows):
+            prefilled = self._prefill_some(self._prefill_budget(any(r.decoding for r in self.rows)))
+        rows = [r for r in self.rows if r.decoding]
         for r in rows:
             if self._room(r) < 1:
                 r.reason = "max_tokens" if len(r.emitted) >= r.settings.max_tokens else "context_full"
         rows = [r for r in rows if r.reason is None]
         if not rows:
             return
+        if prefilled:  # the round is timed from here: the prefill's time is not its own
+            self._last_sync = self._clock()
         sizes, auto = self._plan(rows)
         K = max(sizes)
+        t0 = time.perf_counter()
         n_acc, decided = self._read(self._submit(rows, sizes, K))
+        self.round_s = _ema(self.round_s, time.perf_counter() - t0)
         scored = any(r.logprobs is not None for r in rows)  # scoring the vocabulary is not the block's cost
-        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto), clean=not scored)
+        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto), clean=not (prefilled or scored))
         for row, k, n, tokens in zip(rows, sizes, n_acc, decided):
             self._advance(row, K, k, n, tokens)
         self.rounds += 1
@@ -329,6 +520,10 @@ class BatchDecoder:
 
 
 _SPARE_KEY: list[mx.array] = []
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
 def _draft_sampling(row: Row, k: int, K: int) -> RowSampling | None:

@@ -2,13 +2,14 @@
 
 When a generation request arrives and the engine serves several streams, the engine thread runs this
 loop instead of one turn: between rounds it takes more generation requests from its queue (up to N
-rows), renders and prefills each alone into a fresh cache (`BatchDecoder.join`), then runs one round
-for every row (`BatchDecoder.step`). A row that stops, or whose client cancelled it, leaves at once:
-its `TurnDone` goes out, its future completes and its cache is dropped. Requests that are not
-generation (load, reset, warm-up) wait until the batch is empty, in arrival order.
+rows) and renders each into the batch (`BatchDecoder.join`); each `BatchDecoder.step` then prefills
+some of the joining prompts (in chunks while other rows decode) and runs one round for every row
+that decodes. A row that stops, or whose client cancelled it, leaves at once: its `TurnDone` goes
+out and its future completes; its cache goes to the batch's prefix cache (a later request that
+continues its conversation prefills only its new tokens). Requests that are not generation (load,
+reset, warm-up) wait until the batch is empty, in arrival order.
 
-Batched rows never touch the single conversation's cache and token log (the app's turn-to-turn
-reuse); each request is prefilled from scratch (no prefix reuse across requests yet).
+Batched rows never touch the single conversation's cache and token log (the app's turn-to-turn reuse).
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def _take(engine: Engine, free: int, deferred: list[_Request | None]) -> tuple[l
 
 
 def _join(engine: Engine, st: _Loaded, batch: BatchDecoder, req: _Request) -> None:
-    """Render and prefill one request into the batch; a refused or failed one finishes at once."""
+    """Render one request and add it to the batch (its prefill runs in the steps that follow); a refused
+    or failed one finishes at once."""
     from core.decode.spec import Prompt
 
     t_start = time.perf_counter()
@@ -157,6 +159,9 @@ def _finish_rows(engine: Engine, batch: BatchDecoder) -> None:
     for row, result in batch.take_finished():
         req, splitter, emit = row.tag
         _forget_media(engine)
+        if row.error is not None:  # its own prefill failed
+            engine._finish(req, _error(row.error))
+            continue
         engine._finish(req, engine._turn_done(engine._state, result, splitter, emit))
 
 

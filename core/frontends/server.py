@@ -790,7 +790,12 @@ def _token_json(t: TokenEvent) -> dict:
 
 def _usage(done: TurnDone, completion_tokens: int) -> dict:
     prompt = done.stats.prompt_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.stats.reused_tokens},  # as OpenAI reports reuse
+    }
 
 
 def _finish_reason(done: TurnDone, stopped: bool, calls: ToolCallsOut | None = None) -> str:

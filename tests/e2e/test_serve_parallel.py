@@ -152,3 +152,32 @@ def test_concurrent_rows_keep_their_own_logprobs_usage_and_stats(server: ServePr
         assert t["stats"]["accepted"] == sum(r["accepted"] for r in t["rounds"])
         assert t["stats"]["drafted"] == sum(r["drafted"] for r in t["rounds"])
         assert t["stats"]["decode_tokens"] == sum(r["emitted"] for r in t["rounds"]) == len(t["ids"]) - 1
+
+
+def test_a_continued_conversation_reports_its_reused_prompt_tokens(server: ServeProcess) -> None:
+    """An agent resends the conversation: the second turn starts from the first turn's cache (prefix reuse
+    across requests), which `usage.prompt_tokens_details.cached_tokens` reports as OpenAI does; the answer
+    is the one it gets from scratch (greedy)."""
+    c = client(server)
+    first = [{"role": "user", "content": "Describe the moon at night, please."}]
+    r1 = c.chat.completions.create(model="demo", messages=first, temperature=0, max_tokens=24)
+    assert r1.usage is not None and r1.usage.prompt_tokens_details is not None
+    assert r1.usage.prompt_tokens_details.cached_tokens == 0
+    second = first + [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And the sun?"},
+    ]
+    answers = []
+    for _ in range(2):
+        r2 = c.chat.completions.create(model="demo", messages=second, temperature=0, max_tokens=24)
+        assert r2.usage is not None and r2.usage.prompt_tokens_details is not None
+        answers.append((r2.choices[0].message.content, r2.usage.prompt_tokens_details.cached_tokens))
+    (text_a, cached_a), (text_b, cached_b) = answers
+    assert (
+        r1.usage.prompt_tokens + 10 < cached_a < r2.usage.prompt_tokens
+    )  # the first turn's prompt and most of its reply
+    assert cached_b == r2.usage.prompt_tokens - 1 and text_b == text_a  # the same request again: all but its last token
+    with ServeProcess(["--demo", "--parallel", "2"]) as fresh:  # nothing cached there
+        r3 = client(fresh).chat.completions.create(model="demo", messages=second, temperature=0, max_tokens=24)
+        assert r3.usage is not None and r3.usage.prompt_tokens_details is not None
+        assert r3.usage.prompt_tokens_details.cached_tokens == 0 and r3.choices[0].message.content == text_a

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from core.decode.batch import BatchDecoder
+from core.decode.prefix_cache import PrefixCache
 from core.decode.prompt import encode_messages
 from core.decode.spec import Controls, Decoder, Prompt
 from core.engine.pairings import demo_spec
-from core.events import RoundEvent, TokenEvent
+from core.events import PrefillDone, RoundEvent, TokenEvent
 from core.model.drafter import load_drafter
 from core.model.loader import load_tokenizer
 from core.model.target import Target, load_target
@@ -79,9 +80,13 @@ def _solo(tg: Target, plan: Plan) -> list[int]:
     return Decoder(tg, None, None, STOP).run(tg.make_cache(), Prompt(plan.prompt), settings, lambda e: None).token_ids
 
 
-def _run_batch(tg: Target, dr: Any, plans: list[Plan]) -> dict[int, Any]:
-    """Join each plan at its round, cancel at its round, step until every row has left."""
-    bd = BatchDecoder(tg, dr, lambda: None, STOP)
+def _run_batch(
+    tg: Target, dr: Any, plans: list[Plan], reuse: bool = True, prefill_tokens: int | None = None
+) -> dict[int, Any]:
+    """Join each plan at its round, cancel at its round, step until every row has left. reuse=False: no
+    prefix cache; prefill_tokens: a fixed prefill budget per step while rows decode (else measured)."""
+    prefix = None if reuse else PrefixCache(max_entries=0)
+    bd = BatchDecoder(tg, dr, lambda: None, STOP, prefix_cache=prefix, prefill_tokens=prefill_tokens)
     controls = [Controls(p.settings.block_size, True) for p in plans]
     results: dict[int, Any] = {}
     rnd = 0
@@ -103,10 +108,13 @@ def _run_batch(tg: Target, dr: Any, plans: list[Plan]) -> dict[int, Any]:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_batched_greedy_rows_equal_their_solo_runs(fam: tuple, seed: int) -> None:
+    """seed 0: no prefix reuse, prompts prefilled 16 tokens per step while rows decode (many chunks,
+    joins mid-prefill); seed 1: the measured prefill budget and the prefix cache (plans share prefixes
+    of the same texts, so later rows start from earlier rows' caches)."""
     name, tg, dr, texts = fam
     rng = np.random.default_rng(1000 * seed + FAMILIES.index(name))
     plans = _draw(rng, texts, int(rng.integers(2, 6)))
-    results = _run_batch(tg, dr, plans)
+    results = _run_batch(tg, dr, plans, reuse=seed == 1, prefill_tokens=16 if seed == 0 else None)
     for i, p in enumerate(plans):
         solo = _solo(tg, p)
         r = results[i]
@@ -116,7 +124,8 @@ def test_batched_greedy_rows_equal_their_solo_runs(fam: tuple, seed: int) -> Non
             assert r.token_ids == solo[: len(r.token_ids)], f"row {i} ({p}) diverged before its cancel"
         else:
             assert r.token_ids == solo, f"row {i}: {p.settings}, prompt of {len(p.prompt)}, joined {p.join_round}"
-            assert r.committed == p.prompt + r.token_ids[:-1]  # its cache held exactly what it emitted
+            # its cache held exactly what it emitted (after the prefix it reused from an earlier row)
+            assert r.committed == p.prompt[r.stats.reused_tokens :] + r.token_ids[:-1]
         rounds = [e for e in p.events if isinstance(e, RoundEvent)]
         assert sum(e.emitted for e in rounds) == max(0, len(r.token_ids) - 1) == r.stats.decode_tokens
         if p.settings.block_size != "auto":  # each row verifies at its own block size, whatever its neighbours'
@@ -179,4 +188,77 @@ def test_seeded_sampled_rows_draw_what_they_draw_alone() -> None:
         solo = Decoder(tg, dr, None, STOP).run(tg.make_cache(), Prompt(p), s, lambda e: None)
         assert results[i].token_ids == solo.token_ids
     assert len({tuple(r.token_ids) for r in results.values()}) == 3
+    mx.clear_cache()
+
+
+def _drain(bd: BatchDecoder, results: dict[Any, Any], steps: int = 400) -> None:
+    for _ in range(steps):
+        if not bd.rows:
+            return
+        bd.step()
+        results.update({row.tag: r for row, r in bd.take_finished()})
+    raise AssertionError("the batch never drained")
+
+
+def test_a_long_prompt_prefills_in_chunks_while_the_others_decode(fam: tuple) -> None:
+    """A long prompt joining two decoding rows is prefilled 24 tokens per step: the running rows get a
+    round every step meanwhile, the newcomer's first token comes once its last chunk ran, and every
+    row still equals its solo run."""
+    _, tg, dr, texts = fam
+    bd = BatchDecoder(tg, dr, lambda: None, STOP, prefill_tokens=24)
+    go = GenerationSettings(max_tokens=60, block_size=3, ignore_eos=True)
+    plans = [Plan(texts[0][:20], go, 0), Plan(texts[0], go, 0), Plan(texts[-1], go, 2)]
+    for i, p in enumerate(plans[:2]):
+        bd.join(Prompt(p.prompt), p.settings, p.events.append, Controls(3), tag=i)
+    bd.step()
+    bd.step()
+    row = bd.join(Prompt(plans[2].prompt), go, plans[2].events.append, Controls(3), tag=2)
+    before = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    steps = 0
+    while row.prefill is not None:
+        bd.step()
+        steps += 1
+    after = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    assert steps >= (len(plans[2].prompt) - 1) // 24  # chunks of at most 24 tokens
+    assert all(a - b >= steps - 1 for a, b in zip(after, before))  # the others decoded meanwhile
+    assert isinstance(plans[2].events[0], PrefillDone) and isinstance(plans[2].events[1], TokenEvent)
+    results: dict[Any, Any] = {}
+    _drain(bd, results)
+    for i, p in enumerate(plans):
+        assert results[i].token_ids == _solo(tg, p), f"row {i}"
+
+
+def test_a_continued_conversation_prefills_only_its_new_tokens(fam: tuple) -> None:
+    """Turn 2 resends turn 1's prompt and reply with more tokens: it starts from turn 1's cache (the reused
+    count is exact) and decodes exactly what it decodes from scratch; a request that shares only a prefix
+    the sliding cache has compacted away reuses nothing and is exact too."""
+    _, tg, dr, texts = fam
+    bd = BatchDecoder(tg, dr, lambda: None, STOP)
+    turn1 = Plan(texts[-1], GenerationSettings(max_tokens=12, block_size=3, ignore_eos=True), 0)
+    bd.join(Prompt(turn1.prompt), turn1.settings, turn1.events.append, Controls(3), tag="t1")
+    results: dict[Any, Any] = {}
+    _drain(bd, results)
+    reply = results["t1"].token_ids
+    turn2 = Plan(turn1.prompt + reply + texts[0][:9], GenerationSettings(max_tokens=16, block_size=4), 0)
+    other = Plan(texts[0], GenerationSettings(max_tokens=30, block_size=2, ignore_eos=True), 0)
+    bd.join(Prompt(other.prompt), other.settings, other.events.append, Controls(2), tag="other")
+    bd.step()
+    row = bd.join(Prompt(turn2.prompt), turn2.settings, turn2.events.append, Controls(4), tag="t2")
+    assert row.stats.reused_tokens == len(turn1.prompt) + len(reply) - 1  # all its cache held
+    _drain(bd, results)
+    assert results["t2"].token_ids == _solo(tg, turn2) and results["other"].token_ids == _solo(tg, other)
+    done = next(e for e in turn2.events if isinstance(e, PrefillDone))
+    assert done.reused_tokens == results["t2"].stats.reused_tokens and done.prefill_tokens == 10
+    if tg.window > 64:
+        return  # the demo's window is 1024: the pack's families (window 12) show the refusal
+    # a long first turn: its sliding cache compacts (window 12, 256 slots of slack), so its early prefix is gone
+    bd = BatchDecoder(tg, dr, lambda: None, STOP)
+    long1 = Plan((texts[-1] * 3)[:500], GenerationSettings(max_tokens=20, block_size=3, ignore_eos=True), 0)
+    bd.join(Prompt(long1.prompt), long1.settings, long1.events.append, Controls(3), tag="long")
+    _drain(bd, results)
+    branch = Plan(long1.prompt[:100] + texts[0][:5], GenerationSettings(max_tokens=8), 0)
+    row = bd.join(Prompt(branch.prompt), branch.settings, branch.events.append, Controls(3), tag="branch")
+    assert len(bd.prefix) == 1 and row.stats.reused_tokens == 0  # not restorable: refused
+    _drain(bd, results)
+    assert results["branch"].token_ids == _solo(tg, branch)
     mx.clear_cache()
