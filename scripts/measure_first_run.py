@@ -50,13 +50,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = ROOT / "assets" / "images" / "chart.png"
+IMAGE_2 = ROOT / "assets" / "images" / "landscape.jpg"  # a second, different image: its own encoding
 
 
 def child(read_s: float, prepare: bool) -> None:
     sys.path.insert(0, str(ROOT))
     from core.user.kernel_cache import use_private_kernel_cache
 
-    use_private_kernel_cache()  # before mlx, as every entry point
+    folder = use_private_kernel_cache().folder  # before mlx, as every entry point
     from core.engine.local import Engine
     from core.engine.pairings import demo_spec
     from core.events import KernelProgress, TurnDone
@@ -79,20 +80,28 @@ def child(read_s: float, prepare: bool) -> None:
     def turn(name: str, messages: list[dict], **kw: object) -> None:
         done: list[TurnDone] = []
         settings = GenerationSettings(max_tokens=48, **kw)  # type: ignore[arg-type]
+        before = kernel_count(folder) if folder is not None else 0
         t = time.perf_counter()
         engine.chat(messages, settings, lambda e: done.append(e) if isinstance(e, TurnDone) else None).result()
         wall = time.perf_counter() - t
         s = done[-1].stats
-        rows.append({"turn": name, "ttft_s": s.ttft_s, "wall_s": wall, "decode_tps": s.decode_tps, "tokens": s.tokens})
+        built = kernel_count(folder) - before if folder is not None else 0  # compiled by this turn (or the child)
+        rows.append(
+            {"turn": name, "ttft_s": s.ttft_s, "wall_s": wall, "decode_tps": s.decode_tps, "tokens": s.tokens}
+            | {"built": built}
+        )
 
     hello = [{"role": "user", "content": "Hello"}]
     second = hello + [{"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "What is gemma-chat?"}]
     image = [{"type": "image", "path": str(IMAGE)}, {"type": "text", "text": "What is this?"}]
+    image_2 = [{"type": "image", "path": str(IMAGE_2)}, {"type": "text", "text": "What is this?"}]
 
     def kinds(tag: str) -> None:
         turn(f"hello{tag}", hello)
         turn(f"second{tag}", second)
         turn(f"image{tag}", [{"role": "user", "content": image}])
+        engine.reset().result()  # a new chat: the second image's turn prefills from scratch as the first did
+        turn(f"image 2{tag}", [{"role": "user", "content": image_2}])
         turn(f"block 2{tag}", [{"role": "user", "content": "What is speculative decoding?"}], block_size=2)
         turn(f"sampled{tag}", [{"role": "user", "content": "Who are you?"}], temperature=0.8, seed=1)
         engine.reset().result()
@@ -199,9 +208,10 @@ def main() -> int:
         print(
             f"repeat {r + 1}: load {res['load_s']:.2f} s, kernels prepared by {res['prepared_at_s']}, {kernels} kernels"
         )
-        print(f"  {'turn':<16} {'TTFT s':>8} {'wall s':>8} {'tok/s':>8} {'tokens':>7}")
+        print(f"  {'turn':<16} {'TTFT s':>8} {'wall s':>8} {'tok/s':>8} {'tokens':>7} {'kernels':>8}")
         for row in res["rows"]:
             cells = f"{row['ttft_s']:8.2f} {row['wall_s']:8.2f} {row['decode_tps']:8.1f} {row['tokens']:7d}"
+            cells += f" {row['built']:8d}"
             print(f"  {row['turn']:<16} {cells}")
     return 0
 

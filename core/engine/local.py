@@ -163,10 +163,11 @@ class Engine:
         """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
         return self._submit("complete", (prompt, settings, on_event, None), settings)
 
-    def warm_up(self, on_fraction: Callable[[float], None] | None = None) -> concurrent.futures.Future[None]:
+    def warm_up(self, on_step: Callable[[int, int], None] | None = None) -> concurrent.futures.Future[None]:
         """Run every warm-up step (core.decode.warmup) now, compiled as the mode says: the job of the process
-        that builds a pairing's kernels (core.engine.warmup). `on_fraction` after each step."""
-        return self._submit("warmup", (on_fraction,))
+        that builds a pairing's kernels (core.engine.warmup). `on_step(done, steps)` before the first step
+        and after each one."""
+        return self._submit("warmup", (on_step,))
 
     def reset(self) -> concurrent.futures.Future:
         """Forget the cached conversation (the next turn prefills everything)."""
@@ -252,22 +253,26 @@ class Engine:
     def _warmup_steps(self, st: _Loaded | None) -> list[tuple[str, Callable[[], None]]]:
         from core.decode.warmup import steps
 
-        return steps(st.target, st.drafter, st.tokenizer) if st is not None else []
+        return steps(st.target, st.drafter, st.tokenizer, st.vision, st.target_dir) if st is not None else []
 
-    def _warm_all(self, on_fraction: Callable[[float], None] | None) -> None:
+    def _warm_all(self, on_step: Callable[[int, int], None] | None) -> None:
         plan = self._warmup_steps(self._state)
+        say = on_step or (lambda done, steps: None)
+        say(0, len(plan))
         for i, (_name, run) in enumerate(plan):
             run()
-            if on_fraction is not None:
-                on_fraction((i + 1) / len(plan))
+            say(i + 1, len(plan))
 
     def _serve(self) -> None:
         while True:
             req = self._next_request()
             if req is None:
                 break
-            if self._kernels is not None:
-                self._kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
+            kernels = self._kernels
+            if kernels is not None:
+                kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
+                if req.kind in ("chat", "complete"):
+                    kernels.pause()  # a reply preempts the kernel-building child: the CPU is the reply's
             try:
                 if req.kind == "load":
                     req.future.set_result(self._load(*req.args))
@@ -288,6 +293,8 @@ class Engine:
                 if not req.future.done():
                     req.future.set_exception(e if isinstance(e, Exception) else EngineError(str(e)))
             finally:
+                if kernels is not None:
+                    kernels.resume()
                 if req.controls is not None:
                     with self._lock:
                         if req in self._pending:

@@ -139,20 +139,25 @@ def test_the_child_ends_itself_when_its_engine_is_gone(cold):
 
 
 def test_the_warm_up_steps_run_on_a_scratch_cache():
-    """The real steps (as the child runs them, here uncompiled: quick): each runs, progress reaches 1, and the
-    conversation's cache and its auto block size are not touched."""
+    """The real steps (as the child runs them, here uncompiled: quick): each runs, the steps are counted from
+    0 of n to n of n, an image turn is among them (the demo takes images), and the conversation's cache, its
+    images and its auto block size are not touched."""
     eng = Engine()
     try:
         eng.load(demo_spec(), None).result(60)
         st = eng._state
         offset, learned = st.cache.offset, st.decoder.auto.rounds
-        fractions: list[float] = []
+        names = [name for name, _ in eng._warmup_steps(st)]
+        assert names[-1] == "image" and "second turn" in names
+        counted: list[tuple[int, int]] = []
         mx.disable_compile()
         try:
-            eng.warm_up(fractions.append).result(300)
+            eng.warm_up(lambda done, steps: counted.append((done, steps))).result(300)
         finally:
             mx.enable_compile()
-        assert len(fractions) >= 20 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+        n = len(names)
+        assert n >= 20 and counted == [(i, n) for i in range(n + 1)]
         assert st.cache.offset == offset and st.decoder.auto.rounds == learned and st.token_log.ids == []
+        assert not st.soft_tokens
     finally:
         eng.close()
