@@ -115,6 +115,48 @@ def child(read_s: float, prepare: bool) -> None:
     os._exit(0)  # as the engine's own processes: MLX 0.32 may abort at exit after compiled code ran on a thread
 
 
+def pause_ab(pairs: int) -> None:
+    """While the child prepares the kernels (empty cache): image turns with the child stopped during each reply
+    (KernelPreparer.pause) and left running, interleaved in one process, each in a new chat."""
+    sys.path.insert(0, str(ROOT))
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    use_private_kernel_cache()
+    import statistics
+
+    from core.engine import kernels as kernels_mod
+    from core.engine.local import Engine
+    from core.engine.pairings import demo_spec
+    from core.events import TurnDone
+    from core.settings import GenerationSettings
+
+    engine = Engine(kernels="background")
+    engine.load(demo_spec(), None).result()
+    ttft: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(2 * pairs):
+        paused = i % 4 in (0, 3)  # on, off, off, on, ...: neither side always goes first
+        kernels_mod.PAUSABLE = paused
+        content = [{"type": "image", "path": str(IMAGE if i % 2 else IMAGE_2)}, {"type": "text", "text": "What?"}]
+        got: list[TurnDone] = []
+        msgs = [{"role": "user", "content": content}]
+        engine.chat(
+            msgs,
+            GenerationSettings(max_tokens=16),
+            lambda e, got=got: got.append(e) if isinstance(e, TurnDone) else None,
+        ).result()
+        engine.reset().result()
+        state = engine._kernels.state if engine._kernels is not None else "?"
+        print(
+            f"  image turn {i + 1}: child {'stopped' if paused else 'running'}, TTFT {got[-1].stats.ttft_s:6.2f} s"
+            f" (kernels {state})",
+            flush=True,
+        )
+        ttft[paused].append(got[-1].stats.ttft_s)
+    on, off = statistics.median(ttft[True]), statistics.median(ttft[False])
+    print(f"median image TTFT while preparing: child stopped {on:.2f} s, running {off:.2f} s ({off / on:.2f}x)")
+    os._exit(0)
+
+
 def compare(repeats: int, pairings: list[tuple[str, str, str | None]]) -> None:
     """Decode tok/s with compilation on and off, interleaved in one process (both warmed first), per pairing."""
     sys.path.insert(0, str(ROOT))
@@ -175,7 +217,16 @@ def main() -> int:
     p.add_argument(
         "--compare", action="store_true", help="decode tok/s compiled vs uncompiled, interleaved (demo + pack)"
     )
+    p.add_argument(
+        "--pause-ab", type=int, default=0, help="N pairs of image turns during preparation, child stopped/running"
+    )
     args = p.parse_args()
+    if args.pause_ab:
+        cache = Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-"))
+        env = {**os.environ, "GEMMA_CHAT_CACHE_DIR": str(cache)}
+        code = f"import sys; sys.argv = ['x']; sys.path.insert(0, {str(ROOT)!r}); "
+        code += f"import runpy; m = runpy.run_path({__file__!r}); m['pause_ab']({args.pause_ab})"
+        return subprocess.call([sys.executable, "-c", code], env=env)
     if args.compare:
         from core.hub.demo import ensure_demo_pairing
 
