@@ -8,6 +8,7 @@ demo pairing as the app does, then, like a user:
   hello      "Hello" right after the load (the welcome screen's first prompt)
   second     a second-turn question
   image      a prompt with an image
+  image 2    a prompt with another image, in a new chat (what an image costs once it is not the first)
   block 2    the next turn at block size 2 (a block-size change)
   sampled    a turn at temperature 0.8
 
@@ -35,6 +36,22 @@ loose; one repeat each), demo pairing, empty kernel cache, Enter at once:
 
 The first image turn takes 5-10 s either way on that machine (vision tower and a ~300-token prefill; no
 kernel is built for it).
+
+The `kernels` column counts the kernels that appeared in the cache during each turn (the child's too while it
+prepares). First image vs second image (issue 23), demo, empty cache, load average 8-10 from other work:
+
+    before (warm-up plan without an image step; child running during replies)
+      image 14.59 s, image 2 13.56 s while preparing; image 6.66 s, image 2 9.85 s once ready; 48 kernels
+    after (an image step in the plan; the child stopped during each reply)
+      image  9.86 s, image 2 13.98 s while preparing (0 kernels built during any turn: the child was
+      stopped); image 5.78 s, image 2 9.07 s once ready (0 kernels built by any turn); 48 kernels
+
+So a first image costs what a later one does: no image kernel is built on first use (also checked on the
+e-style and unified-style pack pairings: 0 kernels built by image prompts after the warm-up plan); its time is
+the tower over ~2,500 patches and the ~280-token prefill. `--pause-ab N` interleaves image turns during the
+preparation with the child stopped and running: on that machine, loaded by a dozen other processes, the
+child is one of many, so stopping it gained little (median TTFT 6.29 s stopped vs 6.42 s running, 1.02x);
+on an otherwise idle 2-core machine it is the reply's only competitor.
 """
 
 from __future__ import annotations
