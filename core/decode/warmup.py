@@ -10,6 +10,7 @@ requests, to trace them (core.engine.kernels).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,19 @@ IMAGE_QUESTION = "What is in this picture?"
 
 
 def steps(
-    target: Any, drafter: Any, tokenizer: Any, vision: Any = None, target_dir: Path | None = None
+    target: Any,
+    drafter: Any,
+    tokenizer: Any,
+    vision: Any = None,
+    target_dir: Path | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[tuple[str, Callable[[], None]]]:
     """(name, run) for each warm-up step over a loaded pairing (engine thread only). A decoder of their
     own: the conversation's auto block size must not learn from warm-up rounds. With a vision tower (or
-    the unified patch embedder) and its checkpoint folder, an image turn too."""
+    the unified patch embedder) and its checkpoint folder, an image turn too. A step ends at its next
+    round once `cancel` is set (a real request came: it must not wait for a warm-up step)."""
     decoder = Decoder(target, drafter, Detokenizer(tokenizer))
+    cancel = cancel or threading.Event()
     greeting = prompt_mod.encode_messages(tokenizer, GREETING)
     bos = getattr(tokenizer, "bos_token_id", None)
     long_ids = ([bos] if bos is not None else []) + prompt_mod.encode_rendered(tokenizer, LONG_TEXT)
@@ -48,7 +56,8 @@ def steps(
             cache = scratch["cache"] if keep else target.make_cache()
             start = cache.offset if keep else 0
             prompt = Prompt(list(ids), start=start)
-            decoder.run(cache, prompt, settings, _ignore, Controls(settings.block_size, settings.drafter_enabled))
+            controls = Controls(settings.block_size, settings.drafter_enabled, cancel_event=cancel)
+            decoder.run(cache, prompt, settings, _ignore, controls)
             scratch["cache"] = cache
 
         return go
@@ -70,7 +79,7 @@ def steps(
         ("sampling top-k/top-p", run(long_ids[:30], temperature=1.0, top_k=64, top_p=0.95, seed=0)),
     ]
     if vision is not None and target_dir is not None:
-        plan.append(("image", image_turn(decoder, target, tokenizer, vision, target_dir)))
+        plan.append(("image", image_turn(decoder, target, tokenizer, vision, target_dir, cancel)))
     return plan
 
 
@@ -84,7 +93,9 @@ def picture() -> Any:
     return Image.fromarray(rgb, "RGB")
 
 
-def image_turn(decoder: Decoder, target: Any, tokenizer: Any, vision: Any, target_dir: Path) -> Callable[[], None]:
+def image_turn(
+    decoder: Decoder, target: Any, tokenizer: Any, vision: Any, target_dir: Path, cancel: threading.Event
+) -> Callable[[], None]:
     """A first image prompt as the engine runs it (its preprocessing, the tower or patch embedder, the
     soft-token rows, the prompt's bidirectional image span, then decoding), at the smallest image budget:
     the kernels depend on the graph and the dtypes, not on how many patches there are, and a small
@@ -112,7 +123,8 @@ def image_turn(decoder: Decoder, target: Any, tokenizer: Any, vision: Any, targe
         flags = mx.array([a <= i < b for i in range(len(ids))])
         prompt = Prompt(ids, embeddings=rows, embedding_mask=flags, bidirectional=[(a, b)])
         settings = GenerationSettings(max_tokens=8, ignore_eos=True)
-        decoder.run(target.make_cache(), prompt, settings, _ignore, Controls(settings.block_size, True))
+        controls = Controls(settings.block_size, True, cancel_event=cancel)
+        decoder.run(target.make_cache(), prompt, settings, _ignore, controls)
 
     return go
 

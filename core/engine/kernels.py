@@ -97,9 +97,12 @@ class KernelPreparer:
         """Work for the engine's idle time: a child to watch, or compiled functions still to trace."""
         return self.state == "preparing" or self._traces is None or bool(self._traces)
 
-    def trace_next(self, plan: Callable[[], list[tuple[str, Callable[[], None]]]]) -> None:
+    def trace_next(
+        self, plan: Callable[[], list[tuple[str, Callable[[], None]]]], preempted: Callable[[], bool] = bool
+    ) -> None:
         """Run the next warm-up step in this process (its kernels are on disk: this only traces the
-        compiled functions at that step's shapes, so the reply that first needs them does not wait)."""
+        compiled functions at that step's shapes, so the reply that first needs them does not wait). A step
+        that a request cut short (`preempted()` after it) runs again at the next idle moment."""
         if self._traces is None:
             self._traces = plan()
         if not self._traces:
@@ -110,6 +113,9 @@ class KernelPreparer:
         except Exception as e:  # a step that fails only costs the trace it would have saved
             log.warning("warm-up step %r failed (its kernels are built on first use instead): %s", name, e)
             self._traces = []
+            return
+        if preempted():
+            self._traces.insert(0, (name, run))
 
     def start(self, model_bytes: int) -> None:
         cache = kernel_cache.active()

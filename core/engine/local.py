@@ -113,6 +113,7 @@ class Engine:
         self._deferred: list[_Request | None] = []  # taken from the queue by a batch, served after it
         self._kernel_mode = kernels
         self._kernels: KernelPreparer | None = None
+        self._warm_cancel = threading.Event()  # set by every request: it cuts short a warm-up step at idle time
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._pending: list[_Request] = []  # generation requests queued or running
@@ -228,6 +229,8 @@ class Engine:
             args = (args[0], settings, *args[2:])
             controls = Controls(settings.block_size, settings.drafter_enabled)
         req = _Request(kind, future, args, controls)
+        if kind != "warmup":
+            self._warm_cancel.set()  # a warm-up step at idle time ends at its next round: this goes first
         if controls is not None:
             with self._lock:
                 self._pending.append(req)
@@ -247,15 +250,19 @@ class Engine:
                 return self._queue.get(timeout=0.25 if kernels.state == "preparing" else 0.01)
             except queue.Empty:
                 kernels.poll()
-                if self._state is not None and kernels.state == "ready":
-                    kernels.trace_next(lambda: self._warmup_steps(self._state))
+                self._warm_cancel.clear()
+                if self._state is not None and kernels.state == "ready" and self._queue.empty():
+                    kernels.trace_next(lambda: self._warmup_steps(self._state), self._warm_cancel.is_set)
 
     def _warmup_steps(self, st: _Loaded | None) -> list[tuple[str, Callable[[], None]]]:
         from core.decode.warmup import steps
 
-        return steps(st.target, st.drafter, st.tokenizer, st.vision, st.target_dir) if st is not None else []
+        if st is None:
+            return []
+        return steps(st.target, st.drafter, st.tokenizer, st.vision, st.target_dir, self._warm_cancel)
 
     def _warm_all(self, on_step: Callable[[int, int], None] | None) -> None:
+        self._warm_cancel.clear()  # this request is the warm-up itself
         plan = self._warmup_steps(self._state)
         say = on_step or (lambda done, steps: None)
         say(0, len(plan))

@@ -60,7 +60,7 @@ def cold(tmp_path, monkeypatch):
     monkeypatch.setattr(mx, "disable_compile", lambda: (calls.append("disable"), real_disable()))
     traced: list[str] = []
 
-    def trace_next(self, plan):
+    def trace_next(self, plan, preempted=bool):
         if self._traces is None:
             self._traces = plan()
         if self._traces:
@@ -287,3 +287,42 @@ def test_the_kernel_counter_says_each_new_kernel(tmp_path):
         until(lambda: said == [{"kernels": 1}, {"kernels": 2}], 5)
     finally:
         stop()
+
+
+def test_a_request_cuts_short_a_warm_up_step_at_idle_time(tmp_path, monkeypatch):
+    """Once the kernels are ready the engine traces the warm-up steps between requests (one can take seconds
+    on a loaded machine: a block size of 15 runs 32 tokens): a request that comes meanwhile ends the step at
+    its next round instead of waiting for it, and the step runs again at the next idle moment."""
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(kernel_cache, "_active", kernel_cache.KernelCache(folder))
+    monkeypatch.setattr(kernel_cache, "is_prepared", lambda cache, sig: True)  # compiled, traced at idle time
+    monkeypatch.setattr(mx, "enable_compile", lambda: None)  # the demo stays uncompiled here: quick
+    monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
+    ran: list[str] = []
+    started = __import__("threading").Event()
+
+    def slow(eng: Engine) -> None:
+        ran.append("slow")
+        if len(ran) == 1:  # the first time: long, until a request cuts it short (each round checks)
+            started.set()
+            eng._warm_cancel.wait(60)
+
+    def steps(self, st):
+        return [("slow", lambda: slow(self)), ("after", lambda: ran.append("after"))]
+
+    monkeypatch.setattr(Engine, "_warmup_steps", steps)
+    mx.disable_compile()
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), None).result(60)
+        assert eng._kernels.state == "ready"
+        assert started.wait(30)
+        t0 = time.monotonic()
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+        assert time.monotonic() - t0 < 30  # not the step's 60 s
+        until(lambda: not eng._kernels.busy)
+        assert ran == ["slow", "slow", "after"]  # cut short, then again in full
+    finally:
+        eng.close()
+        mx.enable_compile()
