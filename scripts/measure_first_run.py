@@ -1,6 +1,7 @@
 """Time what a new user waits for on a fresh machine: the first reply and every later first-of-a-kind prompt.
 
     .venv/bin/python scripts/measure_first_run.py [--repeats 1] [--warm-cache] [--no-prepare]
+    .venv/bin/python scripts/measure_first_run.py --pause-ab 4 | --idle-trace 20 | --compare
 
 Each repeat runs in a fresh child process with an EMPTY kernel cache (a new GEMMA_CHAT_CACHE_DIR), loads the
 demo pairing as the app does, then, like a user:
@@ -52,6 +53,13 @@ the tower over ~2,500 patches and the ~280-token prefill. `--pause-ab N` interle
 preparation with the child stopped and running: on that machine, loaded by a dozen other processes, the
 child is one of many, so stopping it gained little (median TTFT 6.29 s stopped vs 6.42 s running, 1.02x);
 on an otherwise idle 2-core machine it is the reply's only competitor.
+
+`--idle-trace N` (a second start: compiled, the warm-up steps traced between requests) sends N short replies,
+one a second, while the steps are traced, and reports how long each waited before its prefill began. One
+step runs up to 8 s there (block size 15: 32 tokens); a request now cuts it short at its next round:
+
+    preempt=False: wait before the reply began, median 1.13 s, max 7.57 s over 20 replies
+    preempt=True:  wait before the reply began, median 0.03 s, max 2.11 s over 20 replies
 """
 
 from __future__ import annotations
@@ -174,6 +182,54 @@ def pause_ab(pairs: int) -> None:
     os._exit(0)
 
 
+def idle_trace(preempt: bool, n: int) -> None:
+    """Prepared kernels (a first run in this cache), then `n` short replies, one a second, while the engine
+    traces the warm-up steps at idle time: how long each waited before its prefill began (submit to start),
+    with a request cutting the running step short (`preempt`) or waiting for it."""
+    sys.path.insert(0, str(ROOT))
+    from core.user.kernel_cache import use_private_kernel_cache
+
+    use_private_kernel_cache()
+    import statistics
+
+    from core.engine.local import Engine
+    from core.engine.pairings import demo_spec
+    from core.events import KernelProgress, TurnDone
+    from core.settings import GenerationSettings
+
+    done_at: list[float] = []
+    engine = Engine(kernels="background")
+    engine.load(
+        demo_spec(), lambda e: done_at.append(1.0) if isinstance(e, KernelProgress) and e.done else None
+    ).result()
+    if engine._kernels is not None and engine._kernels.state == "preparing":
+        while not done_at:
+            time.sleep(0.5)
+        engine.close()
+        engine = Engine(kernels="background")  # the second start: compiled, the steps traced at idle time
+        engine.load(demo_spec(), None).result()
+    if not preempt:
+        engine._warm_cancel.set = lambda: None  # type: ignore[method-assign]
+    waits = []
+    for _ in range(n):
+        time.sleep(1.0)
+        got: list[TurnDone] = []
+        t = time.perf_counter()
+        msgs = [{"role": "user", "content": "Hello"}]
+        settings = GenerationSettings(max_tokens=4)
+        engine.chat(msgs, settings, lambda e, got=got: got.append(e) if isinstance(e, TurnDone) else None).result()
+        s = got[-1].stats
+        waits.append(time.perf_counter() - t - s.ttft_s - s.decode_s)
+        engine.reset().result()
+    busy = engine._kernels.busy if engine._kernels is not None else False
+    print(
+        f"preempt={preempt}: wait before the reply began, median {statistics.median(waits):.2f} s, "
+        f"max {max(waits):.2f} s over {n} replies (steps left to trace: {busy})",
+        flush=True,
+    )
+    os._exit(0)
+
+
 def compare(repeats: int, pairings: list[tuple[str, str, str | None]]) -> None:
     """Decode tok/s with compilation on and off, interleaved in one process (both warmed first), per pairing."""
     sys.path.insert(0, str(ROOT))
@@ -237,7 +293,16 @@ def main() -> int:
     p.add_argument(
         "--pause-ab", type=int, default=0, help="N pairs of image turns during preparation, child stopped/running"
     )
+    p.add_argument("--idle-trace", type=int, default=0, help="N replies while the steps are traced at idle time")
     args = p.parse_args()
+    if args.idle_trace:
+        cache = Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-"))
+        env = {**os.environ, "GEMMA_CHAT_CACHE_DIR": str(cache)}
+        for preempt in (False, True):
+            code = f"import sys; sys.argv = ['x']; sys.path.insert(0, {str(ROOT)!r}); import runpy; "
+            code += f"runpy.run_path({__file__!r})['idle_trace']({preempt}, {args.idle_trace})"
+            subprocess.call([sys.executable, "-c", code], env=env)
+        return 0
     if args.pause_ab:
         cache = Path(tempfile.mkdtemp(prefix="gemma-chat-first-run-"))
         env = {**os.environ, "GEMMA_CHAT_CACHE_DIR": str(cache)}
