@@ -215,6 +215,9 @@ class KernelProgress:
     fraction: float  # 0..1 of the preparation's steps
     done: bool = False
     error: str | None = None
+    steps_done: int = 0  # warm-up steps finished (of `steps`; 0 steps: the child is still loading the pairing)
+    steps: int = 0
+    kernels: int = 0  # kernels the C++ compiler has built so far: moves within a long step, on a busy machine too
 
 
 ToolEvent = ToolCallStarted | ToolCallDelta | ToolCall | ToolCallError

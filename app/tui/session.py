@@ -47,8 +47,15 @@ def load_error_text(error: BaseException) -> str:
 
 
 def kernel_note(ev: KernelProgress) -> str:
-    """What the status line says while the kernels are prepared ("" once done), with the real share done."""
-    return "" if ev.done else f"preparing kernels for this machine, first run only… {ev.fraction:.0%}"
+    """What the status line says while the kernels are prepared ("" once done): the share of warm-up steps
+    done and what was counted (steps, kernels built), which moves on a loaded machine too; never an ETA."""
+    if ev.done:
+        return ""
+    note = f"preparing kernels for this machine, first run only… {ev.fraction:.0%}"
+    counted = [f"{ev.steps_done} of {ev.steps} steps"] if ev.steps else ["loading"]
+    if ev.kernels:
+        counted.append(f"{ev.kernels} kernel{'s' if ev.kernels != 1 else ''} built")
+    return f"{note} ({', '.join(counted)})"
 
 
 class ChatSession:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,7 +40,9 @@ from core.user import kernel_cache
 log = logging.getLogger(__name__)
 
 MODES = ("background", "eager-if-cold", "first-use")
-PLAN_VERSION = "1"  # bump when core.engine.warmup.PLAN changes what it covers
+PLAN_VERSION = "2"  # bump when core.engine.warmup.PLAN changes what it covers
+PARENT_ENV = "GEMMA_CHAT_KERNELS_PARENT"
+PAUSABLE = sys.platform == "linux"  # where the child can ask to die with its parent (prctl PR_SET_PDEATHSIG)
 CHILD_MEMORY_SHARE = 0.4  # the child may load a second copy of the pairing only below this share of free RAM
 
 
@@ -83,6 +86,9 @@ class KernelPreparer:
     _child: subprocess.Popen | None = None
     _reader: threading.Thread | None = None
     _result: str | None = None  # "done" or the failure, set by the reader
+    _counts: dict[str, int] = field(default_factory=dict)  # the child's latest step, steps and kernels
+    _paused: bool = False  # the child is stopped while a request runs (`pause`)
+    _fraction: float = 0.0
     # warm-up steps still to trace in this process (None: not listed yet); see `trace_next`
     _traces: list[tuple[str, Callable[[], None]]] | None = field(default_factory=list)
 
@@ -91,9 +97,12 @@ class KernelPreparer:
         """Work for the engine's idle time: a child to watch, or compiled functions still to trace."""
         return self.state == "preparing" or self._traces is None or bool(self._traces)
 
-    def trace_next(self, plan: Callable[[], list[tuple[str, Callable[[], None]]]]) -> None:
+    def trace_next(
+        self, plan: Callable[[], list[tuple[str, Callable[[], None]]]], preempted: Callable[[], bool] = bool
+    ) -> None:
         """Run the next warm-up step in this process (its kernels are on disk: this only traces the
-        compiled functions at that step's shapes, so the reply that first needs them does not wait)."""
+        compiled functions at that step's shapes, so the reply that first needs them does not wait). A step
+        that a request cut short (`preempted()` after it) runs again at the next idle moment."""
         if self._traces is None:
             self._traces = plan()
         if not self._traces:
@@ -104,6 +113,9 @@ class KernelPreparer:
         except Exception as e:  # a step that fails only costs the trace it would have saved
             log.warning("warm-up step %r failed (its kernels are built on first use instead): %s", name, e)
             self._traces = []
+            return
+        if preempted():
+            self._traces.insert(0, (name, run))
 
     def start(self, model_bytes: int) -> None:
         cache = kernel_cache.active()
@@ -135,6 +147,7 @@ class KernelPreparer:
         cmd = self.command()
         root = Path(__file__).resolve().parents[2]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        env[PARENT_ENV] = str(os.getpid())  # the child checks it still has this parent once it asked to die with it
         # stdin stays open: the child ends itself when it reads EOF (this process is gone). Its own session:
         # a terminal's hangup must not kill the C++ compiler mid-write (a truncated .so stays in the cache).
         try:
@@ -165,8 +178,12 @@ class KernelPreparer:
                 msg = json.loads(line)
             except ValueError:
                 continue
+            counts = {k: int(msg[k]) for k in ("step", "steps", "kernels") if isinstance(msg.get(k), int)}
+            self._counts.update(counts)
             if "fraction" in msg:
-                self._emit(float(msg["fraction"]))
+                self._fraction = float(msg["fraction"])
+            if "fraction" in msg or counts:
+                self._emit(self._fraction)
             if msg.get("done"):
                 result = "done"
             elif msg.get("error"):
@@ -177,8 +194,10 @@ class KernelPreparer:
         self._emit(1.0, done=True, error=None if result == "done" else result)
 
     def _emit(self, fraction: float, done: bool = False, error: str | None = None) -> None:
+        c = self._counts
+        event = KernelProgress(fraction, done, error, c.get("step", 0), c.get("steps", 0), c.get("kernels", 0))
         try:
-            self.on_event(KernelProgress(fraction, done=done, error=error))
+            self.on_event(event)
         except Exception:
             log.exception("kernel progress callback failed")
 
@@ -194,6 +213,23 @@ class KernelPreparer:
             self.state = "failed"
         self._apply()
 
+    def pause(self) -> None:
+        """A real request starts: stop the child (and so its next C++ compile) until `resume`, so the request
+        has the CPU to itself. Only where the child dies with this process even while stopped (Linux's
+        parent-death signal, set by core.engine.warmup): a stopped orphan would hold the build lock."""
+        child = self._child
+        if self.state != "preparing" or child is None or not PAUSABLE or self._paused:
+            return
+        if child.poll() is None and _signal(child.pid, signal.SIGSTOP):
+            self._paused = True
+
+    def resume(self) -> None:
+        """The request is done: the child goes on where it stopped."""
+        child = self._child
+        if self._paused and child is not None:
+            _signal(child.pid, signal.SIGCONT)
+        self._paused = False
+
     def _apply(self) -> None:
         import mlx.core as mx
 
@@ -206,6 +242,7 @@ class KernelPreparer:
 
     def close(self) -> None:
         child = self._child
+        self.resume()
         if child is not None and child.poll() is None:
             child.kill()
             try:
@@ -214,6 +251,14 @@ class KernelPreparer:
                 pass
         if self.state == "preparing":
             self.state = "failed"
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # it ended meanwhile
+        return False
+    return True
 
 
 def preparer(

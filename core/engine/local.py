@@ -115,6 +115,7 @@ class Engine:
         self._deferred: list[_Request | None] = []  # taken from the queue by a batch, served after it
         self._kernel_mode = kernels
         self._kernels: KernelPreparer | None = None
+        self._warm_cancel = threading.Event()  # set by every request: it cuts short a warm-up step at idle time
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._pending: list[_Request] = []  # generation requests queued or running
@@ -165,10 +166,11 @@ class Engine:
         """No chat template: a string is fed as BOS + its tokens, a list of ids as-is."""
         return self._submit("complete", (prompt, settings, on_event, None), settings)
 
-    def warm_up(self, on_fraction: Callable[[float], None] | None = None) -> concurrent.futures.Future[None]:
+    def warm_up(self, on_step: Callable[[int, int], None] | None = None) -> concurrent.futures.Future[None]:
         """Run every warm-up step (core.decode.warmup) now, compiled as the mode says: the job of the process
-        that builds a pairing's kernels (core.engine.warmup). `on_fraction` after each step."""
-        return self._submit("warmup", (on_fraction,))
+        that builds a pairing's kernels (core.engine.warmup). `on_step(done, steps)` before the first step
+        and after each one."""
+        return self._submit("warmup", (on_step,))
 
     def reset(self) -> concurrent.futures.Future:
         """Forget the cached conversation (the next turn prefills everything)."""
@@ -229,6 +231,8 @@ class Engine:
             args = (args[0], settings, *args[2:])
             controls = Controls(settings.block_size, settings.drafter_enabled)
         req = _Request(kind, future, args, controls)
+        if kind != "warmup":
+            self._warm_cancel.set()  # a warm-up step at idle time ends at its next round: this goes first
         if controls is not None:
             with self._lock:
                 self._pending.append(req)
@@ -248,28 +252,36 @@ class Engine:
                 return self._queue.get(timeout=0.25 if kernels.state == "preparing" else 0.01)
             except queue.Empty:
                 kernels.poll()
-                if self._state is not None and kernels.state == "ready":
-                    kernels.trace_next(lambda: self._warmup_steps(self._state))
+                self._warm_cancel.clear()
+                if self._state is not None and kernels.state == "ready" and self._queue.empty():
+                    kernels.trace_next(lambda: self._warmup_steps(self._state), self._warm_cancel.is_set)
 
     def _warmup_steps(self, st: _Loaded | None) -> list[tuple[str, Callable[[], None]]]:
         from core.decode.warmup import steps
 
-        return steps(st.target, st.drafter, st.tokenizer) if st is not None else []
+        if st is None:
+            return []
+        return steps(st.target, st.drafter, st.tokenizer, st.vision, st.target_dir, self._warm_cancel)
 
-    def _warm_all(self, on_fraction: Callable[[float], None] | None) -> None:
+    def _warm_all(self, on_step: Callable[[int, int], None] | None) -> None:
+        self._warm_cancel.clear()  # this request is the warm-up itself
         plan = self._warmup_steps(self._state)
+        say = on_step or (lambda done, steps: None)
+        say(0, len(plan))
         for i, (_name, run) in enumerate(plan):
             run()
-            if on_fraction is not None:
-                on_fraction((i + 1) / len(plan))
+            say(i + 1, len(plan))
 
     def _serve(self) -> None:
         while True:
             req = self._next_request()
             if req is None:
                 break
-            if self._kernels is not None:
-                self._kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
+            kernels = self._kernels
+            if kernels is not None:
+                kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
+                if req.kind in ("chat", "complete"):
+                    kernels.pause()  # a reply preempts the kernel-building child: the CPU is the reply's
             try:
                 if req.kind == "load":
                     req.future.set_result(self._load(*req.args))
@@ -290,6 +302,8 @@ class Engine:
                 if not req.future.done():
                     req.future.set_exception(e if isinstance(e, Exception) else EngineError(str(e)))
             finally:
+                if kernels is not None:
+                    kernels.resume()
                 if req.controls is not None:
                     with self._lock:
                         if req in self._pending:

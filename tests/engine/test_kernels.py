@@ -7,8 +7,11 @@ by the tmux test); the warm-up steps themselves run for real."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from core.engine import kernels as kernels_mod
 from core.engine.local import Engine
 from core.engine.pairings import demo_spec
-from core.events import KernelProgress, TurnDone
+from core.events import KernelProgress, TokenEvent, TurnDone
 from core.settings import GenerationSettings
 from core.user import kernel_cache
 
@@ -57,7 +60,7 @@ def cold(tmp_path, monkeypatch):
     monkeypatch.setattr(mx, "disable_compile", lambda: (calls.append("disable"), real_disable()))
     traced: list[str] = []
 
-    def trace_next(self, plan):
+    def trace_next(self, plan, preempted=bool):
         if self._traces is None:
             self._traces = plan()
         if self._traces:
@@ -139,20 +142,187 @@ def test_the_child_ends_itself_when_its_engine_is_gone(cold):
 
 
 def test_the_warm_up_steps_run_on_a_scratch_cache():
-    """The real steps (as the child runs them, here uncompiled: quick): each runs, progress reaches 1, and the
-    conversation's cache and its auto block size are not touched."""
+    """The real steps (as the child runs them, here uncompiled: quick): each runs, the steps are counted from
+    0 of n to n of n, an image turn is among them (the demo takes images), and the conversation's cache, its
+    images and its auto block size are not touched."""
     eng = Engine()
     try:
         eng.load(demo_spec(), None).result(60)
         st = eng._state
         offset, learned = st.cache.offset, st.decoder.auto.rounds
-        fractions: list[float] = []
+        names = [name for name, _ in eng._warmup_steps(st)]
+        assert names[-1] == "image" and "second turn" in names
+        counted: list[tuple[int, int]] = []
         mx.disable_compile()
         try:
-            eng.warm_up(fractions.append).result(300)
+            eng.warm_up(lambda done, steps: counted.append((done, steps))).result(300)
         finally:
             mx.enable_compile()
-        assert len(fractions) >= 20 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+        n = len(names)
+        assert n >= 20 and counted == [(i, n) for i in range(n + 1)]
         assert st.cache.offset == offset and st.decoder.auto.rounds == learned and st.token_log.ids == []
+        assert not st.soft_tokens
     finally:
         eng.close()
+
+
+# says a step count, then kernels as they are built, then a step done; waits until RELEASE exists
+COUNTING_STUB = """
+import json, sys, time
+from pathlib import Path
+for msg in ({"fraction": 0.0, "step": 0, "steps": 4}, {"kernels": 1}, {"kernels": 2},
+            {"fraction": 0.25, "step": 1, "steps": 4}, {"kernels": 5}):
+    print(json.dumps(msg), flush=True)
+release = Path(sys.argv[1])
+while not release.exists():
+    time.sleep(0.02)
+"""
+
+
+def test_progress_says_the_steps_and_every_kernel_built_as_the_child_counts_them(cold, monkeypatch):
+    """A step can build dozens of kernels (minutes on a loaded machine): the events move with each kernel
+    the child counts, between its steps, with the counts it said (no estimate)."""
+    _folder, release, _calls, _ = cold
+    monkeypatch.setattr(
+        kernels_mod.KernelPreparer, "command", lambda self: [sys.executable, "-c", COUNTING_STUB, str(release)]
+    )
+    events: list[object] = []
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), events.append).result(60)
+        until(lambda: sum(isinstance(e, KernelProgress) for e in events) >= 6)
+        got = [(e.fraction, e.steps_done, e.steps, e.kernels) for e in events if isinstance(e, KernelProgress)]
+        assert got[:6] == [
+            (0.0, 0, 0, 0),  # at the spawn: the child is loading the pairing
+            (0.0, 0, 4, 0),
+            (0.0, 0, 4, 1),
+            (0.0, 0, 4, 2),
+            (0.25, 1, 4, 2),
+            (0.25, 1, 4, 5),
+        ]
+        release.touch()
+        until(lambda: any(isinstance(e, KernelProgress) and e.done for e in events))
+    finally:
+        eng.close()
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is paused on Linux only")
+def test_a_reply_stops_the_kernel_building_child_until_it_is_done(cold):
+    """A real request preempts the preparation: while a reply runs the child (and so its next C++ compile)
+    is stopped; it goes on after the reply, and closing the engine still ends it."""
+    _folder, release, _calls, _ = cold
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), None).result(60)
+        child = eng._kernels._child
+        assert child is not None and _state(child.pid) != "T"
+        during: list[str] = []
+
+        def on_event(e: object) -> None:
+            if isinstance(e, TokenEvent) and not during:
+                during.append(_state(child.pid))
+
+        msgs = [{"role": "user", "content": "Hello"}]
+        done = eng.chat(msgs, GenerationSettings(max_tokens=8), on_event).result(60)
+        assert done.stats.stop_reason in ("eos", "max_tokens")
+        assert during == ["T"]
+        until(lambda: _state(child.pid) != "T", 5)
+        assert eng._kernels.state == "preparing"
+    finally:
+        eng.close()
+    assert child.wait(5) is not None
+
+
+PARENT = """
+import os, signal, subprocess, sys, time
+env = {**os.environ, "GEMMA_CHAT_KERNELS_PARENT": str(os.getpid())}
+code = "from core.engine.warmup import _die_with_parent as d; d(); print('ready', flush=True); time.sleep(60)"
+code = "import time; " + code
+child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+child.stdout.readline()
+os.kill(child.pid, signal.SIGSTOP)  # as KernelPreparer.pause does during a reply
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_stopped_child_dies_with_its_parent():
+    """A paused child cannot read its stdin's EOF: when the app is killed mid-reply it must still go
+    (a stopped orphan would hold the build lock and every later preparation would wait for it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=root)
+    pid = 0
+    try:
+        pid = int(parent.stdout.readline())
+        until(lambda: _state(pid) == "T", 5)
+        parent.kill()
+        parent.wait(5)
+        until(lambda: not Path(f"/proc/{pid}").exists() or _state(pid) == "Z", 5)
+    finally:
+        parent.kill()
+        if pid and Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)  # this test's own child, left stopped when the test fails
+
+
+def test_the_kernel_counter_says_each_new_kernel(tmp_path):
+    from core.engine.warmup import watch_kernels
+
+    (tmp_path / "old.so").write_bytes(b"")  # built before: not counted
+    said: list[dict] = []
+    stop = watch_kernels(tmp_path, lambda **msg: said.append(msg), every_s=0.02)
+    try:
+        (tmp_path / "a.so").write_bytes(b"")
+        until(lambda: said == [{"kernels": 1}], 5)
+        (tmp_path / "mlx" / "cpu").mkdir(parents=True)
+        (tmp_path / "mlx" / "cpu" / "b.so").write_bytes(b"")
+        (tmp_path / "b.cpp").write_text("")  # the source MLX writes first is not a kernel
+        until(lambda: said == [{"kernels": 1}, {"kernels": 2}], 5)
+    finally:
+        stop()
+
+
+def test_a_request_cuts_short_a_warm_up_step_at_idle_time(tmp_path, monkeypatch):
+    """Once the kernels are ready the engine traces the warm-up steps between requests (one can take seconds
+    on a loaded machine: a block size of 15 runs 32 tokens): a request that comes meanwhile ends the step at
+    its next round instead of waiting for it, and the step runs again at the next idle moment."""
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(kernel_cache, "_active", kernel_cache.KernelCache(folder))
+    monkeypatch.setattr(kernel_cache, "is_prepared", lambda cache, sig: True)  # compiled, traced at idle time
+    monkeypatch.setattr(mx, "enable_compile", lambda: None)  # the demo stays uncompiled here: quick
+    monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
+    ran: list[str] = []
+    started = __import__("threading").Event()
+
+    def slow(eng: Engine) -> None:
+        ran.append("slow")
+        if len(ran) == 1:  # the first time: long, until a request cuts it short (each round checks)
+            started.set()
+            eng._warm_cancel.wait(60)
+
+    def steps(self, st):
+        return [("slow", lambda: slow(self)), ("after", lambda: ran.append("after"))]
+
+    monkeypatch.setattr(Engine, "_warmup_steps", steps)
+    mx.disable_compile()
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), None).result(60)
+        assert eng._kernels.state == "ready"
+        assert started.wait(30)
+        t0 = time.monotonic()
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+        assert time.monotonic() - t0 < 30  # not the step's 60 s
+        until(lambda: not eng._kernels.busy)
+        assert ran == ["slow", "slow", "after"]  # cut short, then again in full
+    finally:
+        eng.close()
+        mx.enable_compile()

@@ -751,3 +751,29 @@ async def test_the_status_says_while_kernels_are_prepared_and_stops_saying_it():
         assert text_of(status).startswith("ready · ")
         engine.finish_kernels()
         await until(pilot, lambda: text_of(status) == "ready")
+
+
+async def test_the_kernel_note_moves_with_each_step_and_kernel_built():
+    """On a loaded machine one warm-up step can take minutes: the note counts the steps and the kernels the
+    child has built, as it reports them, so it moves between steps; no time estimate anywhere."""
+    from core.events import KernelProgress
+
+    app, engine = make_app(KernelsEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        status = app.chat.panel.status
+        await until(pilot, lambda: "first run only… 25% (loading)" in text_of(status))
+        seen = []
+        for ev, shown in [
+            (KernelProgress(0.0, steps_done=0, steps=20), "0% (0 of 20 steps)"),
+            (KernelProgress(0.0, steps_done=0, steps=20, kernels=1), "0% (0 of 20 steps, 1 kernel built)"),
+            (KernelProgress(0.0, steps_done=0, steps=20, kernels=14), "0% (0 of 20 steps, 14 kernels built)"),
+            (KernelProgress(0.05, steps_done=1, steps=20, kernels=31), "5% (1 of 20 steps, 31 kernels built)"),
+        ]:
+            engine._kernel_listener(ev)
+            await until(pilot, lambda shown=shown: shown in " ".join(text_of(status).split()))
+            seen.append(text_of(status))
+            assert "ETA" not in text_of(status) and "~" not in text_of(status)
+        assert len(set(seen)) == len(seen)
+        engine.finish_kernels()
+        await until(pilot, lambda: text_of(status) == "ready")
