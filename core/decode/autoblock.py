@@ -81,7 +81,7 @@ class AutoBlockConfig:
     k_min: int = 1
     k_max: int = 8
     acceptance_prior: float = 0.5  # a_1 before any round
-    acceptance_prior_weight: float = 2.0  # pseudo-drafts behind it (and behind the long-run a_i)
+    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it (and behind the long-run a_i)
     position_weight: float = 1.0  # pseudo-drafts tying each a_i to a_{i-1}
     acceptance_decay: float = 0.85  # per drafting round
     slow_decay: float = 0.9  # per drafting round: the pairing's long-run acceptance, the fast one's prior
@@ -89,7 +89,7 @@ class AutoBlockConfig:
     first_rounds: int = 8  # drafting rounds a primed controller runs before the acceptance can park it
     park_confidence: float = 0.5  # standard errors of the 1st draft's acceptance that must rule drafting out
     parked_decay: float = 1.0  # per parked round: what the last drafting rounds said grows stale
-    turn_keep: float = 0.6  # share of the acceptance counts a new turn keeps
+    turn_keep: float = 0.45  # share of the acceptance counts a new turn keeps
     change_run: int = 3  # first drafts rejected in a row before the controller asks whether the text changed:
     surprise: float = 0.01  # a run less likely than this under the estimate is a change ...
     change_keep: float = 0.1  # ... and the counts before it shrink to this share
