@@ -561,7 +561,9 @@ class AutoBlock:
     def _note(self, k: int, reason: str) -> AutoChoice:
         acc = self.acceptance()
         shown = acc[: max(k - 1, 1)]
-        if reason == "probe":
+        if reason == "probe" and self._long.rounds == 0:
+            note = f"auto → {k}: trying drafts (none seen yet; this machine's costs say they can pay)"
+        elif reason == "probe":
             note = f"auto → {k}: trying drafts again (1st kept {shown[0] * 100:.0f} % lately)"
         else:
             # the chance each draft of the block is kept (given the ones before it were), first ones first
