@@ -13,7 +13,10 @@ per unit cost are compared with:
   positions), an upper bound no controller reaches.
 The controller sees each round's cost with seeded multiplicative noise (a shared machine's clock), but
 is scored on the true costs; it lives across a pairing's traces (one per reply, `begin_turn` between
-them), as the engine's lives across a chat, and starts cold on the first.
+them), as the engine's lives across a chat. It starts with the block costs an earlier session on the
+same machine left (the engine keeps them: core.decode.autoblock.save_costs), seen with a third of the
+noise (they are medians of many rounds), and no acceptance (that depends on the text); --cold starts
+it with nothing, as a pairing's first session on a machine.
 
 Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-cheap" / "apple-dear"
 (verify(K) = 1 + 0.05 (K - 1) steps, a draft step 0.1 / 0.3 of a step: bandwidth-bound Apple GPUs);
@@ -148,6 +151,7 @@ def evaluate(
     config: AutoBlockConfig | None = None,
     noise: float = 0.1,
     seed: int = 0,
+    primed: bool = True,
 ) -> list[Row]:
     rows = []
     for pairing, (data, ts) in traces.items():
@@ -157,6 +161,9 @@ def evaluate(
             for mode in ("greedy", "sampled"):
                 ctl = AutoBlock(config or AutoBlockConfig(k_max=k_max))
                 rng = random.Random(f"{seed}/{pairing}/{model}/{mode}")
+                if primed:
+                    # the costs an earlier session on this machine left (medians of its rounds: a third of the noise)
+                    ctl.prime({k: cost(k) / cost(1) * math.exp(rng.gauss(0.0, noise / 3)) for k in range(2, k_max + 1)})
                 for t in (t for t in ts if t.mode == mode):
                     auto, chosen = replay(ctl, t, cost, rng, noise)
                     plain = t.tokens * cost(1)
@@ -219,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--noise", type=float, default=0.1, help="sigma of the log-normal noise on observed times")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true", help="the block sizes auto chose, per trace and model")
+    ap.add_argument("--cold", action="store_true", help="no block costs from an earlier session (a first session)")
     args = ap.parse_args(argv)
-    rows = evaluate(load_traces(Path(args.traces)), noise=args.noise, seed=args.seed)
+    rows = evaluate(load_traces(Path(args.traces)), noise=args.noise, seed=args.seed, primed=not args.cold)
     print_table(rows, args.verbose)
     return 0
 

@@ -40,9 +40,12 @@ replays it on recorded acceptance traces under several cost models.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,15 @@ class AutoBlockConfig:
     k_min: int = 1
     k_max: int = 8
     acceptance_prior: float = 0.5  # a_1 before any round
-    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it
+    acceptance_prior_weight: float = 1.0  # pseudo-drafts behind it (and behind the long-run a_i)
     position_weight: float = 1.0  # pseudo-drafts tying each a_i to a_{i-1}
     acceptance_decay: float = 0.85  # per drafting round
-    turn_keep: float = 0.3  # share of the acceptance counts a new turn keeps
+    slow_decay: float = 0.9  # per drafting round: the pairing's long-run acceptance, the fast one's prior
+    long_decay: float = 0.98  # per drafting round: the long-run estimate the slow one leans on
+    first_rounds: int = 8  # drafting rounds a primed controller runs before the acceptance can park it
+    park_confidence: float = 0.5  # standard errors of the 1st draft's acceptance that must rule drafting out
+    parked_decay: float = 1.0  # per parked round: what the last drafting rounds said grows stale
+    turn_keep: float = 0.45  # share of the acceptance counts a new turn keeps
     change_run: int = 3  # first drafts rejected in a row before the controller asks whether the text changed:
     surprise: float = 0.01  # a run less likely than this under the estimate is a change ...
     change_keep: float = 0.1  # ... and the counts before it shrink to this share
@@ -94,6 +102,7 @@ class AutoBlockConfig:
     probe_k: int = 2
     probe_burst: int = 4  # probes in a row while they are accepted
     pay_margin: float = 0.08  # a size "could pay" when k tokens cost under k / (1 + this) plain steps
+    ramp: int = 3  # a block at most this many times the last round's tokens
     turn_start_k: int = 3  # the largest block of a turn's first drafting round
     turn_probe_after: int = 1  # a parked controller probes this many rounds into a new turn
     refresh_every: int = 16  # parked rounds between re-checks of the probe wait against T(1)
@@ -155,17 +164,33 @@ class _Acceptance:
         self.accepted = [a * keep for a in self.accepted]
         self.seen = [s * keep for s in self.seen]
 
-    def estimates(self, c: AutoBlockConfig) -> list[float]:
+    def estimates(self, c: AutoBlockConfig, prior: list[float] | None = None) -> list[float]:
         """a_1 leans on `acceptance_prior`, each deeper a_i on a_{i-1}: a position seldom reached is
         believed as likely as the one before it (in text the drafter knows, a run that got this far
         tends to go on), so the first rounds of a good stretch reach deep blocks, and a first draft
-        rejected again and again drags the deeper beliefs down with it."""
+        rejected again and again drags the deeper beliefs down with it. With `prior` (the long-run
+        estimates), each a_i also leans on the long-run a_i: a short window that has seen little
+        falls back on what the pairing usually does."""
+        if prior is not None:
+            return self._leaning_on(prior, c.acceptance_prior_weight)
         prev, w = c.acceptance_prior, c.acceptance_prior_weight
         out = []
         for a, s in zip(self.accepted, self.seen):
             prev = (a + w * prev) / (s + w) if s + w > 0 else prev
             out.append(prev)
             w = c.position_weight
+        return out
+
+    def _leaning_on(self, prior: list[float], w: float) -> list[float]:
+        """Each a_i from this window's counts, with `w` pseudo-drafts at the long-run a_i scaled by how
+        far this window's a_{i-1} fell below (or rose above) the long-run one: a first draft kept less
+        than usual drags the deeper beliefs down with it, not only the first."""
+        out, scale = [], 1.0
+        for a, s, p in zip(self.accepted, self.seen, prior):
+            lean = min(1.0, p * scale)
+            est = (a + w * lean) / (s + w) if s + w > 0 else lean
+            out.append(est)
+            scale = est / p if p > 0 else 1.0
         return out
 
 
@@ -183,6 +208,11 @@ class AutoBlock:
     rounds: int = 0
     _greedy: _Acceptance = field(init=False)
     _sampled: _Acceptance = field(init=False)
+    _slow_greedy: _Acceptance = field(init=False)  # the same, counts fading slowly (across turns)
+    _slow_sampled: _Acceptance = field(init=False)
+    _long_greedy: _Acceptance = field(init=False)  # and more slowly still: what the pairing usually does
+    _long_sampled: _Acceptance = field(init=False)
+    _primed: bool = False  # block costs came from an earlier session (or a warm-up), not this one's rounds
     _sampling: bool = False
     _plain: _Cost = field(default_factory=_Cost)  # T(1)
     _ratio: dict[int, _Cost] = field(default_factory=dict)  # K >= 2: T(K) / T(1)
@@ -208,6 +238,10 @@ class AutoBlock:
         positions = max(self.config.k_max - 1, 0)
         self._greedy = _Acceptance.empty(positions)
         self._sampled = _Acceptance.empty(positions)
+        self._slow_greedy = _Acceptance.empty(positions)
+        self._slow_sampled = _Acceptance.empty(positions)
+        self._long_greedy = _Acceptance.empty(positions)
+        self._long_sampled = _Acceptance.empty(positions)
 
     # -- estimates ----------------------------------------------------------------------
 
@@ -215,9 +249,19 @@ class AutoBlock:
     def _acc(self) -> _Acceptance:
         return self._sampled if self._sampling else self._greedy
 
+    @property
+    def _slow(self) -> _Acceptance:
+        return self._slow_sampled if self._sampling else self._slow_greedy
+
+    @property
+    def _long(self) -> _Acceptance:
+        return self._long_sampled if self._sampling else self._long_greedy
+
     def acceptance(self) -> list[float]:
-        """Believed a_1 .. a_{k_max - 1} for the current turn's kind (greedy or sampled)."""
-        return self._acc.estimates(self.config)
+        """Believed a_1 .. a_{k_max - 1} for the current turn's kind (greedy or sampled): the last few
+        rounds, leaning on the long-run estimate where they have seen little."""
+        c = self.config
+        return self._acc.estimates(c, self._slow.estimates(c, self._long.estimates(c)))
 
     @property
     def alpha(self) -> float:
@@ -261,7 +305,7 @@ class AutoBlock:
         # ramp: a block at most twice the last round's tokens (a new turn starts small), and no
         # more than twice the largest size timed yet: one failed round never costs much
         top = max([1] + list(self._ratio))
-        reach = min(c.k_max, max(c.turn_start_k, 2 * self._last_emitted), 2 * top)
+        reach = min(c.k_max, max(c.turn_start_k, c.ramp * self._last_emitted), 2 * top)
         ks = range(c.k_min, max(c.k_min, reach) + 1)
         rates = {k: self.rate(k, acc) for k in ks}
         best = max(ks, key=lambda k: (rates[k], -k))
@@ -270,10 +314,24 @@ class AutoBlock:
             drafting = max(k for k in ks if k > 1 and rates[k] == max(rates[j] for j in ks if j > 1))
             if rates[1] <= rates[drafting] * (1.0 + c.park_margin):
                 best = drafting
+            elif c.k_max >= 2 and self._could_still_pay(acc, rates[1]):
+                best = 2  # parking ends the news about acceptance: only once it is clear that drafts don't pay
         cur = self._current
         if cur is not None and cur in rates and rates[best] <= rates[cur] * (1.0 + c.hysteresis):
             return cur
         return best
+
+    def _could_still_pay(self, acc: list[float], plain_rate: float) -> bool:
+        """Whether a block of 2 would beat a plain step were the first draft kept as often as the
+        upper end of what the last rounds allow (`park_confidence` standard errors above the estimate,
+        over the drafts seen lately): near the break-even a block of 2 loses little, and parked, the
+        controller learns nothing."""
+        c = self.config
+        seen = self._acc.seen[0] if self._acc.seen else 0.0
+        n = seen + c.acceptance_prior_weight
+        a = acc[0]
+        upper = min(1.0, a + c.park_confidence * math.sqrt(max(a * (1.0 - a), 1.0 / (n + 1.0)) / n))
+        return self.rate(2, [upper, *acc[1:]]) > plain_rate
 
     @property
     def probe_wait(self) -> int:
@@ -288,7 +346,9 @@ class AutoBlock:
             return c.probe_every_max
         self._probe_size = self._smallest_that_could_pay()
         settled = [k for k, r in self._ratio.items() if r.count >= 2]
-        self._never = self._probe_size is None and len(settled) >= 2
+        timed = [r.count for r in self._ratio.values() if r.count]
+        # two sizes, four rounds in all (or an earlier session's costs): one slow moment cannot rule drafting out
+        self._never = self._probe_size is None and len(timed) >= 2 and sum(timed) >= 4
         if self._never:
             return c.probe_every_max
         k = self._probe_size or max(2, min(c.probe_k, c.k_max))
@@ -320,6 +380,27 @@ class AutoBlock:
             k = min(k, max(self._ratio) + 1)  # one size timed: the next one up, to learn the slope cheaply
         return k
 
+    # -- priors from an earlier session --------------------------------------------------------
+
+    def cost_snapshot(self) -> dict[int, float]:
+        """T(K) / T(1) for every block size this controller has timed (to keep for the next session)."""
+        return {k: round(r.value, 4) for k, r in sorted(self._ratio.items()) if r.count}
+
+    def prime(self, ratios: dict[int, float], rounds: int | None = None) -> None:
+        """Start from costs measured before (an earlier session on this machine, or a warm-up): each
+        ratio T(K) / T(1) counts as `rounds` rounds (default: a third of the window), so this
+        session's own rounds replace it soon. A primed controller drafts from its first round when the
+        costs say a drafter like the prior one would pay, instead of timing plain steps first."""
+        c = self.config
+        weight = max(1, c.time_window // 3) if rounds is None else max(1, rounds)
+        for k, ratio in ratios.items():
+            if 2 <= int(k) <= c.k_max and float(ratio) >= 1.0 and math.isfinite(float(ratio)):
+                cost = _Cost()
+                for _ in range(weight):
+                    cost.add(float(ratio), c.time_window, 0)
+                self._ratio[int(k)] = cost
+        self._primed = bool(self._ratio)
+
     # -- per turn and per round -------------------------------------------------------------
 
     def begin_turn(self, sampled: bool = False) -> None:
@@ -327,6 +408,7 @@ class AutoBlock:
         probes soon (a new question may be one the drafter knows)."""
         self._sampling = sampled
         self._acc.scale(self.config.turn_keep)
+        self._slow.scale(self.config.turn_keep)  # a new reply leans more on what the pairing usually does
         self._last_emitted = 0
         self._probe_fails = 0
         if self._current == 1:
@@ -348,10 +430,13 @@ class AutoBlock:
                 self._wait = self._probe_wait()  # T(1) moves with the machine's load
             if self._parked_for < self._wait:  # parked: O(1), nothing changed that could move the choice
                 return self._parked_choice()
+            # what the drafting rounds before the parked stretch said grows stale: lean on the long run
+            self._acc.scale(c.parked_decay**self._parked_for)
+            self._slow.scale(c.parked_decay**self._parked_for)
         elif (
             not was_probe
             and c.k_min == 1 < c.k_max
-            and (self._plain.count < 3 or self.rounds - self._plain.last >= c.plain_timing_every)
+            and ((self._plain.count < 3 and not self._primed) or self.rounds - self._plain.last >= c.plain_timing_every)
         ):
             # every choice weighs drafting against a plain step: time three at the start (the first ones
             # after loading also build kernels) and one now and then (it costs little)
@@ -366,6 +451,13 @@ class AutoBlock:
             self._burst = 0
             if was_probe:
                 self._probe_fails += 1
+            untried = self._primed and self._slow.rounds == 0 and not was_probe and not self._never
+            if untried and self._smallest_that_could_pay() is not None:
+                # no drafting round seen yet: the prior alone is no ground to park; one round tells
+                self._current = 1
+                self._park()
+                self._probing = True
+                return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
             if self._current != 1 or was_probe or self._never:
                 self._current = 1
                 self._park()
@@ -429,14 +521,19 @@ class AutoBlock:
             if accepted == 0 and self._zero_run == 0:
                 self._run_from = self.alpha  # what was believed when the rejections began
             self._acc.observe(min(k, c.k_max), accepted, c.acceptance_decay)
+            self._slow.observe(min(k, c.k_max), accepted, c.slow_decay)
+            self._long.observe(min(k, c.k_max), accepted, c.long_decay)
             self._zero_run = self._zero_run + 1 if accepted == 0 else 0
             if self._zero_run >= c.change_run and (1.0 - self._run_from) ** self._zero_run < c.surprise:
                 # rejections the estimate made unlikely: the text changed; forget what came before them
-                self._acc.scale(c.change_keep)
-                self._acc.seen[0] += self._zero_run * (1.0 - c.change_keep)  # but not the run itself
+                for est in (self._acc, self._slow):  # the long-run estimate stays: the pairing is the same
+                    est.scale(c.change_keep)
+                    est.seen[0] += self._zero_run * (1.0 - c.change_keep)  # but not the run itself
                 self._run_from = 0.0  # once per run
             self._last_accepted = accepted
             self._last_emitted = accepted + 1
+            if self._current == 1 and accepted > 0:
+                self._parked_for = max(self._parked_for, self._wait - 1)  # news: the next choice weighs it
         last_plain, self._last_plain_s = self._last_plain_s, (round_s if k == 1 else None)
         if round_s is not None and k > 1 and ahead:
             if last_plain is None or not self._plain.count:
@@ -464,7 +561,9 @@ class AutoBlock:
     def _note(self, k: int, reason: str) -> AutoChoice:
         acc = self.acceptance()
         shown = acc[: max(k - 1, 1)]
-        if reason == "probe":
+        if reason == "probe" and self._long.rounds == 0:
+            note = f"auto → {k}: trying drafts (none seen yet; this machine's costs say they can pay)"
+        elif reason == "probe":
             note = f"auto → {k}: trying drafts again (1st kept {shown[0] * 100:.0f} % lately)"
         else:
             # the chance each draft of the block is kept (given the ones before it were), first ones first
@@ -500,3 +599,27 @@ def _line(points: dict[int, _Cost], prior_ratio: float, config: AutoBlockConfig)
     if intercept <= 0:  # noise on tiny timings: fall back to the prior shape
         intercept, slope = a_guess, prior_slope
     return intercept, max(slope, 0.01 * intercept)
+
+
+def load_costs(path: Path) -> dict[int, float]:
+    """Block costs T(K) / T(1) an earlier session kept (`save_costs`); {} for a missing, unreadable or
+    corrupt file (a cold start is then all that is lost)."""
+    try:
+        data = json.loads(path.read_text())
+        ratios = data.get("ratios", {}) if isinstance(data, dict) else {}
+        return {int(k): float(v) for k, v in ratios.items() if float(v) >= 1.0 and math.isfinite(float(v))}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def save_costs(path: Path, ratios: dict[int, float]) -> None:
+    """Keep the block costs for the next session (written whole, then renamed: a crash leaves the old file)."""
+    if not ratios:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"version": 1, "ratios": {str(k): v for k, v in sorted(ratios.items())}}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only or full disk: the next session starts cold, nothing else is lost

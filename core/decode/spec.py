@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from core import sampling
-from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice
+from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice, load_costs, save_costs
 from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
 from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.limits import context_error
@@ -200,6 +201,7 @@ class Decoder:
         detokenizer: Detokenizer | None = None,
         stop_ids: Iterable[int] = frozenset(),
         auto: AutoBlock | None = None,
+        costs_path: Path | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -211,6 +213,12 @@ class Decoder:
             config = AutoBlockConfig(k_max=max(2, min(AutoBlockConfig.k_max, cap))) if cap else AutoBlockConfig()
             auto = AutoBlock(config, draft_cost=draft_cost_hint(target, drafter))
         self.auto = auto
+        # the block costs the last session on this machine measured: auto drafts from a first reply's
+        # first round when they say drafts can pay (AutoBlock.prime), and keeps this session's for the next
+        self.costs_path = costs_path
+        self._saved_costs: dict[int, float] = {}
+        if costs_path is not None and drafter is not None:
+            auto.prime(load_costs(costs_path))
         self._wired_bytes: int | None = None
         # Rounds are timed for the controller by the wall clock on Metal (the GPU's time is not the
         # process's), and by the process's CPU time on the CPU backend: on a shared machine another
@@ -283,6 +291,11 @@ class Decoder:
             self._emit_token(turn, tok, False, emit, lp)
         if reason is None:
             reason = self._decode(turn, controls, emit)
+        if self.costs_path is not None and self.drafter is not None:
+            costs = self.auto.cost_snapshot()
+            if costs != self._saved_costs:
+                save_costs(self.costs_path, costs)
+                self._saved_costs = costs
         return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
 
     def _check_prompt(self, cache: TargetCache, prompt: Prompt) -> None:

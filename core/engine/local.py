@@ -400,7 +400,13 @@ class Engine:
             drafter=drafter,
             vision=vision,
             tokenizer=tokenizer,
-            decoder=Decoder(target, drafter, Detokenizer(tokenizer), stops),
+            decoder=Decoder(
+                target,
+                drafter,
+                Detokenizer(tokenizer),
+                stops,
+                costs_path=_block_costs_path(target_dir, drafter_dir, spec),
+            ),
             cache=target.make_cache(),
             token_log=prompt_mod.TokenLog(),
             target_dir=target_dir,
@@ -818,6 +824,22 @@ def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:
         callback(event)
     except Exception:  # a listener's bug must not kill the turn or the engine
         log.exception("event callback failed")
+
+
+def _block_costs_path(target_dir: Path, drafter_dir: Path | None, spec: PairingSpec) -> Path | None:
+    """Where auto block size keeps this pairing's block costs on this machine between sessions (the
+    cache dir: losing it costs one cold first reply)."""
+    if drafter_dir is None:
+        return None
+    import platform
+
+    import mlx.core as mx
+
+    from core.user import paths
+
+    parts = [str(target_dir.resolve()), str(drafter_dir.resolve()), str(spec.dtype), str(mx.default_device())]
+    key = hashlib.sha256("\n".join([*parts, platform.machine()]).encode()).hexdigest()[:16]
+    return paths.cache_dir() / "autoblock" / f"{key}.json"
 
 
 def _describe_dtype(target: Target) -> str:

@@ -564,3 +564,23 @@ def test_a_parked_controller_runs_plain_steps_and_probes_rarely(fam):
     assert len(parked) >= 25 and drafter.calls <= 8
     assert all(ahead[i][0] >= 1 for i in parked[:-1])  # each parked step had the next round queued behind it
     assert r.stats.drafted == sum(max(k - 1, 0) for _, k, _ in ahead)
+
+
+def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
+    tg = load_target(f"{PACK}/e-style-target")
+    dr = load_drafter(f"{PACK}/e-style-assistant")
+    prompts = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]
+    ids = next(iter(prompts.values()))["prompt_ids"]
+    path = tmp_path / "costs.json"
+    settings = GenerationSettings(max_tokens=24, block_size="auto", ignore_eos=True)
+    first = Decoder(tg, dr, None, STOP, costs_path=path)
+    r1 = first.run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    kept = json.loads(path.read_text())["ratios"]
+    assert kept and all(float(v) >= 1.0 for v in kept.values())
+    second = Decoder(tg, dr, None, STOP, costs_path=path)  # a new session on this machine
+    assert second.auto.cost_snapshot() == {int(k): v for k, v in kept.items()}
+    r2 = second.run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    plain = Decoder(tg, None, None, STOP).run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    assert r1.token_ids == r2.token_ids == plain.token_ids  # greedy: the target's own output, primed or not
+    path.write_text("{broken")
+    assert Decoder(tg, dr, None, STOP, costs_path=path).auto.cost_snapshot() == {}  # a cold start, no error

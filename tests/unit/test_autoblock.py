@@ -10,7 +10,14 @@ from collections.abc import Callable
 
 import pytest
 
-from core.decode.autoblock import AutoBlock, AutoBlockConfig, expected_tokens, expected_tokens_per_position
+from core.decode.autoblock import (
+    AutoBlock,
+    AutoBlockConfig,
+    expected_tokens,
+    expected_tokens_per_position,
+    load_costs,
+    save_costs,
+)
 
 
 def test_expected_tokens():
@@ -244,3 +251,46 @@ def test_deterministic():
     ca, _ = _simulate(a, 0.7, 150, seed=3)
     cb, _ = _simulate(b, 0.7, 150, seed=3)
     assert ca == cb
+
+
+def test_a_primed_controller_drafts_from_its_first_round_and_one_that_cannot_pay_never_does():
+    # costs an earlier session measured on a GPU-like machine: drafting pays at once, no plain timing first
+    cheap = AutoBlock()
+    cheap.prime({k: 1 + 0.15 * (k - 1) for k in range(2, 9)})
+    first = cheap.decide()
+    assert first.block_size >= 2 and first.reason == "drafting"
+    # a real-size target on a CPU (verify K = K plain steps): plain decoding from the first round
+    big = AutoBlock()
+    big.prime({k: k + 0.15 * (k - 1) for k in range(2, 9)})
+    chosen, tps = _simulate(big, 1.0, 200, verify_slope=1.0, t_draft=0.005)
+    assert set(chosen) == {1} and tps >= 0.99 / 0.030
+    # an unprimed controller times plain steps first (no ground yet to weigh drafting against)
+    assert AutoBlock().decide().reason == "timing"
+
+
+def test_primed_costs_give_way_to_this_sessions_rounds():
+    ctl = AutoBlock()
+    ctl.prime({2: 1.1, 3: 1.2})
+    for _ in range(6):
+        ctl.observe(1, 0, round_s=0.010)
+    for _ in range(12):
+        ctl.observe(2, 1, round_s=0.020)  # this machine is busier than the earlier session's
+    assert ctl.cost_ratio(2) == pytest.approx(2.0, rel=0.05)
+    assert ctl.cost_snapshot()[2] == pytest.approx(2.0, rel=0.05) and ctl.cost_snapshot()[3] == 1.2
+    ctl.prime({1: 0.5, 2: float("nan"), 3: 0.9, 99: 2.0})  # nonsense is ignored, not believed
+    assert set(ctl.cost_snapshot()) == {2, 3} and ctl.cost_snapshot()[3] == 1.2
+
+
+def test_block_costs_survive_a_session_and_a_bad_file_costs_only_a_cold_start(tmp_path):
+    path = tmp_path / "autoblock" / "pairing.json"
+    assert load_costs(path) == {}  # none yet
+    save_costs(path, {2: 1.25, 4: 1.8})
+    assert load_costs(path) == {2: 1.25, 4: 1.8}
+    save_costs(path, {})  # nothing measured: the old costs stay
+    assert load_costs(path) == {2: 1.25, 4: 1.8}
+    for bad in ("", "{not json", "[1, 2]", '{"ratios": {"x": 1}}', '{"ratios": [1]}'):
+        path.write_text(bad)
+        assert load_costs(path) == {}, bad
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    save_costs(blocked / "sub" / "c.json", {2: 1.1})  # cannot write there: no error, nothing kept
