@@ -985,6 +985,9 @@ TIME_QUESTIONS = [
     "time?",
     "What is the current time?",
     "Current time, please.",
+]
+# More of them for the wide corpus (`conversations(wide=True)`, `tool_drills`): wave 3's attempt at copying.
+TIME_QUESTIONS_WIDE = TIME_QUESTIONS + [
     "What time is it right now?",
     "Got the time?",
     "Could you give me the time?",
@@ -1004,6 +1007,8 @@ TIME_QUESTIONS_IN = [
     "What is the local time in {place}?",
     "What time is it now in {place}?",
     "{place} time?",
+]
+TIME_QUESTIONS_IN_WIDE = TIME_QUESTIONS_IN + [
     "What's the time now in {place}?",
     "Give me the time in {place}.",
     "Please check the time in {place}.",
@@ -1019,11 +1024,8 @@ TIME_QUESTIONS_IN = [
     "The time in {place}, please.",
     "What's the clock saying in {place}?",
 ]
-FOLLOW_UP_IN = [
-    "And in {place}?",
-    "What about {place}?",
-    "And {place}?",
-    "How about in {place}?",
+FOLLOW_UP_IN = ["And in {place}?", "What about {place}?", "And {place}?", "How about in {place}?"]
+FOLLOW_UP_IN_WIDE = FOLLOW_UP_IN + [
     "And what about {place}?",
     "Now {place}.",
     "Same for {place}?",
@@ -1056,9 +1058,16 @@ ZONE_CITIES = {city: z for city, z in ZONE_CITIES.items() if z not in HELD_OUT_Z
 ALL_ZONES = sorted({*NAMED_ZONES, *ZONE_CITIES.values()} - HELD_OUT_ZONES)
 
 
-def _place(rng: random.Random) -> tuple[str, str]:
-    """(what the user writes, the zone the call names): a well-known city (a quarter of them typed in
-    lower case), any city the tz database names, or a zone written as is."""
+def _place(rng: random.Random, wide: bool = False) -> tuple[str, str]:
+    """(what the user writes, the zone the call names): a city, or a zone written as is. `wide`: a
+    well-known city (a quarter of them typed in lower case), any city the tz database names, or any
+    zone written as is."""
+    if not wide:
+        if rng.random() < 0.7:
+            city = rng.choice(sorted(CITIES))
+            return city, CITIES[city]
+        zone = rng.choice(NAMED_ZONES)
+        return zone, zone
     r = rng.random()
     if r < 0.45:
         city = rng.choice(sorted(CITIES))
@@ -1123,23 +1132,28 @@ def render_conversation(conv: Conversation) -> tuple[list[dict[str, Any]], list[
     return messages, tools
 
 
-def _time_exchange(rng: random.Random, conv: Conversation, follow_up: bool = False) -> None:
-    """A time question, the call, the server's result and the answer copied from it."""
+def _time_exchange(rng: random.Random, conv: Conversation, follow_up: bool = False, wide: bool = False) -> None:
+    """A time question, the call, the server's result and the answer copied from it. `wide`: the wide
+    corpus's places and phrasings."""
     as_text = rng.random() < 0.25  # the server's JSON text as the tool message, not a mapping
     r = rng.random()
     instant = _instant(rng)
     if r < 0.2 and not follow_up:  # no place: the local timezone the declarations name
         assert conv.local_tz
-        conv.events.append(("user", vary(rng.choice(TIME_QUESTIONS), rng)))
+        conv.events.append(("user", vary(rng.choice(TIME_QUESTIONS_WIDE if wide else TIME_QUESTIONS), rng, wide=wide)))
         zone = conv.local_tz
     elif r < 0.85 or follow_up:
-        place, zone = _place(rng)
-        template = rng.choice(FOLLOW_UP_IN if follow_up else TIME_QUESTIONS_IN)
+        place, zone = _place(rng, wide)
+        if wide:
+            template = rng.choice(FOLLOW_UP_IN_WIDE if follow_up else TIME_QUESTIONS_IN_WIDE)
+        else:
+            template = rng.choice(FOLLOW_UP_IN if follow_up else TIME_QUESTIONS_IN)
         text = template.format(place=place)
-        conv.events.append(("user", vary(text[0].upper() + text[1:], rng, keep_case=text.startswith(place))))
+        first_up = text[0].upper() + text[1:]
+        conv.events.append(("user", vary(first_up, rng, keep_case=text.startswith(place), wide=wide)))
     else:
-        src_place, src = _place(rng)
-        dst_place, dst = _place(rng)
+        src_place, src = _place(rng, wide)
+        dst_place, dst = _place(rng, wide)
         t = f"{rng.randrange(24):02d}:{rng.choice((0, 15, 30, 45, rng.randrange(60))):02d}"
         q = rng.choice(CONVERT_QUESTIONS).format(time=t, src=src_place, dst=dst_place)
         conv.events.append(("user", q))
@@ -1217,17 +1231,17 @@ def paraphrase(question: str, rng: random.Random) -> str:
     return b + question[len(a) :]
 
 
-def vary(question: str, rng: random.Random, keep_case: bool = False) -> str:
-    """`question` as typed casually (lower case, no final mark, a lead-in or a thanks, other words for
-    its opening), or as it is. `keep_case`: the first word is a name (a city, a timezone) and keeps its
-    capital."""
-    if question in _PLAIN_PHRASINGS or rng.random() < 0.55:
+def vary(question: str, rng: random.Random, keep_case: bool = False, wide: bool = False) -> str:
+    """`question` as typed casually (lower case, no final mark, a lead-in or a thanks; `wide`: also other
+    words for its opening), or as it is. `keep_case`: the first word is a name (a city, a timezone) and
+    keeps its capital."""
+    if question in _PLAIN_PHRASINGS or rng.random() < (0.55 if wide else 0.65):
         return question
-    form = rng.randrange(7)
+    form = rng.randrange(7 if wide else 5)
     if form >= 5:
         question = paraphrase(question, rng)
         form = rng.choice((5, 0, 1, 3))
-    lower = not keep_case and (question[1:2].islower() or question[1:2] in (" ", "'"))
+    lower = not keep_case and (question[1:2].islower() or question[1:2] in ((" ", "'") if wide else (" ",)))
     low = question[0].lower() + question[1:] if lower else question
     if form == 0:
         return low
@@ -1265,7 +1279,7 @@ SYSTEM_PROMPTS = (
 )
 
 
-def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> list[Conversation]:
+def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600, wide: bool = False) -> list[Conversation]:
     """`plain` conversations without tools and `with_tools` with the time tools declared.
 
     Plain ones: every question of the corpus is the last turn of some conversation at least once
@@ -1273,11 +1287,14 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> li
     in most, a third of the questions typed casually (`vary`), one in twenty after a system prompt.
     With tools: 2-4 user turns, about 60 % of them asking the time (a place, a zone, no place, a
     conversion, a follow-up "And in Tokyo?"), the others the plain questions.
+    `wide`: wave 3's corpus (paraphrased openings, the tz database's cities, more time phrasings), with
+    any conversation that starts like a held-out one of scripts/measure_demo.py dropped. The shipped
+    weights were trained on the default corpus.
     """
     rng = random.Random(seed)
     out: list[Conversation] = []
     greetings = TOPICS[0].phrasings
-    held_out = held_out_sequences()
+    held_out = held_out_sequences() if wide else set()
     for n, tools in ((plain, False), (with_tools, True)):
         items = _chat_items(tools)
         queue: list[tuple[str, str]] = []
@@ -1295,13 +1312,13 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> li
                     if rng.random() < 0.03:
                         _time_error(rng, conv)
                     else:
-                        _time_exchange(rng, conv, follow_up=had_time and rng.random() < 0.4)
+                        _time_exchange(rng, conv, follow_up=had_time and rng.random() < 0.4, wide=wide)
                     continue
                 if not queue:
                     queue = items[:]
                     rng.shuffle(queue)
                 q, reply = queue.pop()
-                conv.events += [("user", vary(q, rng)), ("reply", reply)]
+                conv.events += [("user", vary(q, rng, wide=wide)), ("reply", reply)]
             if not _is_held_out(conv, held_out):
                 out.append(conv)
     rng.shuffle(out)
@@ -1324,12 +1341,12 @@ def tool_drills(seed: int = 0, n: int = 700) -> list[Conversation]:
             conv.events += [("user", rng.choice(TOPICS[0].phrasings)), ("reply", GREETING_REPLY)]
         elif lead < 0.45:
             q, reply = rng.choice(items)
-            conv.events += [("user", vary(q, rng)), ("reply", reply)]
+            conv.events += [("user", vary(q, rng, wide=True)), ("reply", reply)]
         for k in range(rng.choice((1, 1, 2, 2, 3))):
             if rng.random() < 0.02:
                 _time_error(rng, conv)
             else:
-                _time_exchange(rng, conv, follow_up=k > 0 and rng.random() < 0.5)
+                _time_exchange(rng, conv, follow_up=k > 0 and rng.random() < 0.5, wide=True)
         if not _is_held_out(conv, held_out):
             out.append(conv)
     return out
@@ -1345,6 +1362,7 @@ def corpus_summary() -> dict:
         "cities": len(CITIES),
         "tz_database_cities": len(ZONE_CITIES),
         "time_question_phrasings": len(TIME_QUESTIONS) + len(TIME_QUESTIONS_IN) + len(FOLLOW_UP_IN),
+        "wide_time_question_phrasings": len(TIME_QUESTIONS_WIDE) + len(TIME_QUESTIONS_IN_WIDE) + len(FOLLOW_UP_IN_WIDE),
         "time_server": TIME_SERVER,
     }
 

@@ -15,9 +15,22 @@ test runs):
     --continue-drafter C --drafter-steps 130 --lr 3e-3 --out D
                                                            stopped at step 110, resumed with --drafter-steps 110
                                                            (~900 s)
-    --continue-drafter D --drafter-steps 200 --lr 2e-3 --out core/data/demo   (375 s, the machine quieter)
+    --continue-drafter D --drafter-steps 200 --lr 2e-3 --out core/data/demo   (375 s, the machine quieter; "E")
+The default corpus (`demo_corpus.conversations(0)`) is the one stages A-E trained on. Wave 3 tried
+a further target stage on the wide corpus (`--replay`: `conversations(wide=True)`, paraphrased openings,
+the tz database's 442 Region/City zones as places, more time phrasings) plus `tool_drills` (1-3 time
+exchanges per chat), to teach copying the asked zone into the call and the result's time and zone into
+the answer (not shipped: it made the demo worse):
+    --continue-target E --replay 1300,400 --tool-drills 700 --target-steps 300 --batch-tokens 1024 --lr 2e-3
+                                                           stopped at step 110 (1226 s): at that learning rate
+                                                           every call named one zone (America/Sao_Paulo)
+    same with --target-steps 210 --lr 1e-3 --resume        steps 111-180 (~680 s), stopped at 180: calls
+                                                           name a real zone, mostly not the one asked
+                                                           (Paris right, Tokyo -> Asia/Shanghai), answers
+                                                           copy the time but not the zone; held-out on topic
+                                                           57 % (E: 66 %), drafts 40 % with E's drafter
 A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
---target-steps / --drafter-steps it is resumed with).
+--target-steps / --drafter-steps / --lr it is resumed with).
 
 STAGES
 
@@ -614,7 +627,7 @@ def parse_args(argv):
     ap.add_argument(
         "--replay",
         metavar="PLAIN,TOOLS",
-        help="train on demo_corpus.conversations(plain=PLAIN, with_tools=TOOLS) and --tool-drills drills",
+        help="train on demo_corpus.conversations(plain=PLAIN, with_tools=TOOLS, wide=True) and --tool-drills drills",
     )
     ap.add_argument("--resume", action="store_true", help="continue a stopped stage from its saved state")
     ap.add_argument("--save-every", type=int, default=50, metavar="N")
@@ -657,7 +670,8 @@ def main(argv=None) -> int:
         convs = demo_corpus.conversations(SEED)
         if args.replay:  # part of the corpus (so the rest is not forgotten) and the tool drills
             plain, with_tools = (int(x) for x in args.replay.split(","))
-            convs = demo_corpus.conversations(SEED, plain, with_tools) + demo_corpus.tool_drills(SEED, args.tool_drills)
+            convs = demo_corpus.conversations(SEED, plain, with_tools, wide=True)
+            convs += demo_corpus.tool_drills(SEED, args.tool_drills)
         examples = encode_corpus(tokenizer, template, convs, args.max_len, log)
         n_tokens = sum(len(ids) for ids, _ in examples)
         log(f"corpus: {demo_corpus.corpus_summary()}")
