@@ -231,7 +231,7 @@ def corpus_user_sequences(tools: bool | None = None) -> set[tuple[str, ...]]:
     """Every prefix of user turns of every corpus conversation (and of the on-policy prompts); with
     `tools` True/False only those with/without the time tools declared."""
     seqs: set[tuple[str, ...]] = set()
-    for conv in [*dc.conversations(0), *dc.tool_drills(0), *dc.on_policy_conversations()]:
+    for conv in [*dc.conversations(0), *dc.on_policy_conversations()]:
         if tools is not None and (conv.local_tz is not None) != tools:
             continue
         users = [e[1] for e in conv.events if e[0] == "user"]
