@@ -28,10 +28,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import random
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, available_timezones
 
 
 class Topic(NamedTuple):
@@ -985,6 +986,16 @@ TIME_QUESTIONS = [
     "What is the current time?",
     "Current time, please.",
 ]
+# More of them for the wide corpus (`conversations(wide=True)`, `tool_drills`): wave 3's attempt at copying.
+TIME_QUESTIONS_WIDE = TIME_QUESTIONS + [
+    "What time is it right now?",
+    "Got the time?",
+    "Could you give me the time?",
+    "What's the time, please?",
+    "I'd like to know the time.",
+    "Check the time for me.",
+    "Tell me what time it is.",
+]
 TIME_QUESTIONS_IN = [
     "What time is it in {place}?",
     "What's the time in {place}?",
@@ -997,7 +1008,29 @@ TIME_QUESTIONS_IN = [
     "What time is it now in {place}?",
     "{place} time?",
 ]
+TIME_QUESTIONS_IN_WIDE = TIME_QUESTIONS_IN + [
+    "What's the time now in {place}?",
+    "Give me the time in {place}.",
+    "Please check the time in {place}.",
+    "Time in {place} right now?",
+    "What's the current time in {place}, please?",
+    "I want to know the time in {place}.",
+    "Could you look up the time in {place}?",
+    "What's the local time in {place} now?",
+    "Current time in {place}?",
+    "Tell me the current time in {place}.",
+    "Do you know the time in {place}?",
+    "What time do they have in {place}?",
+    "The time in {place}, please.",
+    "What's the clock saying in {place}?",
+]
 FOLLOW_UP_IN = ["And in {place}?", "What about {place}?", "And {place}?", "How about in {place}?"]
+FOLLOW_UP_IN_WIDE = FOLLOW_UP_IN + [
+    "And what about {place}?",
+    "Now {place}.",
+    "Same for {place}?",
+    "And the time in {place}?",
+]
 CONVERT_QUESTIONS = [
     "Convert {time} from {src} to {dst}.",
     "What is {time} in {src} in {dst} time?",
@@ -1008,12 +1041,41 @@ CONVERT_QUESTIONS = [
 ]
 
 
-def _place(rng: random.Random) -> tuple[str, str]:
-    """(what the user writes, the zone the call names): a city, or a zone written as is."""
-    if rng.random() < 0.7:
+# Every "Region/City" zone of the tz database, by its city as people write it ("Port of Spain" ->
+# "America/Port_of_Spain"): hundreds of places whose zone names the city, so a call learns to copy the
+# place from the question rather than recall a few memorised pairs (the CITIES table keeps the
+# exceptions: San Francisco, Beijing, Mumbai, ...).
+_REGIONS = ("Africa", "America", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific")
+ZONE_CITIES = {
+    z.split("/")[1].replace("_", " "): z
+    for z in sorted(available_timezones())
+    if z.count("/") == 1 and z.split("/")[0] in _REGIONS and re.fullmatch(r"[A-Z][A-Za-z_]+", z.split("/")[1])
+}
+# Kept out of the corpus: scripts/measure_demo.py asks for them as written, so copying is measured on
+# zones the demo never saw.
+HELD_OUT_ZONES = {"Europe/Sofia", "America/Havana"}
+ZONE_CITIES = {city: z for city, z in ZONE_CITIES.items() if z not in HELD_OUT_ZONES}
+ALL_ZONES = sorted({*NAMED_ZONES, *ZONE_CITIES.values()} - HELD_OUT_ZONES)
+
+
+def _place(rng: random.Random, wide: bool = False) -> tuple[str, str]:
+    """(what the user writes, the zone the call names): a city, or a zone written as is. `wide`: a
+    well-known city (a quarter of them typed in lower case), any city the tz database names, or any
+    zone written as is."""
+    if not wide:
+        if rng.random() < 0.7:
+            city = rng.choice(sorted(CITIES))
+            return city, CITIES[city]
+        zone = rng.choice(NAMED_ZONES)
+        return zone, zone
+    r = rng.random()
+    if r < 0.45:
         city = rng.choice(sorted(CITIES))
-        return city, CITIES[city]
-    zone = rng.choice(NAMED_ZONES)
+        return (city.lower() if rng.random() < 0.25 else city), CITIES[city]
+    if r < 0.75:
+        city = rng.choice(sorted(ZONE_CITIES))
+        return city, ZONE_CITIES[city]
+    zone = rng.choice(ALL_ZONES)
     return zone, zone
 
 
@@ -1070,23 +1132,28 @@ def render_conversation(conv: Conversation) -> tuple[list[dict[str, Any]], list[
     return messages, tools
 
 
-def _time_exchange(rng: random.Random, conv: Conversation, follow_up: bool = False) -> None:
-    """A time question, the call, the server's result and the answer copied from it."""
+def _time_exchange(rng: random.Random, conv: Conversation, follow_up: bool = False, wide: bool = False) -> None:
+    """A time question, the call, the server's result and the answer copied from it. `wide`: the wide
+    corpus's places and phrasings."""
     as_text = rng.random() < 0.25  # the server's JSON text as the tool message, not a mapping
     r = rng.random()
     instant = _instant(rng)
     if r < 0.2 and not follow_up:  # no place: the local timezone the declarations name
         assert conv.local_tz
-        conv.events.append(("user", vary(rng.choice(TIME_QUESTIONS), rng)))
+        conv.events.append(("user", vary(rng.choice(TIME_QUESTIONS_WIDE if wide else TIME_QUESTIONS), rng, wide=wide)))
         zone = conv.local_tz
     elif r < 0.85 or follow_up:
-        place, zone = _place(rng)
-        template = rng.choice(FOLLOW_UP_IN if follow_up else TIME_QUESTIONS_IN)
+        place, zone = _place(rng, wide)
+        if wide:
+            template = rng.choice(FOLLOW_UP_IN_WIDE if follow_up else TIME_QUESTIONS_IN_WIDE)
+        else:
+            template = rng.choice(FOLLOW_UP_IN if follow_up else TIME_QUESTIONS_IN)
         text = template.format(place=place)
-        conv.events.append(("user", vary(text[0].upper() + text[1:], rng, keep_case=text.startswith(place))))
+        first_up = text[0].upper() + text[1:]
+        conv.events.append(("user", vary(first_up, rng, keep_case=text.startswith(place), wide=wide)))
     else:
-        src_place, src = _place(rng)
-        dst_place, dst = _place(rng)
+        src_place, src = _place(rng, wide)
+        dst_place, dst = _place(rng, wide)
         t = f"{rng.randrange(24):02d}:{rng.choice((0, 15, 30, 45, rng.randrange(60))):02d}"
         q = rng.choice(CONVERT_QUESTIONS).format(time=t, src=src_place, dst=dst_place)
         conv.events.append(("user", q))
@@ -1133,14 +1200,49 @@ _PLAIN_KEYS = {"greeting", "how_are_you", "thanks", "bye"}  # social turns keep 
 _PLAIN_PHRASINGS = {q for t in TOPICS if t.key in _PLAIN_KEYS for q in t.phrasings}
 
 
-def vary(question: str, rng: random.Random, keep_case: bool = False) -> str:
-    """`question` as typed casually (lower case, no final mark, a lead-in or a thanks), or as it is.
-    `keep_case`: the first word is a name (a city, a timezone) and keeps its capital."""
-    if question in _PLAIN_PHRASINGS or rng.random() < 0.65:
+# Other words for the same question: the common contractions and politer forms of a question's
+# opening, applied to any topic's phrasings (never producing a held-out conversation of
+# scripts/measure_demo.py: `conversations` drops those), so the demo learns that "What's" asks what
+# "What is" asks rather than taking an unfamiliar opening for an off-topic question.
+_PARAPHRASES = (
+    ("What is ", "What's "),
+    ("What are ", "Which are "),
+    ("How do I ", "How can I "),
+    ("How do I ", "How would I "),
+    ("Can you ", "Could you "),
+    ("Tell me ", "Could you tell me "),
+    ("Explain ", "Please explain "),
+    ("Explain ", "Can you explain "),
+    ("What does ", "What exactly does "),
+    ("Why ", "So why "),
+    ("How ", "So how "),
+    ("Is ", "Tell me, is "),
+    ("Which ", "So which "),
+    ("Who ", "And who "),
+)
+
+
+def paraphrase(question: str, rng: random.Random) -> str:
+    """`question` with its opening said in other words (see `_PARAPHRASES`), or as it is."""
+    options = [(a, b) for a, b in _PARAPHRASES if question.startswith(a)]
+    if not options:
         return question
-    lower = not keep_case and (question[1:2].islower() or question[1:2] == " ")
+    a, b = rng.choice(options)
+    return b + question[len(a) :]
+
+
+def vary(question: str, rng: random.Random, keep_case: bool = False, wide: bool = False) -> str:
+    """`question` as typed casually (lower case, no final mark, a lead-in or a thanks; `wide`: also other
+    words for its opening), or as it is. `keep_case`: the first word is a name (a city, a timezone) and
+    keeps its capital."""
+    if question in _PLAIN_PHRASINGS or rng.random() < (0.55 if wide else 0.65):
+        return question
+    form = rng.randrange(7 if wide else 5)
+    if form >= 5:
+        question = paraphrase(question, rng)
+        form = rng.choice((5, 0, 1, 3))
+    lower = not keep_case and (question[1:2].islower() or question[1:2] in ((" ", "'") if wide else (" ",)))
     low = question[0].lower() + question[1:] if lower else question
-    form = rng.randrange(5)
     if form == 0:
         return low
     if form == 1:
@@ -1149,7 +1251,23 @@ def vary(question: str, rng: random.Random, keep_case: bool = False) -> str:
         return low.rstrip("?.!")
     if form == 3:
         return rng.choice(_PREFIXES) + low
-    return question + rng.choice(_SUFFIXES)
+    if form == 4:
+        return question + rng.choice(_SUFFIXES)
+    return question
+
+
+def held_out_sequences() -> set[tuple[str, ...]]:
+    """The user turns of scripts/measure_demo.py's held-out and off-topic conversations: kept out of the
+    corpus (a conversation that starts with one is dropped)."""
+    import measure_demo  # the scripts folder is on the path of whoever imports this module
+
+    seqs = {tuple(q for q, _ in turns) for turns in measure_demo.HELD_OUT}
+    return seqs | {(q,) for q in measure_demo.OFF_TOPIC_HELD_OUT}
+
+
+def _is_held_out(conv: Conversation, held_out: set[tuple[str, ...]]) -> bool:
+    users = [e[1] for e in conv.events if e[0] == "user"]
+    return any(tuple(users[:i]) in held_out for i in range(1, len(users) + 1))
 
 
 SYSTEM_PROMPTS = (
@@ -1161,7 +1279,7 @@ SYSTEM_PROMPTS = (
 )
 
 
-def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> list[Conversation]:
+def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600, wide: bool = False) -> list[Conversation]:
     """`plain` conversations without tools and `with_tools` with the time tools declared.
 
     Plain ones: every question of the corpus is the last turn of some conversation at least once
@@ -1169,10 +1287,14 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> li
     in most, a third of the questions typed casually (`vary`), one in twenty after a system prompt.
     With tools: 2-4 user turns, about 60 % of them asking the time (a place, a zone, no place, a
     conversion, a follow-up "And in Tokyo?"), the others the plain questions.
+    `wide`: wave 3's corpus (paraphrased openings, the tz database's cities, more time phrasings), with
+    any conversation that starts like a held-out one of scripts/measure_demo.py dropped. The shipped
+    weights were trained on the default corpus.
     """
     rng = random.Random(seed)
     out: list[Conversation] = []
     greetings = TOPICS[0].phrasings
+    held_out = held_out_sequences() if wide else set()
     for n, tools in ((plain, False), (with_tools, True)):
         items = _chat_items(tools)
         queue: list[tuple[str, str]] = []
@@ -1190,15 +1312,43 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600) -> li
                     if rng.random() < 0.03:
                         _time_error(rng, conv)
                     else:
-                        _time_exchange(rng, conv, follow_up=had_time and rng.random() < 0.4)
+                        _time_exchange(rng, conv, follow_up=had_time and rng.random() < 0.4, wide=wide)
                     continue
                 if not queue:
                     queue = items[:]
                     rng.shuffle(queue)
                 q, reply = queue.pop()
-                conv.events += [("user", vary(q, rng)), ("reply", reply)]
-            out.append(conv)
+                conv.events += [("user", vary(q, rng, wide=wide)), ("reply", reply)]
+            if not _is_held_out(conv, held_out):
+                out.append(conv)
     rng.shuffle(out)
+    return out
+
+
+def tool_drills(seed: int = 0, n: int = 700) -> list[Conversation]:
+    """`n` short chats with the time tools declared, for the target's second stage (the copying that
+    750 steps over the whole corpus did not teach): 1-3 time exchanges in a row (a place, a zone, no
+    place, a conversion, follow-ups), after a greeting or a plain question in some, the local timezone
+    most often the one mcp-server-time declares on Linux (Etc/UTC), results as a mapping or as text."""
+    rng = random.Random(seed + 7)
+    items = _chat_items(True)
+    held_out = held_out_sequences()
+    out = []
+    for _ in range(n):
+        conv = Conversation("Etc/UTC" if rng.random() < 0.4 else rng.choice(LOCAL_ZONES))
+        lead = rng.random()
+        if lead < 0.3:
+            conv.events += [("user", rng.choice(TOPICS[0].phrasings)), ("reply", GREETING_REPLY)]
+        elif lead < 0.45:
+            q, reply = rng.choice(items)
+            conv.events += [("user", vary(q, rng, wide=True)), ("reply", reply)]
+        for k in range(rng.choice((1, 1, 2, 2, 3))):
+            if rng.random() < 0.02:
+                _time_error(rng, conv)
+            else:
+                _time_exchange(rng, conv, follow_up=k > 0 and rng.random() < 0.5, wide=True)
+        if not _is_held_out(conv, held_out):
+            out.append(conv)
     return out
 
 
@@ -1210,6 +1360,9 @@ def corpus_summary() -> dict:
         "doc_phrasings": len(DOC_QUESTIONS),
         "off_topic_questions": len(OFF_TOPIC),
         "cities": len(CITIES),
+        "tz_database_cities": len(ZONE_CITIES),
+        "time_question_phrasings": len(TIME_QUESTIONS) + len(TIME_QUESTIONS_IN) + len(FOLLOW_UP_IN),
+        "wide_time_question_phrasings": len(TIME_QUESTIONS_WIDE) + len(TIME_QUESTIONS_IN_WIDE) + len(FOLLOW_UP_IN_WIDE),
         "time_server": TIME_SERVER,
     }
 
