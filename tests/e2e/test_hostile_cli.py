@@ -287,15 +287,25 @@ class LoopbackServer:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn) -> None:
+        import socket
         import time
 
         try:
             if self.mode == "silent":
                 return
-            conn.recv(65536)
+            request = b""
+            while b"\r\n\r\n" not in request:  # the whole head: unread bytes at close() reset the connection
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                request += chunk
             if self.mode == "portal":
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(self.PORTAL)
-                conn.sendall(head + self.PORTAL)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n" % len(self.PORTAL)
+                conn.sendall(head + b"Connection: close\r\n\r\n" + self.PORTAL)
+                conn.shutdown(socket.SHUT_WR)  # a clean end of the answer, not a reset
+                conn.settimeout(2)
+                while conn.recv(65536):  # let the client close first
+                    pass
                 conn.close()
                 return
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
