@@ -499,6 +499,27 @@ def _one_choice(body: dict) -> None:
         raise ApiError(400, message, param="n")
 
 
+def _settings(body: dict, max_tokens: int, block: int | str, **extra: Any) -> GenerationSettings:
+    """The settings both routes read alike (OpenAI's sampling fields and gemma-chat's drafter fields) and
+    each route's `extra`, validated: a bad value is a 400."""
+    settings = GenerationSettings(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", float, 0.0),
+        top_p=_number(body, "top_p", float, 1.0),
+        top_k=_number(body, "top_k", int, 0),
+        seed=_number(body, "seed", int, None),
+        block_size=block,
+        drafter_enabled=_flag(body, "drafter", True),
+        ignore_eos=_flag(body, "ignore_eos", False),
+        **extra,
+    )
+    try:
+        settings.validate()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return settings
+
+
 def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -511,23 +532,14 @@ def parse_chat_request(body: Any, config: ServerConfig) -> ChatRequest:
     if not isinstance(kwargs, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    settings = GenerationSettings(
-        max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", int, config.max_tokens),
-        temperature=_number(body, "temperature", float, 0.0),
-        top_p=_number(body, "top_p", float, 1.0),
-        top_k=_number(body, "top_k", int, 0),
-        seed=_number(body, "seed", int, None),
-        block_size=block,
-        drafter_enabled=_flag(body, "drafter", True),
-        ignore_eos=_flag(body, "ignore_eos", False),
+    settings = _settings(
+        body,
+        _number({"max_tokens": max_tokens}, "max_tokens", int, config.max_tokens),
+        block,
         thinking=_flag(kwargs, "enable_thinking", False),
         image_budget=_number(body, "image_budget", int, None),
         logprobs=_chat_logprobs(body),
     )
-    try:
-        settings.validate()
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
     tools, parallel, settings.tool_choice = parse_tools(body)
     stream = _flag(body, "stream", False)
     return ChatRequest(messages, settings, stream, stops, tools, parallel, _include_usage(body, stream))
@@ -569,21 +581,7 @@ def parse_completion_request(body: Any, config: ServerConfig) -> ChatRequest:
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'logprobs' must be an integer 0..{MAX_TOP_LOGPROBS}, got {top}", param="logprobs")
     block = _block_size(body)
-    settings = GenerationSettings(
-        max_tokens=_number(body, "max_tokens", int, COMPLETION_DEFAULT_MAX_TOKENS),
-        temperature=_number(body, "temperature", float, 0.0),
-        top_p=_number(body, "top_p", float, 1.0),
-        top_k=_number(body, "top_k", int, 0),
-        seed=_number(body, "seed", int, None),
-        block_size=block,
-        drafter_enabled=_flag(body, "drafter", True),
-        ignore_eos=_flag(body, "ignore_eos", False),
-        logprobs=top,
-    )
-    try:
-        settings.validate()
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
+    settings = _settings(body, _number(body, "max_tokens", int, COMPLETION_DEFAULT_MAX_TOKENS), block, logprobs=top)
     stream = _flag(body, "stream", False)
     return ChatRequest([], settings, stream, _stops(body), include_usage=_include_usage(body, stream), prompt=prompt)
 
