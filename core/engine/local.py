@@ -209,6 +209,7 @@ class Engine:
             return
         self._closed = True
         self.cancel()
+        self._warm_cancel.set()  # a warm-up step at idle time ends at its next round, not after its whole run
         self._queue.put(None)
         self._stopped.wait(timeout=30)
 

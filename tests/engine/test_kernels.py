@@ -326,3 +326,31 @@ def test_a_request_cuts_short_a_warm_up_step_at_idle_time(tmp_path, monkeypatch)
     finally:
         eng.close()
         mx.enable_compile()
+
+
+def test_closing_the_engine_cuts_short_a_warm_up_step_at_idle_time(tmp_path, monkeypatch):
+    """Ctrl+C on `serve` while a warm-up step runs at idle time: close() ends the step at its next round, so
+    the process stops within its grace period instead of after the step (it once took over 30 s under load)."""
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(kernel_cache, "_active", kernel_cache.KernelCache(folder))
+    monkeypatch.setattr(kernel_cache, "is_prepared", lambda cache, sig: True)
+    monkeypatch.setattr(mx, "enable_compile", lambda: None)
+    monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
+    started = __import__("threading").Event()
+
+    def steps(self, st):
+        return [("slow", lambda: (started.set(), self._warm_cancel.wait(60)))]
+
+    monkeypatch.setattr(Engine, "_warmup_steps", steps)
+    mx.disable_compile()
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), None).result(60)
+        assert started.wait(30)
+        t0 = time.monotonic()
+        eng.close()
+        assert eng._stopped.is_set() and time.monotonic() - t0 < 10  # not the step's 60 s
+    finally:
+        eng.close()
+        mx.enable_compile()

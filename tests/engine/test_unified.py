@@ -517,6 +517,9 @@ def test_image_turns_drafter_on_equals_off_at_every_block_size():
         assert drafted == 0
         for block in (2, 3, 4, 5, 6, 7, 8, "auto"):
             *got, drafted = turns(block_size=block)
-            assert got == want and drafted > 0, block
+            assert got == want, block
+            # auto may rightly stay at K=1 when this machine's measured costs say drafting loses (it
+            # did under CI load); a fixed block size always drafts
+            assert drafted > 0 or block == "auto", block
     finally:
         eng.close()
