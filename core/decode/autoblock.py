@@ -86,7 +86,6 @@ class AutoBlockConfig:
     acceptance_decay: float = 0.85  # per drafting round
     slow_decay: float = 0.9  # per drafting round: the pairing's long-run acceptance, the fast one's prior
     long_decay: float = 0.98  # per drafting round: the long-run estimate the slow one leans on
-    first_rounds: int = 8  # drafting rounds a primed controller runs before the acceptance can park it
     park_confidence: float = 0.5  # standard errors of the 1st draft's acceptance that must rule drafting out
     parked_decay: float = 1.0  # per parked round: what the last drafting rounds said grows stale
     turn_keep: float = 0.45  # share of the acceptance counts a new turn keeps
