@@ -205,7 +205,8 @@ class BatchDecoder:
 
     def take_finished(self) -> list[tuple[Row, TurnResult]]:
         """Remove the rows that stopped (or were cancelled) and return them with their results; a text
-        row's cache goes to the prefix cache (it holds exactly its prompt and its committed tokens)."""
+        row's cache goes to the prefix cache (it holds exactly its prompt and its committed tokens). When
+        the last row leaves, MLX's buffer cache is emptied."""
         out = []
         for row in list(self.rows):
             if row.reason is None and row.controls.cancelled:
@@ -215,6 +216,8 @@ class BatchDecoder:
                 if row.storable and row.error is None:
                     self.prefix.put(row.prefix + row.committed, row.cache)
                 out.append((row, self._result(row)))
+        if out and not self.rows:  # the batch drained: the buffers MLX keeps for reuse go back (RSS to idle)
+            mx.clear_cache()
         return out
 
     # --- prefill between rounds -----------------------------------------------------------------

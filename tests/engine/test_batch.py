@@ -166,6 +166,25 @@ def test_a_row_leaves_at_once_and_frees_its_cache(fam: tuple) -> None:
     assert finished[0][0].h is None  # nothing of the row is kept alive by the batch
 
 
+def test_a_drained_batch_gives_mlxs_buffer_cache_back() -> None:
+    """When the last row leaves, the buffers MLX keeps for reuse are freed (the server's memory goes back to
+    its idle level between bursts)."""
+    spec = demo_spec()
+    assert spec.drafter is not None
+    tg, dr = load_target(spec.target), load_drafter(spec.drafter)
+    bd = BatchDecoder(tg, dr, lambda: None, STOP)
+    short = GenerationSettings(max_tokens=3, block_size=3, ignore_eos=True)
+    long = GenerationSettings(max_tokens=12, block_size=3, ignore_eos=True)
+    bd.join(Prompt(list(range(3, 40))), short, lambda e: None, Controls(3), tag="short")
+    bd.join(Prompt(list(range(5, 60))), long, lambda e: None, Controls(3), tag="long")
+    left: list[Any] = []
+    while len(left) < 2:
+        bd.step()
+        done = bd.take_finished()
+        left += [row.tag for row, _ in done]
+    assert left == ["short", "long"] and mx.get_cache_memory() == 0
+
+
 def test_seeded_sampled_rows_draw_what_they_draw_alone() -> None:
     """Temperature > 0: each row verifies by rejection sampling with its own key stream at its own block
     size (3, 5, and a plain step inside the others' drafting rounds), so with the same seed a row's ids
