@@ -86,13 +86,17 @@ def test_more_clients_than_seats_fifo_solo_ids_429_at_once_and_memory_back() -> 
         assert sent[0].status == sent[1].status == 200 and busy  # the first find rows; ten overflow 2 + 3 seats
         for s in ok:
             assert s.ids == alone[s.prompt]
-        assert all(s.answered - s.sent < 2.0 for s in busy)  # refused at once, not after waiting
+        assert all(s.answered - s.sent < 5.0 for s in busy)  # refused at once, not after waiting (a loaded CI)
         for a in ok:  # FIFO: one sent 0.3 s after another (surely arrived later) never gets its first token first
             for b in ok:
                 if b.sent - a.sent > 0.3:
                     assert b.answered > a.answered - 0.05, f"request {sent.index(b)} overtook {sent.index(a)}"
 
+        deadline = time.monotonic() + 15  # the last stream's slot is released just after its client has it all
         health = httpx.get(server.url + "/health", timeout=10).json()
+        while health["running"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            health = httpx.get(server.url + "/health", timeout=10).json()
         assert health["running"] == 0 and health["waiting"] == 0
         time.sleep(1.0)
         after = rss(server.proc.pid)
