@@ -4,7 +4,10 @@ Two real server processes on the same pairing: `--parallel 1` (requests one at a
 and `--parallel N` (continuous batching). For each N, interleaved and repeated: the same N requests
 (different prompts, greedy, EOS ignored, `--tokens` each) sent one after another to the first, and all
 at once from N threads to the second. Aggregate tok/s = all tokens / wall time from the first request
-to the last token (prefills included). Per stream, the inter-token gaps are the times between the
+to the last token (prefills included). On a shared machine wall time swings with the load, so each run
+also reports the server process's own CPU time per token (all its threads, from /proc): the engine's
+and the server's work, whatever else runs. `--compare DIR` adds a batched server on another checkout's
+code to the same interleaved repeats (before/after). Per stream, the inter-token gaps are the times between the
 arrivals of consecutive tokens at the client (a round's tokens arrive together: a gap of 0 inside a
 round), and its p95 is compared with the p95 of the same stream alone.
 
@@ -13,14 +16,26 @@ each has its first tokens, a request with a long prompt arrives. Per running str
 inter-token gap against the same stream alone, and the newcomer's time to first token against its
 time alone (its prefill) plus two rounds (a round: the running streams' median gap between arrivals).
 `--checkout DIR` serves another checkout's code (e.g. main's, for a before/after run).
+
+`--load` (bench_load): CLIENTS clients (default 32) for SECONDS (60) against `--parallel 4 --max-waiting 16`,
+each sending greedy requests one after another (a random prompt each; after a 429 it retries 0.2-1 s later).
+Every prompt is first run alone on the same server; every accepted request must get exactly those ids.
+Reported: accepted, refused (429) and failed requests, how fast a 429 came, the accepted requests' time to
+first token, FIFO inversions (an accepted request sent 1 s after another that got its first token 1 s
+before it: the earlier one was starved), and the server's RSS after the solo runs, idle after a 10 s warm-up
+load (the batch's shapes traced, its caches filled: one-time memory) and 2 s after the load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2 as httpx
@@ -99,41 +114,82 @@ def _server(args: list[str], checkout: str | None) -> Any:
 
 
 def bench_streams(
-    serve_args: list[str], counts: list[int], tokens: int, repeats: int, block: str, checkout: str | None = None
+    serve_args: list[str],
+    counts: list[int],
+    tokens: int,
+    repeats: int,
+    block: str,
+    checkout: str | None = None,
+    compare: str | None = None,
 ) -> None:
+    """`compare`: another checkout's batched server too, in the same interleaved repeats (before/after)."""
     biggest = max(counts)
     solo = _server([*serve_args, "--parallel", "1", "--max-waiting", str(biggest)], checkout)
-    batched = _server([*serve_args, "--parallel", str(biggest), "--max-waiting", str(biggest)], checkout)
-    with solo, batched:
+    batched_args = [*serve_args, "--parallel", str(biggest), "--max-waiting", str(biggest)]
+    servers = {"solo": solo, "batch": _server(batched_args, checkout)}
+    if compare is not None:
+        servers["other"] = _server(batched_args, compare)
+    with contextlib.ExitStack() as stack:
+        for s in servers.values():
+            stack.enter_context(s)
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(biggest)]
-        one_at_a_time(solo.url, prompts[:2], 16, block)  # warm both: kernels, caches
-        together(batched.url, prompts, 16, block)
+        one_at_a_time(solo.url, prompts[:2], 16, block)  # warm them all: kernels, caches
+        for name in ("batch", "other"):
+            if name in servers:
+                together(servers[name].url, prompts, 16, block)
         print(f"{tokens} tokens per stream, greedy, EOS ignored, block size {block}; {repeats} repeats, interleaved")
-        print("| streams | one at a time tok/s | together tok/s | ratio | p95 gap alone ms | p95 gap together ms |")
-        print("|---|---|---|---|---|---|")
+        other = f" | together ({compare}) tok/s | its ratio" if compare else ""
+        cpu = "one at a time / together" + (f" / together ({compare})" if compare else "")
+        print(
+            "| streams | one at a time tok/s | together tok/s | ratio | p95 gap alone ms | "
+            f"p95 gap together ms | server CPU ms per token: {cpu}{other} |"
+        )
+        print("|---|---|---|---|---|---|---|" + ("---|---|" if compare else ""))
         for n in counts:
-            rows: list[tuple[float, float, float, float]] = []
-            for r in range(repeats):
-                order = ("solo", "batch") if r % 2 == 0 else ("batch", "solo")
-                got: dict[str, Any] = {}
-                for which in order:
-                    if which == "solo":
-                        got[which] = one_at_a_time(solo.url, prompts[:n], tokens, block)
-                    else:
-                        got[which] = together(batched.url, prompts[:n], tokens, block)
-                (s_rate, s_streams), (b_rate, b_streams) = got["solo"], got["batch"]
-                alone = statistics.median(p95_gap(s) for s in s_streams)
-                shared = statistics.median(p95_gap(s) for s in b_streams)
-                rows.append((s_rate, b_rate, alone, shared))
-            med = [statistics.median(r[k] for r in rows) for k in range(4)]
-            print(
-                f"| {n} | {med[0]:.1f} | {med[1]:.1f} | {med[1] / med[0]:.2f}x | {med[2] * 1000:.1f} | "
-                f"{med[3] * 1000:.1f} |",
-                flush=True,
-            )
-            for i, (s, b, a, g) in enumerate(rows):
-                gaps = f"p95 gap {a * 1000:.1f} vs {g * 1000:.1f} ms"
-                print(f"  repeat {i + 1}: {s:.1f} vs {b:.1f} tok/s ({b / s:.2f}x), {gaps}")
+            _stream_rows(servers, prompts[:n], tokens, repeats, block)
+
+
+def _stream_rows(servers: dict[str, Any], prompts: list[str], tokens: int, repeats: int, block: str) -> None:
+    """One table row (and its repeats) of `bench_streams`: the servers' runs interleaved, the order rotating."""
+    names = list(servers)
+    rows: list[list[float]] = []
+    for r in range(repeats):
+        got: dict[str, Any] = {}
+        cpu: dict[str, float] = {}
+        for which in names[r % len(names) :] + names[: r % len(names)]:
+            run = one_at_a_time if which == "solo" else together
+            c0 = cpu_seconds(servers[which].proc.pid)
+            got[which] = run(servers[which].url, prompts, tokens, block)
+            cpu[which] = (cpu_seconds(servers[which].proc.pid) - c0) / sum(len(s) for s in got[which][1])
+        (s_rate, s_streams), (b_rate, b_streams) = got["solo"], got["batch"]
+        alone = statistics.median(p95_gap(s) for s in s_streams)
+        shared = statistics.median(p95_gap(s) for s in b_streams)
+        row = [s_rate, b_rate, alone, shared, cpu["solo"], cpu["batch"]]
+        rows.append(row + ([got["other"][0], cpu["other"]] if "other" in got else []))
+    med = [statistics.median(r[k] for r in rows) for k in range(len(rows[0]))]
+    other = f" | {med[6]:.1f} | {med[6] / med[0]:.2f}x" if len(med) > 6 else ""
+    cpus = " / ".join(f"{c * 1000:.1f}" for c in [med[4], med[5]] + med[7:])
+    print(
+        f"| {len(prompts)} | {med[0]:.1f} | {med[1]:.1f} | {med[1] / med[0]:.2f}x | {med[2] * 1000:.1f} | "
+        f"{med[3] * 1000:.1f} | {cpus}{other} |",
+        flush=True,
+    )
+    for i, row in enumerate(rows):
+        s, b, a, g = row[:4]
+        also = f"; the other checkout {row[6]:.1f} tok/s ({row[6] / s:.2f}x)" if len(row) > 6 else ""
+        print(
+            f"  repeat {i + 1}: {s:.1f} vs {b:.1f} tok/s ({b / s:.2f}x), "
+            f"p95 gap {a * 1000:.1f} vs {g * 1000:.1f} ms{also}"
+        )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 LONG_PROMPT = "Tell me everything about the sea, the ships, the rivers and the rain. " * 12
@@ -189,3 +245,172 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
                 f"{joined['ttft'] * 1000:.1f} | {(solo['ttft'] + 2 * round_s) * 1000:.1f} |",
                 flush=True,
             )
+
+
+# --- --load: many clients against a bounded server -------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    """One request of the load run, as its client saw it."""
+
+    client: int
+    prompt: int
+    sent: float
+    status: int  # 200, or 429 (refused), or 0 (failed otherwise)
+    answered: float = 0.0  # the status line (429) or the first token (200)
+    done: float = 0.0
+    ids: list[int] = field(default_factory=list)
+
+
+def _request_ids(client: httpx.Client, url: str, prompt: str, tokens: int, out: LoadResult) -> None:
+    """One greedy streamed request; fills `out` (its status, first-token and end times, token ids)."""
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        out.status = r.status_code
+        if r.status_code != 200:
+            out.answered = out.done = time.perf_counter()
+            r.read()
+            return
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                got = (json.loads(line[6:]).get("gemma_chat") or {}).get("tokens", ())
+                if got and not out.ids:
+                    out.answered = time.perf_counter()
+                out.ids.extend(t["id"] for t in got)
+    out.done = time.perf_counter()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_load(
+    url: str, clients: int, seconds: float, tokens: int, seed: int = 0, prompts: list[str] = PROMPTS
+) -> list[LoadResult]:
+    """`clients` threads, each sending requests one after another for `seconds` (a random prompt each; after
+    a 429 it waits 0.2-1 s and sends again). Every request's result, in the order they were sent."""
+    results: list[LoadResult] = []
+    lock = threading.Lock()
+    go = threading.Barrier(clients + 1)
+    end = time.perf_counter() + seconds + 5.0  # the barrier and the first connections take a moment
+
+    def run(c: int) -> None:
+        rng = random.Random(seed * 1000 + c)
+        with httpx.Client(timeout=600) as client:
+            go.wait()
+            t_end = time.perf_counter() + seconds
+            while time.perf_counter() < t_end:
+                i = rng.randrange(len(prompts))
+                out = LoadResult(c, i, time.perf_counter(), 0)
+                with lock:
+                    results.append(out)
+                try:
+                    _request_ids(client, url, prompts[i], tokens, out)
+                except httpx.HTTPError:
+                    out.status, out.done = 0, time.perf_counter()
+                if out.status == 429:
+                    time.sleep(rng.uniform(0.2, 1.0))
+
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    go.wait()
+    for t in threads:
+        t.join(timeout=max(1.0, end - time.perf_counter() + 600))
+    return sorted(results, key=lambda r: r.sent)
+
+
+def fifo_inversions(results: list[LoadResult], margin: float) -> int:
+    """Pairs of accepted requests where one was sent `margin` s before the other and yet got its first token
+    `margin` s after it (an overtaken request: starvation). Arrival order within `margin` is not compared."""
+    ok = [r for r in results if r.status == 200 and r.answered]
+    return sum(1 for a in ok for b in ok if b.sent - a.sent > margin and a.answered - b.answered > margin)
+
+
+def _q(values: list[float], f: float) -> float:
+    s = sorted(values)
+    return s[min(int(f * len(s)), len(s) - 1)] if s else 0.0
+
+
+def bench_load(
+    serve_args: list[str],
+    clients: int,
+    seconds: float,
+    tokens: int,
+    parallel: int = 4,
+    max_waiting: int = 16,
+    checkout: str | None = None,
+) -> dict[str, Any]:
+    """The load scenario (see the module docstring): prints its report and returns its figures."""
+    server = _server([*serve_args, "--parallel", str(parallel), "--max-waiting", str(max_waiting)], checkout)
+    with server:
+        pid = server.proc.pid
+        alone: dict[int, list[int]] = {}
+        with httpx.Client(timeout=600) as client:
+            for i, p in enumerate(PROMPTS):  # each prompt alone first: the ids every accepted request must get
+                out = LoadResult(-1, i, time.perf_counter(), 0)
+                _request_ids(client, server.url, p, tokens, out)
+                alone[i] = out.ids
+        time.sleep(2.0)
+        solo_rss = rss_bytes(pid)
+        run_load(server.url, clients, min(10.0, seconds / 6), tokens, seed=99)  # warm: batch shapes, caches
+        time.sleep(2.0)
+        idle = rss_bytes(pid)
+        t0 = time.perf_counter()
+        results = run_load(server.url, clients, seconds, tokens)
+        wall = time.perf_counter() - t0
+        time.sleep(2.0)
+        after = rss_bytes(pid)
+    ok = [r for r in results if r.status == 200]
+    busy = [r for r in results if r.status == 429]
+    failed = [r for r in results if r.status not in (200, 429)]
+    wrong = [r for r in ok if r.ids != alone[r.prompt]]
+    refused_s = [r.answered - r.sent for r in busy]
+    ttft = [r.answered - r.sent for r in ok]
+    figures = {
+        "requests": len(results),
+        "accepted": len(ok),
+        "refused": len(busy),
+        "failed": len(failed),
+        "wrong_ids": len(wrong),
+        "tok_s": sum(len(r.ids) for r in ok) / wall,
+        "refused_p50_ms": _q(refused_s, 0.5) * 1000,
+        "refused_max_ms": max(refused_s, default=0.0) * 1000,
+        "ttft_p50_s": _q(ttft, 0.5),
+        "ttft_max_s": max(ttft, default=0.0),
+        "fifo_inversions": fifo_inversions(results, 1.0),
+        "rss_solo_mb": solo_rss / 2**20,
+        "rss_idle_mb": idle / 2**20,
+        "rss_after_mb": after / 2**20,
+    }
+    print(
+        f"{clients} clients for {seconds:.0f} s against --parallel {parallel} --max-waiting {max_waiting}, "
+        f"{tokens} greedy tokens per request (EOS ignored)"
+    )
+    print(
+        "| requests | accepted | 429 | failed | ids != alone | tok/s | 429 after p50/max ms | "
+        "accepted: first token p50/max s | FIFO inversions (1 s) | RSS after solo runs / idle / after MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    f = figures
+    print(
+        f"| {f['requests']} | {f['accepted']} | {f['refused']} | {f['failed']} | {f['wrong_ids']} | {f['tok_s']:.1f} | "
+        f"{f['refused_p50_ms']:.0f} / {f['refused_max_ms']:.0f} | {f['ttft_p50_s']:.1f} / {f['ttft_max_s']:.1f} | "
+        f"{f['fifo_inversions']} | {f['rss_solo_mb']:.0f} / {f['rss_idle_mb']:.0f} / {f['rss_after_mb']:.0f} |",
+        flush=True,
+    )
+    return figures

@@ -6,6 +6,8 @@
         (scripts/_serve_streams.py: N streams at once against `serve --parallel` vs one at a time)
     .venv/bin/python scripts/bench_serve.py --demo --join --tokens 128 --repeats 3 [--checkout DIR]
         (a long prompt joins 3 running streams: their inter-token gaps, its time to first token)
+    .venv/bin/python scripts/bench_serve.py --demo --load 32 --seconds 60 --tokens 48
+        (32 clients against --parallel 4 --max-waiting 16: solo ids, 429s at once, FIFO, RSS)
 
 Interleaved, ONE engine, greedy, EOS ignored, a fixed number of tokens. This process holds the
 engine and serves it (core.frontends.server on uvicorn, 127.0.0.1, as `gemma-chat serve` does); the server
@@ -152,19 +154,35 @@ def main() -> int:
     )
     p.add_argument("--stream-block", default="auto", metavar="K", help="--streams: block size, 'auto' or 1..16")
     p.add_argument("--join", action="store_true", help="a long prompt joins 3 running streams: their gaps, its TTFT")
-    p.add_argument("--checkout", metavar="DIR", help="--streams/--join: serve this checkout's code (before/after)")
+    p.add_argument(
+        "--load",
+        metavar="CLIENTS",
+        type=int,
+        default=None,
+        help="CLIENTS clients for --seconds against --parallel 4 --max-waiting 16 (scripts/_serve_streams.py)",
+    )
+    p.add_argument(
+        "--compare", metavar="DIR", help="--streams: also another checkout's batched server, interleaved (before/after)"
+    )
+    p.add_argument("--seconds", type=float, default=60.0, help="--load: how long the clients send")
+    p.add_argument(
+        "--checkout", metavar="DIR", help="--streams/--join/--load: serve this checkout's code (before/after)"
+    )
     args = p.parse_args()
     if args.client:
         return client_loop(args.client, args.tokens, args.block_size)
-    if args.streams or args.join:
-        from _serve_streams import bench_join, bench_streams
+    if args.streams or args.join or args.load:
+        from _serve_streams import bench_join, bench_load, bench_streams
 
         serve_args = ["--demo"] if args.demo else ["--model", args.model, "--drafter", args.drafter]
+        if args.load:
+            bench_load(serve_args, args.load, args.seconds, args.tokens, checkout=args.checkout)
+            return 0
         if args.join:
             bench_join(serve_args, args.tokens, args.repeats, args.stream_block, args.checkout)
             return 0
         counts = [int(n) for n in args.streams.split(",")]
-        bench_streams(serve_args, counts, args.tokens, args.repeats, args.stream_block, args.checkout)
+        bench_streams(serve_args, counts, args.tokens, args.repeats, args.stream_block, args.checkout, args.compare)
         return 0
 
     if args.switch_interval:

@@ -14,11 +14,16 @@ leave as soon as they stop (eos, max tokens, context, cancel): `take_finished` r
 through the same path.
 
 A joining row's prompt is prefilled in chunks between rounds (`step`: first some prefill, then one
-round for the rows that decode), so the running streams do not stall for a whole long prompt: while
-rows decode, a step spends at most about PREFILL_SHARE of a measured round's time on prefill
-(tokens = round seconds x measured prefill tokens/s, PREFILL_MIN_CHUNK..PREFILL_CHUNK), in join
-order. With no row decoding, prompts prefill at full speed (chunks of PREFILL_CHUNK, as alone). A row
-whose prefill ends joins that step's round.
+round for the rows that decode), so the running streams do not stall for a whole long prompt. While
+rows decode, a step prefills, in join order, the larger of
+- about PREFILL_SHARE of a measured round's time (tokens = round seconds x measured prefill tokens/s,
+  PREFILL_MIN_CHUNK..PREFILL_CHUNK), and
+- 1/JOIN_STEPS of the joining prompt (so its first token comes within its prefill + JOIN_STEPS - 1
+  rounds), but never more than JOIN_MAX_STALL_S of prefill at the measured rate.
+The second keeps the newcomer's wait short and stalls the running streams for only JOIN_STEPS gaps
+(a stream's p95 gap does not see them); the stall cap keeps a very long prompt from freezing them:
+it then takes more steps. With no row decoding, prompts prefill at full speed (chunks of
+PREFILL_CHUNK, as alone). A row whose prefill ends joins that step's round.
 
 Prefix reuse (core.decode.prefix_cache): a finished text row's cache goes into a small LRU; a new text
 request that shares a prefix with one of them starts from a copy trimmed to that prefix (only where
@@ -70,6 +75,8 @@ if TYPE_CHECKING:
 
 PREFILL_SHARE = 0.5  # while rows decode: prefill per step, as a fraction of one round's time
 PREFILL_MIN_CHUNK = 16  # tokens: never less per step, so a long prompt still gets through
+JOIN_STEPS = 2  # while rows decode, a joining prompt prefills in this many steps (unless capped below)
+JOIN_MAX_STALL_S = 1.0  # ... where a step's prefill takes no longer than this at the measured rate
 _EMA = 0.3  # weight of the newest measurement of a round's time and of the prefill rate
 
 
@@ -80,6 +87,11 @@ class PrefillJob:
     prompt: Prompt
     done: int = 0  # prompt tokens run so far (of prompt.ids)
     seconds: float = 0.0  # time spent in its chunks
+
+    @property
+    def per_step(self) -> int:
+        """Tokens per step that prefill the whole prompt in JOIN_STEPS steps."""
+        return -(-len(self.prompt.ids) // JOIN_STEPS)
 
 
 @dataclass
@@ -193,7 +205,8 @@ class BatchDecoder:
 
     def take_finished(self) -> list[tuple[Row, TurnResult]]:
         """Remove the rows that stopped (or were cancelled) and return them with their results; a text
-        row's cache goes to the prefix cache (it holds exactly its prompt and its committed tokens)."""
+        row's cache goes to the prefix cache (it holds exactly its prompt and its committed tokens). When
+        the last row leaves, MLX's buffer cache is emptied."""
         out = []
         for row in list(self.rows):
             if row.reason is None and row.controls.cancelled:
@@ -203,6 +216,8 @@ class BatchDecoder:
                 if row.storable and row.error is None:
                     self.prefix.put(row.prefix + row.committed, row.cache)
                 out.append((row, self._result(row)))
+        if out and not self.rows:  # the batch drained: the buffers MLX keeps for reuse go back (RSS to idle)
+            mx.clear_cache()
         return out
 
     # --- prefill between rounds -----------------------------------------------------------------
@@ -215,10 +230,16 @@ class BatchDecoder:
         if self.prefill_tokens is not None:
             return self.prefill_tokens
         if self.round_s is None or self.prefill_tps is None:
-            return 4 * PREFILL_MIN_CHUNK
-        tokens = int(self.round_s * self.prefill_tps * PREFILL_SHARE)
-        tokens -= tokens % PREFILL_MIN_CHUNK  # few distinct chunk shapes
-        return max(PREFILL_MIN_CHUNK, min(PREFILL_CHUNK, tokens))
+            share = 4 * PREFILL_MIN_CHUNK
+        else:
+            share = int(self.round_s * self.prefill_tps * PREFILL_SHARE)
+            share -= share % PREFILL_MIN_CHUNK  # few distinct chunk shapes
+            share = max(PREFILL_MIN_CHUNK, min(PREFILL_CHUNK, share))
+        joining = [r.prefill.per_step for r in self.rows if r.prefill is not None and r.reason is None]
+        newcomer = max(joining, default=0)
+        if self.prefill_tps is not None:
+            newcomer = min(newcomer, int(JOIN_MAX_STALL_S * self.prefill_tps))
+        return max(share, newcomer)
 
     def _prefill_some(self, budget: int | None) -> bool:
         """Prefill the joining rows in join order within `budget` tokens; whether any ran. A row whose

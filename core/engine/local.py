@@ -173,7 +173,7 @@ class Engine:
         return self._submit("warmup", (on_step,))
 
     def reset(self) -> concurrent.futures.Future:
-        """Forget the cached conversation (the next turn prefills everything)."""
+        """Forget the cached conversation and the batch's cached prefixes (the next turn prefills everything)."""
         return self._submit("reset", ())
 
     def cancel(self) -> None:
@@ -298,6 +298,8 @@ class Engine:
                 elif req.kind == "reset":
                     if self._state is not None:
                         self._reset_conversation(self._state)
+                        if self._state.batch is not None:  # the batch's finished rows' caches too
+                            self._state.batch.prefix.clear()
                     req.future.set_result(None)
             except BaseException as e:  # a future must always complete
                 if not req.future.done():

@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from core.decode import batch as batch_mod
 from core.decode.batch import BatchDecoder
 from core.decode.prefix_cache import PrefixCache
 from core.decode.prompt import encode_messages
@@ -165,6 +166,25 @@ def test_a_row_leaves_at_once_and_frees_its_cache(fam: tuple) -> None:
     assert finished[0][0].h is None  # nothing of the row is kept alive by the batch
 
 
+def test_a_drained_batch_gives_mlxs_buffer_cache_back() -> None:
+    """When the last row leaves, the buffers MLX keeps for reuse are freed (the server's memory goes back to
+    its idle level between bursts)."""
+    spec = demo_spec()
+    assert spec.drafter is not None
+    tg, dr = load_target(spec.target), load_drafter(spec.drafter)
+    bd = BatchDecoder(tg, dr, lambda: None, STOP)
+    short = GenerationSettings(max_tokens=3, block_size=3, ignore_eos=True)
+    long = GenerationSettings(max_tokens=12, block_size=3, ignore_eos=True)
+    bd.join(Prompt(list(range(3, 40))), short, lambda e: None, Controls(3), tag="short")
+    bd.join(Prompt(list(range(5, 60))), long, lambda e: None, Controls(3), tag="long")
+    left: list[Any] = []
+    while len(left) < 2:
+        bd.step()
+        done = bd.take_finished()
+        left += [row.tag for row, _ in done]
+    assert left == ["short", "long"] and mx.get_cache_memory() == 0
+
+
 def test_seeded_sampled_rows_draw_what_they_draw_alone() -> None:
     """Temperature > 0: each row verifies by rejection sampling with its own key stream at its own block
     size (3, 5, and a plain step inside the others' drafting rounds), so with the same seed a row's ids
@@ -226,6 +246,56 @@ def test_a_long_prompt_prefills_in_chunks_while_the_others_decode(fam: tuple) ->
     _drain(bd, results)
     for i, p in enumerate(plans):
         assert results[i].token_ids == _solo(tg, p), f"row {i}"
+
+
+def test_a_joining_prompt_prefills_in_join_steps_while_the_others_decode(
+    fam: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the measured budget, a long prompt joining two decoding rows prefills in at most JOIN_STEPS steps
+    (its first token within its prefill + JOIN_STEPS - 1 of the others' rounds), the others get a round in
+    every step meanwhile, and every row equals its solo run. (The stall cap is lifted: this machine's speed
+    must not decide the count; its own test is below.)"""
+    _, tg, dr, texts = fam
+    monkeypatch.setattr(batch_mod, "JOIN_MAX_STALL_S", 1e9)
+    bd = BatchDecoder(tg, dr, lambda: None, STOP, prefix_cache=PrefixCache(max_entries=0))
+    go = GenerationSettings(max_tokens=30, block_size=3, ignore_eos=True)
+    plans = [Plan(texts[0][:20], go, 0), Plan(texts[0][:12], go, 0), Plan(texts[-1], go, 2)]
+    for i, p in enumerate(plans[:2]):
+        bd.join(Prompt(p.prompt), p.settings, p.events.append, Controls(3), tag=i)
+    bd.step()
+    bd.step()
+    row = bd.join(Prompt(plans[2].prompt), go, plans[2].events.append, Controls(3), tag=2)
+    before = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    steps = 0
+    while row.prefill is not None:
+        bd.step()
+        steps += 1
+    after = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    assert 1 <= steps <= batch_mod.JOIN_STEPS
+    assert [a - b for a, b in zip(after, before)] == [steps, steps]  # a round for the others every step
+    assert isinstance(plans[2].events[0], PrefillDone) and isinstance(plans[2].events[1], TokenEvent)
+    results: dict[Any, Any] = {}
+    _drain(bd, results)
+    for i, p in enumerate(plans):
+        assert results[i].token_ids == _solo(tg, p), f"row {i}"
+
+
+def test_the_join_budget_takes_a_share_of_the_prompt_within_the_stall_cap() -> None:
+    """While rows decode, a step prefills the larger of the round's share and 1/JOIN_STEPS of the joining
+    prompt; the latter at most JOIN_MAX_STALL_S of prefill at the measured rate; nothing decoding: no limit."""
+    spec = demo_spec()
+    assert spec.drafter is not None
+    tg = load_target(spec.target)
+    bd = BatchDecoder(tg, None, lambda: None, STOP)
+    bd.join(Prompt(list(range(3, 603))), GenerationSettings(), lambda e: None, Controls(1))
+    per_step = -(-600 // batch_mod.JOIN_STEPS)
+    bd.round_s, bd.prefill_tps = 0.05, 2000.0  # a round's share: 0.05 s x 2000 tok/s x PREFILL_SHARE = 50 -> 48
+    assert bd._prefill_budget(True) == per_step
+    bd.prefill_tps = 100.0  # slow prefill: the share is the floor (16); the prompt's share capped at 1 s of it
+    assert bd._prefill_budget(True) == min(per_step, int(batch_mod.JOIN_MAX_STALL_S * 100))
+    bd.round_s, bd.prefill_tps = 10.0, 2000.0  # a long round: its share (capped at PREFILL_CHUNK) is larger
+    assert bd._prefill_budget(True) == max(per_step, batch_mod.PREFILL_CHUNK)
+    assert bd._prefill_budget(False) is None
 
 
 def test_a_continued_conversation_prefills_only_its_new_tokens(fam: tuple) -> None:

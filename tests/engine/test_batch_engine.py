@@ -93,3 +93,18 @@ def test_a_refused_request_does_not_disturb_the_batch(batched: Engine, solo: dic
     refused = bad.result(timeout=120)
     assert refused.stats.stop_reason == "error" and refused.error and "temperature" in refused.error
     assert good.result(timeout=120).token_ids == solo[1]
+
+
+def test_reset_forgets_the_batchs_cached_prefixes(batched: Engine, solo: dict[int, tuple[int, ...]]) -> None:
+    """A finished row's cache serves a later request that continues it (reused prompt tokens > 0); after
+    `Engine.reset()` nothing is reused: the next request prefills its whole prompt, with the same reply."""
+    first = [{"role": "user", "content": PROMPTS[2]}]
+    s = GenerationSettings(max_tokens=24, block_size=BLOCKS[2])
+    done = batched.chat(first, s, lambda e: None).result(timeout=120)
+    again = [*first, {"role": "assistant", "content": done.text}, {"role": "user", "content": "More."}]
+    reused = batched.chat(again, s, lambda e: None).result(timeout=120)
+    assert reused.stats.reused_tokens > 0
+    batched.reset().result(timeout=60)
+    fresh = batched.chat(again, s, lambda e: None).result(timeout=120)
+    assert fresh.stats.reused_tokens == 0 and fresh.stats.prefill_tokens == fresh.stats.prompt_tokens
+    assert fresh.token_ids == reused.token_ids
