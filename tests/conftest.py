@@ -51,6 +51,12 @@ os.environ["HF_HOME"] = str(_SESSION_ROOT / "hf")
 os.environ.pop("HF_HUB_CACHE", None)  # else it wins over HF_HOME
 # MLX's compiled CPU kernels: one private folder for the session, this process and every gemma-chat it starts
 os.environ["GEMMA_CHAT_KERNEL_DIR"] = str(_SESSION_ROOT / "kernels")
+# ... but most tests run MLX uncompiled: building the CPU kernels (a C++ compile, ~1 s each, a few hundred
+# across the families, dtypes and shapes the suite runs) was half of an engine module's time. The compiled
+# path keeps its own tests: the `compiled` fixture (in-process) and `compiled_env` (processes).
+# GEMMA_CHAT_TEST_COMPILE=1 runs the whole suite compiled.
+if os.environ.get("GEMMA_CHAT_TEST_COMPILE") != "1":
+    os.environ["MLX_DISABLE_COMPILE"] = "1"
 from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402 (after the variables it reads)
 
 use_private_kernel_cache()
@@ -119,3 +125,16 @@ def factory_checkpoints(tmp_path_factory) -> FactoryCheckpoints:
 @pytest.fixture(scope="session")
 def pack_dir() -> Path:
     return PACK_MODELS
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """MLX compiles in this test, as on a user's machine (the suite runs uncompiled: see the top), and in
+    the processes it starts (they inherit the environment)."""
+    import mlx.core as mx
+
+    monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
+    mx.enable_compile()
+    yield
+    if os.environ.get("GEMMA_CHAT_TEST_COMPILE") != "1":
+        mx.disable_compile()

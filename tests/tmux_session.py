@@ -34,10 +34,21 @@ def _ensure_tmux() -> str:
 
 
 class Tmux:
-    def __init__(self, tmux: str, env: dict[str, str], command: list[str], size: tuple[int, int] = (WIDTH, HEIGHT)):
+    def __init__(
+        self,
+        tmux: str,
+        env: dict[str, str],
+        command: list[str],
+        size: tuple[int, int] = (WIDTH, HEIGHT),
+        *,
+        compiled: bool = False,
+    ):
         self.tmux = tmux
         self.socket = f"gc-test-{uuid.uuid4().hex[:8]}"
         self.env = env
+        # this socket's tmux server starts with the test's environment, which the app inherits (`-e` only
+        # sets variables); `compiled`: without the suite's MLX_DISABLE_COMPILE (MLX reads any value as "off")
+        server_env = {k: v for k, v in os.environ.items() if not (compiled and k == "MLX_DISABLE_COMPILE")}
         self._run(
             "-f",
             "/dev/null",
@@ -51,12 +62,13 @@ class Tmux:
             str(size[1]),
             *[f"-e{k}={v}" for k, v in env.items()],
             " ".join(command),
+            env=server_env,
         )
         self._run("set-option", "-g", "escape-time", "0")
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [self.tmux, "-L", self.socket, *args], capture_output=True, text=True, check=check, timeout=20
+            [self.tmux, "-L", self.socket, *args], capture_output=True, text=True, check=check, timeout=20, env=env
         )
 
     def text(self) -> str:
@@ -112,9 +124,16 @@ def term_env(tmp_path):
 
 
 def _session(
-    term_env, extra_env: dict[str, str], args: list[str], size: tuple[int, int] = (WIDTH, HEIGHT), *, fake: bool = False
+    term_env,
+    extra_env: dict[str, str],
+    args: list[str],
+    size: tuple[int, int] = (WIDTH, HEIGHT),
+    *,
+    fake: bool = False,
+    compiled: bool = False,
 ) -> Tmux:
-    """The installed `gemma-chat ARGS` in tmux, or with `fake` the app on the scripted fake engine."""
+    """The installed `gemma-chat ARGS` in tmux, or with `fake` the app on the scripted fake engine;
+    `compiled`: MLX compiles in the app, as on a user's machine (the suite runs it uncompiled)."""
     assert GEMMA_CHAT.exists(), f"the gemma-chat script is not installed next to {sys.executable}"
     program = FAKE_UI if fake else str(GEMMA_CHAT)
-    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [program, *args], size)
+    return Tmux(_ensure_tmux(), {**term_env, **extra_env}, [program, *args], size, compiled=compiled)

@@ -298,7 +298,9 @@ def home(tmp_path):
         "TERM": "xterm-256color",
         "PATH": os.environ.get("PATH", ""),
     }
-    for name in ("GEMMA_CHAT_CACHE_DIR", "HF_HOME", "HOME"):
+    # the session's kernel folder and its uncompiled MLX (tests/conftest.py): a cold compile is the
+    # cold-kernel tests' subject, not this one's (it was a minute of `gemma-chat bench --demo`)
+    for name in ("GEMMA_CHAT_CACHE_DIR", "HF_HOME", "HOME", "GEMMA_CHAT_KERNEL_DIR", "MLX_DISABLE_COMPILE"):
         if name in os.environ:
             env[name] = os.environ[name]
     return env

@@ -97,8 +97,11 @@ def test_pack_pairings_are_exact_anywhere_inside_a_call(tokenizer, family):
     assert len(prompt) > 4 * tg.window  # the sliding window has rolled over the declarations
     markers = {tokenizer._tokenizer.convert_tokens_to_ids(t) for t in ("<|tool_call>", '<|"|>', "<tool_call|>")}
     assert markers <= set(prompt) and markers <= set(call)
-    # every cut on the E-series pair (KV sharing, centroid head); a spread of them on the others (CPU time)
-    cuts = range(len(call)) if family == "e-style" else [1, 7, len(call) // 2, len(call) - 1]
+    # on the E-series pair (KV sharing, centroid head) a cut at and just after every marker, inside the name
+    # and inside the string; a spread of them on the others (CPU time: each cut is three whole prefills)
+    at_markers = {i + d for i, t in enumerate(call) if t in markers for d in (0, 1)}
+    cuts = sorted({1, 5, len(call) - 1, *at_markers} & set(range(len(call)))) if family == "e-style" else None
+    cuts = cuts or [1, 7, len(call) // 2, len(call) - 1]
     _check_cuts(tg, dr, prompt, call, cuts)
 
 
