@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -136,5 +137,13 @@ def compiled(monkeypatch):
     monkeypatch.delenv("MLX_DISABLE_COMPILE", raising=False)
     mx.enable_compile()
     yield
-    if os.environ.get("GEMMA_CHAT_TEST_COMPILE") != "1":
+
+
+@pytest.fixture(autouse=True)
+def _suite_compile_mode():
+    """After every test, MLX compiles as the suite does: a test that switched compilation on (the engine
+    does once its kernels are ready; the kernel tests restore "on" by hand) must not leave it on."""
+    yield
+    mx = sys.modules.get("mlx.core")
+    if mx is not None and os.environ.get("GEMMA_CHAT_TEST_COMPILE") != "1":
         mx.disable_compile()

@@ -117,6 +117,40 @@ def test_drafts_are_accepted_and_greedy_output_is_unchanged(capsys):
     assert stats["tokens_per_round"] > 2.0
 
 
+
+def test_compiled_drafted_replies_are_the_uncompiled_plain_one(compiled):
+    """The suite runs MLX uncompiled (tests/conftest.py); a user's CPU runs compiled once its kernels are
+    built (mlx-lm's fused pieces): there too drafting at a fixed and at auto block size gives the target's
+    own greedy tokens, the ones it gives uncompiled."""
+    import mlx.core as mx
+
+    from core.decode.spec import Decoder, Prompt
+    from core.model.drafter import load_drafter
+    from core.model.target import load_target
+    from core.settings import GenerationSettings
+
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from core.decode import chat_format
+
+    tg, dr = load_target(demo.DEMO_DIR / "target"), load_drafter(demo.DEMO_DIR / "assistant")
+    tok = load_tokenizer(demo.DEMO_DIR / "target")
+    messages = chat_format.normalize_messages([{"role": "user", "content": "What is speculative decoding?"}])
+    text = chat_format.render(messages, None, bos=tok.bos_token).text
+    ids = tok._tokenizer.encode(text, add_special_tokens=False)
+
+    def reply(block: int | str) -> list[int]:
+        settings = GenerationSettings(max_tokens=24, ignore_eos=True, block_size=block)
+        run = Decoder(tg, dr if block != 1 else None, None, frozenset()).run
+        return run(tg.make_cache(), Prompt(list(ids)), settings, lambda e: None).token_ids
+
+    mx.disable_compile()
+    want = reply(1)
+    mx.enable_compile()
+    for block in (1, 4, "auto"):
+        assert reply(block) == want, block
+
+
 def test_the_drafter_routes_its_drafts_among_the_right_candidates(monkeypatch, capsys):
     """The centroid head drafts among the tokens of its top clusters (`token_ordering`): with the
     cluster table it was trained with, that is the token its full vocabulary would pick. A table that
