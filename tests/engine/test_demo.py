@@ -117,21 +117,18 @@ def test_drafts_are_accepted_and_greedy_output_is_unchanged(capsys):
     assert stats["tokens_per_round"] > 2.0
 
 
-
 def test_compiled_drafted_replies_are_the_uncompiled_plain_one(compiled):
     """The suite runs MLX uncompiled (tests/conftest.py); a user's CPU runs compiled once its kernels are
     built (mlx-lm's fused pieces): there too drafting at a fixed and at auto block size gives the target's
     own greedy tokens, the ones it gives uncompiled."""
     import mlx.core as mx
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+    from core.decode import chat_format
     from core.decode.spec import Decoder, Prompt
     from core.model.drafter import load_drafter
     from core.model.target import load_target
     from core.settings import GenerationSettings
-
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    from core.decode import chat_format
 
     tg, dr = load_target(demo.DEMO_DIR / "target"), load_drafter(demo.DEMO_DIR / "assistant")
     tok = load_tokenizer(demo.DEMO_DIR / "target")
