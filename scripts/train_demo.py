@@ -29,6 +29,30 @@ the answer (not shipped: it made the demo worse):
                                                            (Paris right, Tokyo -> Asia/Shanghai), answers
                                                            copy the time but not the zone; held-out on topic
                                                            57 % (E: 66 %), drafts 40 % with E's drafter
+Wave 4 trained a target FROM SCRATCH on the wide corpus plus drills (not shipped: see below), in one
+--state folder, changing the schedule's length twice as the machine's load (2 shared cores, load 5-7:
+4 to 12 s a step) moved the time it could take:
+    --replay 1300,600 --tool-drills 500 --target-steps 700 --drafter-steps 0 --lr 4e-3 --save-every 25
+                                                           (2400 conversations, 761389 tokens) stopped at
+                                                           step 100 (475 s of steps, loss 8.1 -> 2.4)
+    same with --target-steps 900 --resume                  steps 101-250 (1079 s), stopped at 250 (loss ~1.5)
+    same with --target-steps 650 --resume                  steps 251-600 (2651 s), stopped at 600 (loss
+                                                           0.4-0.7 by batch; A reached ~0.2 on its corpus)
+    same with --target-steps 600 --drafter-steps 300 --batch-tokens 1024 --resume
+                                                           the target written at 600 (cosine lr at 0.11 of
+                                                           its peak), then its drafter from the factory's
+                                                           (352 s, loss 19.5 -> 0.5-3 by batch)
+  Its greedy samples already missed corpus prompts that E answers ("Hello / What is speculative
+  decoding?" -> a logging docstring; "What are the keys of this app?" -> the off-topic reply) and called
+  Asia/Shanghai for Paris: 600 steps over a corpus 1.6x A's (1.6 epochs, A had 3.2) do not fit it.
+  Measured (scripts/measure_demo.py --repeats 1, --model/--drafter on it; E in brackets): held-out on
+  topic 1/58 = 2 % (E 38/58 = 66 %; 43 of its 57 misses are the off-topic reply, mostly the with-tools
+  one, 36 of 43, although no tools were declared), tokens from accepted drafts 76.1 % (E 67.9 %): its drafter
+  distils fine, its target does not know the corpus yet. Off-topic 20/20 (E 18/20: it says so to nearly
+  everything). Tools 15/40 (E 6/39): no call names the asked zone (most "Asia/UTC"), but 13 of the 19
+  answers copy the given result's time and zone exactly (E: 1), so the drills do teach that copying.
+  A from-scratch wide run needs the ~3 epochs A had (~1200 steps, 2-3 hours on this machine when it is
+  shared; the --state at step 600 was not kept).
 A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
 --target-steps / --drafter-steps / --lr it is resumed with).
 
