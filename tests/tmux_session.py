@@ -33,6 +33,15 @@ def _ensure_tmux() -> str:
     pytest.skip(message)
 
 
+_READY = re.compile(r"[·│]\s*ready\b|\bready\s*·")
+
+
+def shows_ready(screen: str) -> bool:
+    """The chat's status says the model is loaded: in the side panel ("│ ready", "ready · preparing kernels…")
+    or in the compact line of a narrow screen ("DEMO — … · ready"); not the models table's "ready" column."""
+    return bool(_READY.search(screen))
+
+
 class Tmux:
     def __init__(
         self,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_tui_lost_terminal_tmux import cmdline, descendants, history, kill_terminal_and_wait
-from tmux_session import _session
+from tmux_session import _session, shows_ready
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
 FINISHED = re.compile(r"(\d+) tokens · [\d.]+ tok/s · TTFT ([\d.]+) s")
@@ -38,12 +38,6 @@ def ask(t, question: str, n_before: int) -> float:
     return float(FINISHED.findall(t.text())[-1][1])
 
 
-def loaded(screen: str) -> bool:
-    """The demo is loaded: "ready" in the side panel ("ready · preparing kernels…") or in the compact line
-    of a narrow screen ("DEMO — … · ready · …")."""
-    return "· ready" in screen or "ready ·" in screen
-
-
 def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_env, tmp_path):  # noqa: F811
     pytest.importorskip("core.engine")
     cold = tmp_path / "kernels"  # empty: this machine has built nothing yet
@@ -51,7 +45,7 @@ def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_
     try:
         t.wait(lambda: "Enter: use it" in t.text(), "the welcome screen with the demo selected", 60)
         t.keys("Enter")
-        t.wait(lambda: loaded(t.text()), "the demo to load", 90)
+        t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
         t.wait(lambda: NOTE.search(flat(t.text())), "the note that kernels are being prepared", 15)
         first = ask(t, "Hello", 0)
         assert first < TTFT_LIMIT_S, f"first reply TTFT {first:.2f} s on a machine without kernels"
@@ -91,7 +85,7 @@ def test_the_first_image_prompt_on_a_cold_machine_costs_what_the_second_does(ter
     cold = tmp_path / "kernels"
     t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(cold)}, ["--demo"], size=(120, 36), compiled=True)
     try:
-        t.wait(lambda: loaded(t.text()), "the demo to load", 90)
+        t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
         t.wait(lambda: NOTE.search(flat(t.text())), "the note that kernels are being prepared", 15)
         states: list[str] = []
         t.keys(f"/image {IMAGES / 'chart.png'} What is this?", literal=True)
@@ -124,7 +118,7 @@ def test_a_second_start_finds_the_kernels(term_env, tmp_path):  # noqa: F811
     kernels = tmp_path / "kernels"
     t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(kernels)}, ["--demo"], size=(120, 36), compiled=True)
     try:
-        t.wait(lambda: loaded(t.text()), "the demo to load", 90)
+        t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
         t.wait(lambda: "preparing kernels" not in t.text(), "the kernels to be prepared", 600)
         t.keys("C-q")
         t.wait(lambda: not t.alive(), "Ctrl+Q", 15)
@@ -133,7 +127,7 @@ def test_a_second_start_finds_the_kernels(term_env, tmp_path):  # noqa: F811
     assert list(kernels.rglob("prepared/*.json")), "no marker after the preparation"
     t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(kernels)}, ["--demo"], size=(120, 36), compiled=True)
     try:
-        t.wait(lambda: loaded(t.text()), "the demo to load", 90)
+        t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
         time.sleep(1.0)
         assert "preparing kernels" not in t.text()
         assert ask(t, "Hello", 0) < TTFT_LIMIT_S

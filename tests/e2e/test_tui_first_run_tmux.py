@@ -15,7 +15,7 @@ import re
 import time
 
 import pytest
-from tmux_session import _colour, _session, _sgr_params
+from tmux_session import _colour, _session, _sgr_params, shows_ready
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
 SIZE = (80, 24)
@@ -64,7 +64,7 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
         t.wait(lambda: "Welcome!" in t.text(), "the welcome (models) screen", 30)
         t.wait(lambda: "Enter: use it" in t.text(), "the demo row selected", 30)
         t.keys("Enter")
-        t.wait(lambda: "· ready" in t.text(), "the demo pairing to build and load", 90)
+        t.wait(lambda: shows_ready(t.text()), "the demo pairing to build and load", 90)
         screen = t.text()
         assert "Welcome!" not in screen and "DEMO — tiny model" in screen
         # a reply, coloured by origin
@@ -108,7 +108,7 @@ def test_first_run_demo_help_restart_and_reopen_at_80x24(term_env):  # noqa: F81
     # the next start remembers the demo: straight into the chat
     t = _session(term_env, {}, [], size=SIZE)
     try:
-        t.wait(lambda: "· ready" in t.text() or "Welcome!" in t.text(), "the second start", 60)
+        t.wait(lambda: shows_ready(t.text()) or "Welcome!" in t.text(), "the second start", 60)
         assert "Welcome!" not in t.text()
         t.keys("C-l")
         t.wait(lambda: "hello" in t.text() and "messages" in t.text(), "the chat list", 15)
