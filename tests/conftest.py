@@ -54,7 +54,8 @@ os.environ.pop("HF_HUB_CACHE", None)  # else it wins over HF_HOME
 os.environ["GEMMA_CHAT_KERNEL_DIR"] = str(_SESSION_ROOT / "kernels")
 # ... but most tests run MLX uncompiled: building the CPU kernels (a C++ compile, ~1 s each, a few hundred
 # across the families, dtypes and shapes the suite runs) was half of an engine module's time. The compiled
-# path keeps its own tests: the `compiled` fixture (in-process) and `compiled_env` (processes).
+# path keeps its own tests: the `compiled` fixture (this process and the ones its test starts) and
+# `tmux_session.Tmux(compiled=True)` (the app in a terminal).
 # GEMMA_CHAT_TEST_COMPILE=1 runs the whole suite compiled.
 if os.environ.get("GEMMA_CHAT_TEST_COMPILE") != "1":
     os.environ["MLX_DISABLE_COMPILE"] = "1"
