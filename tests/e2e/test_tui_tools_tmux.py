@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from tmux_session import _session
+from tmux_session import _session, shows_ready
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
 from core.user.mcp_config import find_command
@@ -40,8 +40,9 @@ def test_a_scripted_reply_calls_the_time_server_after_approval(term_env):
         assert '"timezone": "Europe/Paris"' in t.text()  # the arguments, in full, before it runs
         t.keys("y")
         t.wait(lambda: "The time server says:" in t.text() and "is_dst" in t.text(), "the reply after the result", 30)
-        t.wait(lambda: "· ready" in t.text(), "the reply to finish", 10)
-        screen = t.text()
+        t.wait(lambda: shows_ready(t.text()), "the reply to finish", 10)
+        # the conversation's column (the side panel starts at the first '│' of a line)
+        screen = "\n".join(line.split("│")[0].rstrip() for line in t.text().splitlines())
         assert re.search(r"done\n.*▶ result: \d+ characters", screen), screen  # the call ran, its result collapsed
         assert re.search(r'"datetime":\s*\n?.*20\d\d-\d\d-\d\dT\d\d:\d\d', screen), screen  # the result, quoted
         assert "+01:00" in screen or "+02:00" in screen  # Paris's offset: the server really answered
