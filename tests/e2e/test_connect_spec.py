@@ -6,6 +6,8 @@ server-wide /metrics counters, which other users' requests inflate."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from core.engine.remote import RemoteEngine, ReplySpec, reply_spec
@@ -64,6 +66,7 @@ def test_connect_to_vllm_prefers_the_replys_own_counts_to_the_servers(level: str
         try:
             engine.load(None, None).result(timeout=10)
             first_events, first = turn(engine)
+            time.sleep(0.25)  # a /metrics poll sent during the first turn may land just after it ends
             polls = standin.metrics_requests
             second_events, second = turn(engine)
         finally:
