@@ -52,16 +52,20 @@ PROMPTS = [
 ]
 
 
-def stream_times(url: str, prompt: str, tokens: int, block_size: str, times: list[float] | None = None) -> list[float]:
-    """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come)."""
-    body = {
+def _greedy_stream(prompt: str, tokens: int) -> dict:
+    """A streamed greedy chat request of exactly `tokens` tokens (eos ignored)."""
+    return {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
-        "block_size": block_size if block_size == "auto" else int(block_size),
     }
+
+
+def stream_times(url: str, prompt: str, tokens: int, block_size: str, times: list[float] | None = None) -> list[float]:
+    """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come)."""
+    body = {**_greedy_stream(prompt, tokens), "block_size": block_size if block_size == "auto" else int(block_size)}
     times = [] if times is None else times
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
@@ -265,13 +269,7 @@ class LoadResult:
 
 def _request_ids(client: httpx.Client, url: str, prompt: str, tokens: int, out: LoadResult) -> None:
     """One greedy streamed request; fills `out` (its status, first-token and end times, token ids)."""
-    body = {
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = _greedy_stream(prompt, tokens)
     with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         out.status = r.status_code
         if r.status_code != 200:

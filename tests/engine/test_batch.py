@@ -220,6 +220,25 @@ def _drain(bd: BatchDecoder, results: dict[Any, Any], steps: int = 400) -> None:
     raise AssertionError("the batch never drained")
 
 
+def _join_while_two_decode(bd: BatchDecoder, plans: list) -> tuple[int, list[int]]:
+    """Rows 0 and 1 join and decode two steps, then row 2 joins: step until its prefill is done. (steps it
+    took, rounds rows 0 and 1 ran meanwhile)."""
+    for i, p in enumerate(plans[:2]):
+        bd.join(Prompt(p.prompt), p.settings, p.events.append, Controls(3), tag=i)
+    bd.step()
+    bd.step()
+    row = bd.join(Prompt(plans[2].prompt), plans[2].settings, plans[2].events.append, Controls(3), tag=2)
+
+    def rounds() -> list[int]:
+        return [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+
+    before, steps = rounds(), 0
+    while row.prefill is not None:
+        bd.step()
+        steps += 1
+    return steps, [a - b for a, b in zip(rounds(), before)]
+
+
 def test_a_long_prompt_prefills_in_chunks_while_the_others_decode(fam: tuple) -> None:
     """A long prompt joining two decoding rows is prefilled 24 tokens per step: the running rows get a
     round every step meanwhile, the newcomer's first token comes once its last chunk ran, and every
@@ -228,19 +247,9 @@ def test_a_long_prompt_prefills_in_chunks_while_the_others_decode(fam: tuple) ->
     bd = BatchDecoder(tg, dr, lambda: None, STOP, prefill_tokens=24)
     go = GenerationSettings(max_tokens=60, block_size=3, ignore_eos=True)
     plans = [Plan(texts[0][:20], go, 0), Plan(texts[0], go, 0), Plan(texts[-1], go, 2)]
-    for i, p in enumerate(plans[:2]):
-        bd.join(Prompt(p.prompt), p.settings, p.events.append, Controls(3), tag=i)
-    bd.step()
-    bd.step()
-    row = bd.join(Prompt(plans[2].prompt), go, plans[2].events.append, Controls(3), tag=2)
-    before = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
-    steps = 0
-    while row.prefill is not None:
-        bd.step()
-        steps += 1
-    after = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    steps, rounds = _join_while_two_decode(bd, plans)
     assert steps >= (len(plans[2].prompt) - 1) // 24  # chunks of at most 24 tokens
-    assert all(a - b >= steps - 1 for a, b in zip(after, before))  # the others decoded meanwhile
+    assert all(n >= steps - 1 for n in rounds)  # the others decoded meanwhile
     assert isinstance(plans[2].events[0], PrefillDone) and isinstance(plans[2].events[1], TokenEvent)
     results: dict[Any, Any] = {}
     _drain(bd, results)
@@ -260,19 +269,9 @@ def test_a_joining_prompt_prefills_in_join_steps_while_the_others_decode(
     bd = BatchDecoder(tg, dr, lambda: None, STOP, prefix_cache=PrefixCache(max_entries=0))
     go = GenerationSettings(max_tokens=30, block_size=3, ignore_eos=True)
     plans = [Plan(texts[0][:20], go, 0), Plan(texts[0][:12], go, 0), Plan(texts[-1], go, 2)]
-    for i, p in enumerate(plans[:2]):
-        bd.join(Prompt(p.prompt), p.settings, p.events.append, Controls(3), tag=i)
-    bd.step()
-    bd.step()
-    row = bd.join(Prompt(plans[2].prompt), go, plans[2].events.append, Controls(3), tag=2)
-    before = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
-    steps = 0
-    while row.prefill is not None:
-        bd.step()
-        steps += 1
-    after = [len([e for e in p.events if isinstance(e, RoundEvent)]) for p in plans[:2]]
+    steps, rounds = _join_while_two_decode(bd, plans)
     assert 1 <= steps <= batch_mod.JOIN_STEPS
-    assert [a - b for a, b in zip(after, before)] == [steps, steps]  # a round for the others every step
+    assert rounds == [steps, steps]  # a round for the others every step
     assert isinstance(plans[2].events[0], PrefillDone) and isinstance(plans[2].events[1], TokenEvent)
     results: dict[Any, Any] = {}
     _drain(bd, results)
