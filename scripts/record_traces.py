@@ -31,6 +31,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from autoblock_prompts import PACK_FAMILIES, SAMPLED, Case, cases_for  # noqa: E402
 
+from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
+
+use_private_kernel_cache()  # before mlx: the private kernel folder and the OpenBLAS forwarder, as every entry point
+
 K_MAX = 8
 PACK = ROOT / "tests" / "data" / "pack" / "models"
 

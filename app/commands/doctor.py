@@ -66,6 +66,11 @@ def mlx_info() -> dict[str, str]:
         info["device"] = f"{name} ({dev.get('architecture', '?')})"
     if dev.get("max_recommended_working_set_size"):
         info["gpu working set"] = format_bytes(float(dev["max_recommended_working_set_size"]), unit="GB")
+    from core import blas
+
+    choice = blas.active()  # chosen at start-up (app.cli), before mlx was imported
+    if choice is not None and not metal:
+        info["float32 products"] = choice.description
     return info
 
 

@@ -838,9 +838,13 @@ def _block_costs_path(target_dir: Path, drafter_dir: Path | None, spec: PairingS
 
     import mlx.core as mx
 
+    from core import blas
     from core.user import paths
 
     parts = [str(target_dir.resolve()), str(drafter_dir.resolve()), str(spec.dtype), str(mx.default_device())]
+    choice = blas.active()
+    if choice is not None and choice.fast:  # a verify's cost differs in kind between the two BLAS
+        parts.append("openblas")
     key = hashlib.sha256("\n".join([*parts, platform.machine()]).encode()).hexdigest()[:16]
     return paths.cache_dir() / "autoblock" / f"{key}.json"
 

@@ -587,6 +587,11 @@ def machine_info() -> dict:
         "mlx": getattr(mx, "__version__", "?"),
         "device": str(mx.default_device()),
     }
+    from core import blas
+
+    choice = blas.active()
+    if choice is not None and mx.default_device() == mx.cpu:
+        info["blas"] = choice.description  # what MLX's CPU float32 products run on
     if platform.system() == "Darwin":
         try:
             out = subprocess.run(
@@ -655,7 +660,8 @@ def format_markdown(report: BenchReport) -> str:
         "",
         f"- machine: {m.get('cpu', '?')} ({m.get('machine', '?')}, {m.get('cores', '?')} cores{mem}{gpu}), "
         f"{m.get('os', '?')}",
-        f"- MLX {m.get('mlx', '?')} on `{m.get('device', '?')}`, mlx-lm {m.get('mlx_lm', '?')}",
+        f"- MLX {m.get('mlx', '?')} on `{m.get('device', '?')}`, mlx-lm {m.get('mlx_lm', '?')}"
+        + (f", float32 products on {m['blas']}" if m.get("blas") else ""),
         f"- target `{Path(report.target).name}`, drafter `{Path(report.drafter).name if report.drafter else '-'}`, "
         f"{report.dtype}",
         f"- prompt {report.prompt_tokens} tokens, {report.max_tokens} new tokens (eos ignored), median of "
@@ -689,6 +695,7 @@ def format_table(report: BenchReport) -> str:
     lines = [
         f"target  {report.target}",
         f"drafter {report.drafter or '-'}",
+        *([f"BLAS    {report.machine['blas']}"] if report.machine.get("blas") else []),
         f"dtype {report.dtype} | prompt {report.prompt_tokens} tokens | {report.max_tokens} new tokens (eos ignored)"
         f" | median repeat of {report.repeats} interleaved"
         + (f" | simulated acceptance {report.simulate_acceptance:g}" if report.simulate_acceptance is not None else ""),

@@ -16,6 +16,9 @@ A folder that another user owns or can write (or under a parent another user cou
 refused: MLX then compiles nothing (`MLX_DISABLE_COMPILE`), loads no kernel from anywhere, and runs
 slower, and the caller shows the one sentence this returns.
 
+The same start-up call routes MLX's float32 products to numpy's OpenBLAS (core.blas), whose small forwarder
+library is built into this folder: both must happen before mlx is imported, and every entry point calls this.
+
 Also here: the marker of a pairing whose kernels are prepared (core.engine.kernels writes it).
 """
 
@@ -30,6 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import blas
 from core.user import paths
 
 KERNELS_DIRNAME = "kernels"
@@ -94,11 +98,17 @@ def _make_private(folder: Path) -> None:
 
 
 def use_private_kernel_cache(folder: Path | None = None) -> KernelCache:
-    """Point MLX's kernel cache at gemma-chat's private folder (`folder`, default `<cache dir>/kernels`).
-    Call before mlx is imported; idempotent within a process (the first call decides)."""
+    """Point MLX's kernel cache at gemma-chat's private folder (`folder`, default `<cache dir>/kernels`), and
+    its float32 products at OpenBLAS (`core.blas.install`). Call before mlx is imported; idempotent within a
+    process (the first call decides)."""
     global _active
-    if _active is not None:
-        return _active
+    if _active is None:
+        _active = _choose_folder(folder)
+        blas.install(_active.folder)  # a refused folder: the reference BLAS (nothing built or loaded)
+    return _active
+
+
+def _choose_folder(folder: Path | None) -> KernelCache:
     tempfile.tempdir = tempfile.gettempdir()  # Python's temp files stay where they were
     folder = folder or kernel_cache_dir()
     persistent, note = True, None
@@ -109,7 +119,7 @@ def use_private_kernel_cache(folder: Path | None = None) -> KernelCache:
         persistent, note = False, f"kernels are compiled into a temporary folder ({e.strerror or e})"
     problem = unsafe_reason(folder)
     if problem is not None:
-        _active = KernelCache(
+        refused = KernelCache(
             None,
             f"{problem}: gemma-chat runs without compiled kernels (slower); "
             f"make it private (chmod 700, your own) or set GEMMA_CHAT_CACHE_DIR",
@@ -118,10 +128,9 @@ def use_private_kernel_cache(folder: Path | None = None) -> KernelCache:
         mx = sys.modules.get("mlx.core")
         if mx is not None:  # imported already (a script that came first): it reads the variable once
             mx.disable_compile()
-        return _active
+        return refused
     os.environ["TMPDIR"] = str(folder)
-    _active = KernelCache(folder, note, persistent)
-    return _active
+    return KernelCache(folder, note, persistent)
 
 
 def active() -> KernelCache | None:

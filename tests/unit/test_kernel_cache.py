@@ -47,7 +47,8 @@ def probe(tmp_path: Path, how: str, *, cache: Path, tmpdir: Path) -> dict:
 
 
 def kernels(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.so"))
+    """MLX's compiled kernels under `folder` (not the OpenBLAS forwarder core.blas builds into blas/)."""
+    return sorted(p for p in folder.rglob("*.so") if p.parent.name != "blas")
 
 
 def plant(lib: Path, symbol: str, marker: Path) -> None:

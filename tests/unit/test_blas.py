@@ -1,0 +1,150 @@
+"""core.blas: MLX's float32 products through numpy's OpenBLAS, with the same result for a row at any shape.
+
+The suite's own process installs the forwarder at start-up (tests/conftest.py calls
+`use_private_kernel_cache`, as every entry point does), so the engine tests run on it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core import blas
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forwarder is Linux only")
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def _forwarder() -> ctypes.CDLL:
+    if blas._forwarder is None:
+        pytest.fail(f"the suite runs without the forwarder: {blas.active()}")
+    return blas._forwarder
+
+
+def _sgemm(fn, a: np.ndarray, w: np.ndarray, int64: bool) -> np.ndarray:
+    """a (m, k) @ w.T, w (n, k) row-major, through `fn` (a cblas_sgemm with 32- or 64-bit sizes)."""
+    m, k = a.shape
+    n = w.shape[0]
+    c = np.zeros((m, n), np.float32)
+    size = ctypes.c_int64 if int64 else ctypes.c_int
+    ptr = ctypes.POINTER(ctypes.c_float)
+    fn.argtypes = [ctypes.c_int] * 3 + [size] * 3 + [ctypes.c_float, ptr, size, ptr, size, ctypes.c_float, ptr, size]
+    fn(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, a.ctypes.data_as(ptr), k, w.ctypes.data_as(ptr), k, 0.0,
+       c.ctypes.data_as(ptr), n)  # fmt: skip
+    return c
+
+
+def _mismatches(fn, int64: bool) -> int:
+    """Rows whose product differs between a call of m rows and the same row alone, and products whose first
+    columns change with more columns, over shapes where OpenBLAS would pick different kernels (one row,
+    small, blocked) or split K differently."""
+    rng = np.random.default_rng(0)
+    bad = 0
+    for k, n in [(1000, 333), (640, 262), (1536, 512), (300, 2048)]:
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        a = rng.standard_normal((17, k), dtype=np.float32)
+        for m in (2, 4, 9, 17):
+            full = _sgemm(fn, a[:m], w, int64)
+            bad += sum(not np.array_equal(full[i], _sgemm(fn, a[i : i + 1], w, int64)[0]) for i in (0, m - 1))
+    for k, n in [(48, 100), (96, 120)]:  # more columns (attention scores over more keys)
+        w = rng.standard_normal((2 * n, k), dtype=np.float32)
+        a = rng.standard_normal((3, k), dtype=np.float32)
+        bad += not np.array_equal(_sgemm(fn, a, w[:n], int64), _sgemm(fn, a, w, int64)[:, :n])
+    return bad
+
+
+def test_the_forwarder_gives_a_row_the_same_product_at_any_shape_and_plain_openblas_does_not():
+    openblas = ctypes.CDLL(str(blas._openblas_path()))
+    assert _mismatches(openblas.scipy_cblas_sgemm64_, int64=True) > 0  # what the forwarder is for
+    assert _mismatches(_forwarder().cblas_sgemm, int64=False) == 0
+
+
+def test_mlx_products_go_through_the_forwarder_and_agree_with_float64():
+    import mlx.core as mx
+
+    before = blas.forwarded_calls()
+    rng = np.random.default_rng(1)
+    a, w = rng.standard_normal((5, 700), dtype=np.float32), rng.standard_normal((300, 700), dtype=np.float32)
+    got = np.array(mx.array(a) @ mx.array(w).T)
+    assert blas.forwarded_calls() > before
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+    # C = alpha A B + beta C with a short last chunk of rows and a transposed A
+    c = rng.standard_normal((11, 300), dtype=np.float32)
+    at = mx.array(rng.standard_normal((700, 11), dtype=np.float32))
+    got = np.array(mx.addmm(mx.array(c), at.T, mx.array(w).T, alpha=0.5, beta=2.0))
+    want = 0.5 * (np.array(at).T.astype(np.float64) @ w.T.astype(np.float64)) + 2.0 * c
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_attention_rows_are_unchanged_by_more_rows_more_keys_or_masked_keys_around_them():
+    """A verify's query rows see the cache plus masked future keys; a plain step sees the cache alone; a
+    fresh prefill's sliding layers see every key, masked outside the window, where the decode cache holds
+    only the window."""
+    import mlx.core as mx
+
+    mx.random.seed(0)
+    for head_dim, keys in [(256, 485), (512, 240), (64, 1300), (48, 100)]:
+        q, k = mx.random.normal((1, head_dim)), mx.random.normal((2 * keys, head_dim))
+        v, p = mx.random.normal((2 * keys, head_dim)), mx.random.uniform(shape=(1, keys))
+        alone_scores, alone_out = np.array(q @ k[:keys].T), np.array(p @ v[:keys])
+        for extra in (1, 4, 9, keys):
+            rows = mx.concatenate([q, mx.random.normal((extra, head_dim))])
+            assert np.array_equal(np.array(rows @ k[: keys + extra].T)[:1, :keys], alone_scores)
+            weights = mx.concatenate([mx.concatenate([p, mx.zeros((1, extra))], axis=1), mx.ones((3, keys + extra))])
+            assert np.array_equal(np.array(weights @ v[: keys + extra])[:1], alone_out)
+            masked_start = mx.concatenate([mx.zeros((1, extra)), p], axis=1)
+            assert np.array_equal(
+                np.array(masked_start @ mx.concatenate([v[keys : keys + extra], v[:keys]])), alone_out
+            )
+
+
+def _choice_in_a_fresh_process(tmp_path: Path, mlx_first: bool = False, **env: str) -> dict:
+    start = "from core.user.kernel_cache import use_private_kernel_cache; use_private_kernel_cache()"
+    steps = ["import mlx.core as mx", start] if mlx_first else [start, "import mlx.core as mx"]
+    code = "; ".join(
+        [
+            "import json",
+            "from core import blas",
+            *steps,
+            "mx.eval(mx.ones((3, 4)) @ mx.ones((4, 2)))",
+            "c = blas.active()",
+            "print(json.dumps({'fast': c.fast, 'text': c.description, 'calls': blas.forwarded_calls()}))",
+        ]
+    )
+    run_env = {**os.environ, "GEMMA_CHAT_KERNEL_DIR": str(tmp_path / "kernels"), **env}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=run_env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_process_builds_the_forwarder_once_and_can_be_told_to_keep_the_reference_blas(tmp_path):
+    fast = _choice_in_a_fresh_process(tmp_path)
+    assert fast["fast"] and "OpenBLAS" in fast["text"] and fast["calls"] >= 1
+    assert len(list((tmp_path / "kernels" / "blas").glob("*.so"))) == 1
+    assert _choice_in_a_fresh_process(tmp_path)["fast"]  # the second process loads the built one
+    reference = _choice_in_a_fresh_process(tmp_path, GEMMA_CHAT_BLAS="reference")
+    assert not reference["fast"] and "GEMMA_CHAT_BLAS=reference" in reference["text"]
+    assert reference["calls"] is None
+    late = _choice_in_a_fresh_process(tmp_path, mlx_first=True)
+    assert not late["fast"] and "mlx was imported before" in late["text"]
+
+
+def test_no_compiler_means_the_reference_blas_and_says_so(tmp_path):
+    reference = _choice_in_a_fresh_process(tmp_path, PATH="/nonexistent", CC="")
+    assert not reference["fast"] and "no C compiler" in reference["text"]
+
+
+def test_a_refused_kernel_folder_means_the_reference_blas_and_nothing_built(tmp_path):
+    (tmp_path / "kernels").mkdir(mode=0o777)
+    (tmp_path / "kernels").chmod(0o777)  # others can write it: core.user.kernel_cache refuses it
+    choice = _choice_in_a_fresh_process(tmp_path)
+    assert not choice["fast"] and "kernel folder was refused" in choice["text"]
+    assert list((tmp_path / "kernels").rglob("*.so")) == []
