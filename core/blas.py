@@ -164,9 +164,10 @@ def _install(folder: Path | None) -> BlasChoice:
         cpu = (core() or b"").decode(errors="replace")
         threads = int(openblas.scipy_openblas_get_num_threads64_())
         library = _build(folder, compiler)
-        forwarder = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        forwarder = ctypes.CDLL(str(library))  # local first: its cblas_sgemm is not anyone's until it works
         forwarder.gemma_chat_sgemm_use(ctypes.cast(sgemm, ctypes.c_void_p))
         forwarder.gemma_chat_sgemm_calls.restype = ctypes.c_int64
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)  # the same library, now in the global scope
     except (OSError, AttributeError, subprocess.SubprocessError) as e:
         detail = e.stderr.decode(errors="replace").strip() if isinstance(e, subprocess.CalledProcessError) else e
         return BlasChoice(False, f"{reference} (the OpenBLAS forwarder failed: {str(detail)[:200]})")
