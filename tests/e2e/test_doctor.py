@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -40,7 +41,9 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
     assert lines["textual"] == metadata.version("textual")
     if sys.platform.startswith("linux"):
-        assert "backend         CPU" in text and "Device(cpu" in text
+        assert re.search(r"\n  backend +CPU\n", text) and "Device(cpu" in text
+        # MLX's float32 products: numpy's OpenBLAS through gemma-chat's forwarder (core.blas)
+        assert re.search(r"\n  float32 products +OpenBLAS \S+ from numpy \(.*\d+ threads?\), exact per row\n", text)
     assert f"cache      {tmp_path / 'hf' / 'hub'}" in text
     assert str(tmp_path / "cfg" / "config.toml") in text and str(tmp_path / "data") in text
     assert "kitty graphics protocol" in text
