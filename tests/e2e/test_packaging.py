@@ -115,3 +115,20 @@ def test_wheel_installs_into_a_fresh_venv_with_assets(tmp_path):
     ).stdout.splitlines()
     assert all(line.startswith(str(new_site)) for line in probe[:3]), probe
     assert "chat.tcss" in probe[3]
+    # the OpenBLAS forwarder's C source travels in the wheel, and the installed code builds and loads it
+    blas_probe = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "from core.user.kernel_cache import use_private_kernel_cache; use_private_kernel_cache(); "
+            "from core import blas; import mlx.core as mx; mx.eval(mx.ones((2, 3)) @ mx.ones((3, 2))); "
+            "print(blas.active()); print(blas.forwarded_calls())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, "GEMMA_CHAT_KERNEL_DIR": str(tmp_path / "kernels")},
+        cwd=tmp_path,
+    ).stdout.splitlines()
+    if sys.platform.startswith("linux"):
+        assert "fast=True" in blas_probe[0] and int(blas_probe[1]) >= 1, blas_probe
