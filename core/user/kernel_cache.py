@@ -164,7 +164,9 @@ def write_marker(cache: KernelCache, signature: str) -> None:
     marker = marker_path(cache, signature)
     if marker is None or cache.folder is None:
         return
-    names = sorted(str(p.relative_to(cache.folder)) for p in cache.folder.rglob("*.so"))
+    names = sorted(  # MLX's kernels, not the BLAS forwarder beside them (it is core.blas's, for every pairing)
+        str(p.relative_to(cache.folder)) for p in cache.folder.rglob("*.so") if p.parent != cache.folder / "blas"
+    )
     marker.parent.mkdir(mode=0o700, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps({"kernels": names}))

@@ -148,3 +148,17 @@ def test_a_refused_kernel_folder_means_the_reference_blas_and_nothing_built(tmp_
     choice = _choice_in_a_fresh_process(tmp_path)
     assert not choice["fast"] and "kernel folder was refused" in choice["text"]
     assert list((tmp_path / "kernels").rglob("*.so")) == []
+
+
+def test_a_pairing_marker_lists_mlx_kernels_not_the_forwarder_beside_them(tmp_path):
+    """Deleting or rebuilding the forwarder must not make every pairing's kernels look unprepared."""
+    from core.user.kernel_cache import KernelCache, is_prepared, marker_path, write_marker
+
+    for name in ("blas/gemma_chat_sgemm_0.so", "mlx/0.32/cpu/kernel.so"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    cache = KernelCache(tmp_path)
+    write_marker(cache, "sig")
+    assert json.loads(marker_path(cache, "sig").read_text())["kernels"] == ["mlx/0.32/cpu/kernel.so"]
+    (tmp_path / "blas/gemma_chat_sgemm_0.so").unlink()
+    assert is_prepared(cache, "sig")
