@@ -53,6 +53,18 @@ CHECKS = [
 ]
 
 
+def _workers(args: list[str]) -> list[str]:
+    """pytest-xdist's worker options for the suite: one worker per core up to 4 (2 on the 2-core CI machine
+    halve the suite's time: the engine tests are single-threaded MLX, the e2e ones mostly wait on their
+    child processes); whole modules per worker, so a module's fixtures are built once and its tests run in
+    their order. GEMMA_CHAT_TEST_WORKERS=1 runs it in this process; an explicit -n (or -p no:xdist) in `args` wins."""
+    if any(a.startswith(("-n", "--numprocesses", "no:xdist")) for a in args):
+        return []
+    wanted = os.environ.get("GEMMA_CHAT_TEST_WORKERS", "")
+    n = int(wanted) if wanted.isdigit() else min(os.cpu_count() or 1, 4)
+    return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
+
+
 def test(args: list[str]) -> int:
     _ensure_venv("test,dev")
     for check in CHECKS:
@@ -61,7 +73,7 @@ def test(args: list[str]) -> int:
         if rc != 0:
             print(f"error: {' '.join(check)} failed; fix it before the tests run", file=sys.stderr)
             return rc
-    rc = subprocess.call([str(PY), "-m", "pytest", *args], cwd=ROOT)
+    rc = subprocess.call([str(PY), "-m", "pytest", *_workers(args), *args], cwd=ROOT)
     if rc == 5:  # pytest: no tests collected. Never let that pass as green.
         print("error: pytest collected no tests", file=sys.stderr)
         return 1

@@ -46,6 +46,9 @@ PACK_MODELS = Path(__file__).parent / "data" / "pack" / "models"
 # -- directories -------------------------------------------------------------------------------------
 # Set at import, before any test module imports huggingface_hub (which reads HF_HOME once) or starts a
 # subprocess (the tmux app, the download child): they inherit these too.
+# pytest-xdist's workers inherit the controller's environment, whose TMPDIR use_private_kernel_cache (below)
+# pointed at the controller's kernel folder: each process starts from the temp folder the suite was given.
+tempfile.tempdir = os.environ.setdefault("GEMMA_CHAT_TESTS_TMPDIR", tempfile.gettempdir())
 _SESSION_ROOT = Path(tempfile.mkdtemp(prefix="gemma-chat-tests-"))
 os.environ["GEMMA_CHAT_CACHE_DIR"] = str(_SESSION_ROOT / "cache")
 os.environ["HF_HOME"] = str(_SESSION_ROOT / "hf")
