@@ -343,6 +343,18 @@ def test_first_run_means_nothing_asked_and_no_default_pairing():
     assert not is_first_run(args(), "e4b-8bit")
 
 
+async def test_choosing_the_pairing_already_loaded_is_remembered_though_the_screen_leaves_at_once(cache):
+    # the screen goes back to the chat in the same key press, before the config is written (by a worker)
+    spec = PairingSpec("demo (random weights)", "demo-target", "demo-drafter", demo=True)
+    app, engine = make_app(cache, spec=spec, offline=True, remember=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_models(pilot, app)
+        screen.select(DEMO_KEY)
+        await pilot.press("enter")
+        assert isinstance(app.screen, ChatScreen)
+        await until(pilot, lambda: load_config().default_pairing == DEMO_KEY)
+
+
 async def test_first_run_offers_the_demo_and_enter_starts_it(cache):
     spec = PairingSpec("demo (random weights)", "demo-target", "demo-drafter", demo=True)
     app, engine = make_app(cache, spec=spec, first_run=True, offline=True, remember=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from rich.text import Text
 from textual import work
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
@@ -590,19 +590,11 @@ class ModelsScreen(Screen):
         self.pending_load = spec
         self.say(f"Loading {spec.name}… {session.load_stage}".rstrip())
         if catalogue_name and self.options.remember:
-            self._remember(catalogue_name)
+            # the app's worker, not this screen's: the screen leaves once the pairing loads, and a screen's
+            # workers that have not started by then are cancelled (the choice would be lost)
+            self.app.run_worker(partial(_remember, self.app, catalogue_name), thread=True, group="models-config")
         if session.loaded:  # it was already
             self._loaded(spec)
-
-    @work(thread=True, group="models-config")
-    def _remember(self, name: str) -> None:
-        """The next start opens this pairing (config default_pairing)."""
-        from core.user.config import ConfigError, save_config
-
-        try:
-            save_config({"default_pairing": name})
-        except (ConfigError, OSError) as e:
-            self.app.call_from_thread(self.app.notify, f"Could not save the default pairing: {e}", severity="warning")
 
     # the session's load, as it goes (a load someone else started meanwhile is not ours to report)
     def on_pairing_progress(self, message: PairingProgress) -> None:
@@ -742,3 +734,13 @@ class ModelsCommands(Provider):
 
     async def _open(self) -> None:
         await self.app.run_action("models")  # GemmaChatApp.action_models
+
+
+def _remember(app: App, name: str) -> None:
+    """The next start opens this pairing (config default_pairing). On a worker thread."""
+    from core.user.config import ConfigError, save_config
+
+    try:
+        save_config({"default_pairing": name})
+    except (ConfigError, OSError) as e:
+        app.call_from_thread(app.notify, f"Could not save the default pairing: {e}", severity="warning")
