@@ -82,6 +82,9 @@ class KernelPreparer:
     spec: PairingSpec
     signature: str
     on_event: Callable[[Any], None]
+    # the signatures these kernels also serve: the target alone (`--no-draft`, the drafter off at load) runs a
+    # subset of what its pairing's warm-up builds, so it must not run uncompiled as if its machine were new
+    also: tuple[str, ...] = ()
     state: str = "idle"  # "ready" | "preparing" | "eager" (cold, no child) | "failed" | "off" (nothing to build)
     _child: subprocess.Popen | None = None
     _reader: threading.Thread | None = None
@@ -124,6 +127,9 @@ class KernelPreparer:
             self.state = "off"
         elif kernel_cache.is_prepared(cache, self.signature):
             self.state = "ready"
+            for sig in self.also:  # a pairing prepared before these markers were written
+                if not kernel_cache.is_prepared(cache, sig):
+                    kernel_cache.write_marker(cache, sig)
             if self.mode == "background":
                 self._traces = None  # built on an earlier run: traced at idle time
         elif self.mode == "first-use":
@@ -141,7 +147,7 @@ class KernelPreparer:
 
     def command(self) -> list[str]:
         """The child that builds the kernels (core.engine.warmup)."""
-        return [sys.executable, "-m", "core.engine.warmup", json.dumps(asdict(self.spec)), self.signature]
+        return [sys.executable, "-m", "core.engine.warmup", json.dumps(asdict(self.spec)), self.signature, *self.also]
 
     def _spawn(self) -> None:
         cmd = self.command()
@@ -266,4 +272,5 @@ def preparer(
 ) -> KernelPreparer:
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES}, got {mode!r}")
-    return KernelPreparer(mode, spec, signature(spec, target_dir, drafter_dir), on_event or (lambda e: None))
+    also = (signature(spec, target_dir, None),) if drafter_dir is not None else ()
+    return KernelPreparer(mode, spec, signature(spec, target_dir, drafter_dir), on_event or (lambda e: None), also)

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     cache = use_private_kernel_cache()
     threading.Thread(target=_exit_on_eof, daemon=True).start()
-    spec_fields, sig = json.loads(argv[0]), argv[1]
+    spec_fields, sig, also = json.loads(argv[0]), argv[1], argv[2:]  # also: signatures the same kernels serve
     if cache.folder is None:
         _say(error=cache.problem or "no kernel cache")
         return 1
@@ -94,6 +94,9 @@ def main(argv: list[str]) -> int:
             finally:
                 stop()
             write_marker(cache, sig)
+        for other in also:
+            if not is_prepared(cache, other):
+                write_marker(cache, other)
     _say(fraction=1.0)
     _say(done=True)
     return 0

@@ -113,6 +113,51 @@ def test_a_cold_pairing_answers_uncompiled_then_switches_to_compiled_kernels(col
         eng.close()
 
 
+def test_the_target_alone_runs_on_the_kernels_its_pairing_built(cold):
+    """`--no-draft` (the demo without its drafter) runs a subset of what its pairing's warm-up built: once
+    the pairing is prepared, it runs compiled too, not uncompiled as on a machine without kernels."""
+    _folder, release, _calls, _ = cold
+    release.touch()
+    events: list[object] = []
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), events.append).result(60)
+        until(lambda: any(isinstance(e, KernelProgress) and e.done for e in events))
+    finally:
+        eng.close()
+    one_shot = Engine(kernels="eager-if-cold")
+    try:
+        # the stub child wrote the pairing's marker only, as a pairing prepared before this rule was
+        one_shot.load(demo_spec(drafter=False), None).result(60)
+        assert one_shot._kernels.state == "eager"
+        one_shot.load(demo_spec(), None).result(60)  # prepared: it marks the target alone too
+        assert one_shot._kernels.state == "ready"
+        one_shot.load(demo_spec(drafter=False), None).result(60)
+        assert one_shot._kernels.state == "ready"
+    finally:
+        one_shot.close()
+
+
+def test_the_child_marks_the_pairing_and_the_target_alone(tmp_path, monkeypatch, capsys):
+    from core.engine import warmup
+
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    cache = kernel_cache.KernelCache(folder)
+    monkeypatch.setattr(warmup, "use_private_kernel_cache", lambda: cache)
+    monkeypatch.setattr(warmup, "_die_with_parent", lambda: None)
+    monkeypatch.setattr(warmup, "_exit_on_eof", lambda: None)
+    built = folder / "mlx" / "k.so"
+    monkeypatch.setattr(warmup, "_prepare", lambda fields: (built.parent.mkdir(), built.write_bytes(b"")))
+    assert warmup.main(["{}", "pairing-sig", "target-sig"]) == 0
+    assert kernel_cache.is_prepared(cache, "pairing-sig") and kernel_cache.is_prepared(cache, "target-sig")
+    assert '"done": true' in capsys.readouterr().out
+    spec = demo_spec()
+    preparer = kernels_mod.preparer("background", spec, Path(spec.target), Path(spec.drafter or ""), None)
+    alone = kernels_mod.signature(spec, Path(spec.target), None)
+    assert preparer.command()[-2:] == [preparer.signature, alone] and preparer.also == (alone,)
+
+
 def test_closing_the_engine_ends_the_child_and_eager_if_cold_starts_none(cold):
     _folder, _release, calls, _ = cold
     eng = Engine(kernels="background")
