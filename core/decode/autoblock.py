@@ -47,6 +47,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
+ACCEPTANCE_PRIME_ROUNDS = 4.0  # drafting rounds an earlier session's acceptance counts as
+
 
 @dataclass(frozen=True)
 class AutoChoice:
@@ -400,6 +403,32 @@ class AutoBlock:
                 self._ratio[int(k)] = cost
         self._primed = bool(self._ratio)
 
+    def acceptance_snapshot(self) -> dict[str, list[float]]:
+        """The pairing's long-run acceptance a_1, a_2, ... per kind ("greedy", "sampled"), where this
+        session drafted enough rounds to say (to keep for the next session, beside the costs)."""
+        c = self.config
+        kinds = {"greedy": self._long_greedy, "sampled": self._long_sampled}
+        return {
+            name: [round(a, 4) for a in est.estimates(c)]
+            for name, est in kinds.items()
+            if est.rounds >= ACCEPTANCE_SNAPSHOT_ROUNDS
+        }
+
+    def prime_acceptance(self, snapshot: dict[str, list[float]], rounds: float = ACCEPTANCE_PRIME_ROUNDS) -> None:
+        """Start the long-run acceptance from an earlier session's (`acceptance_snapshot`), worth `rounds`
+        drafting rounds at every position: a first reply then bets on drafts as the pairing usually
+        earns them on this machine (a deep first block for a drafter that is usually right, a probe or
+        none for one that is not) instead of the flat `acceptance_prior`; its own rounds soon outweigh it."""
+        kinds = {"greedy": self._long_greedy, "sampled": self._long_sampled}
+        for name, values in snapshot.items():
+            est = kinds.get(name)
+            if est is None or est.rounds:
+                continue
+            for i, a in enumerate(values[: len(est.seen)]):
+                if 0.0 <= a <= 1.0:
+                    est.seen[i], est.accepted[i] = rounds, rounds * a
+            est.rounds = int(rounds)
+
     # -- per turn and per round -------------------------------------------------------------
 
     def begin_turn(self, sampled: bool = False) -> None:
@@ -611,14 +640,33 @@ def load_costs(path: Path) -> dict[int, float]:
         return {}
 
 
-def save_costs(path: Path, ratios: dict[int, float]) -> None:
-    """Keep the block costs for the next session (written whole, then renamed: a crash leaves the old file)."""
+def load_acceptance(path: Path) -> dict[str, list[float]]:
+    """The long-run acceptance an earlier session kept beside its costs (`save_costs`); {} when there is
+    none or the file is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        kept = data.get("acceptance", {}) if isinstance(data, dict) else {}
+        return {
+            str(kind): [float(a) for a in values if 0.0 <= float(a) <= 1.0]
+            for kind, values in kept.items()
+            if kind in ("greedy", "sampled") and isinstance(values, list)
+        }
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def save_costs(path: Path, ratios: dict[int, float], acceptance: dict[str, list[float]] | None = None) -> None:
+    """Keep the block costs (and the long-run acceptance) for the next session (written whole, then
+    renamed: a crash leaves the old file)."""
     if not ratios:
         return
+    data: dict[str, object] = {"version": 1, "ratios": {str(k): v for k, v in sorted(ratios.items())}}
+    if acceptance:
+        data["acceptance"] = acceptance
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": 1, "ratios": {str(k): v for k, v in sorted(ratios.items())}}))
+        tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only or full disk: the next session starts cold, nothing else is lost

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core import sampling
-from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice, load_costs, save_costs
+from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice, load_acceptance, load_costs, save_costs
 from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
 from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.limits import context_error
@@ -216,9 +216,10 @@ class Decoder:
         # the block costs the last session on this machine measured: auto drafts from a first reply's
         # first round when they say drafts can pay (AutoBlock.prime), and keeps this session's for the next
         self.costs_path = costs_path
-        self._saved_costs: dict[int, float] = {}
+        self._saved_costs: tuple[dict[int, float], dict[str, list[float]]] = ({}, {})
         if costs_path is not None and drafter is not None:
             auto.prime(load_costs(costs_path))
+            auto.prime_acceptance(load_acceptance(costs_path))  # and how often the drafts were kept
         self._wired_bytes: int | None = None
         # Rounds are timed for the controller by the wall clock on Metal (the GPU's time is not the
         # process's), and by the process's CPU time on the CPU backend: on a shared machine another
@@ -292,10 +293,10 @@ class Decoder:
         if reason is None:
             reason = self._decode(turn, controls, emit)
         if self.costs_path is not None and self.drafter is not None:
-            costs = self.auto.cost_snapshot()
-            if costs != self._saved_costs:
-                save_costs(self.costs_path, costs)
-                self._saved_costs = costs
+            kept = (self.auto.cost_snapshot(), self.auto.acceptance_snapshot())
+            if kept != self._saved_costs:
+                save_costs(self.costs_path, *kept)
+                self._saved_costs = kept
         return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
 
     def _check_prompt(self, cache: TargetCache, prompt: Prompt) -> None:

@@ -577,8 +577,11 @@ def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
     r1 = first.run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
     kept = json.loads(path.read_text())["ratios"]
     assert kept and all(float(v) >= 1.0 for v in kept.values())
+    drafts_kept = json.loads(path.read_text())["acceptance"]["greedy"]  # and how often its drafts were kept
+    assert len(drafts_kept) == first.auto.config.k_max - 1 and all(0 <= a <= 1 for a in drafts_kept)
     second = Decoder(tg, dr, None, STOP, costs_path=path)  # a new session on this machine
     assert second.auto.cost_snapshot() == {int(k): v for k, v in kept.items()}
+    assert second.auto.acceptance() != Decoder(tg, dr, None, STOP).auto.acceptance()  # it starts from them
     r2 = second.run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
     plain = Decoder(tg, None, None, STOP).run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
     assert r1.token_ids == r2.token_ids == plain.token_ids  # greedy: the target's own output, primed or not

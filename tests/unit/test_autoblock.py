@@ -15,6 +15,7 @@ from core.decode.autoblock import (
     AutoBlockConfig,
     expected_tokens,
     expected_tokens_per_position,
+    load_acceptance,
     load_costs,
     save_costs,
 )
@@ -281,6 +282,45 @@ def test_primed_costs_give_way_to_this_sessions_rounds():
     assert set(ctl.cost_snapshot()) == {2, 3} and ctl.cost_snapshot()[3] == 1.2
 
 
+def _next_session(earlier: AutoBlock, with_acceptance: bool) -> AutoBlock:
+    ctl = AutoBlock()
+    ctl.prime(earlier.cost_snapshot())
+    if with_acceptance:
+        ctl.prime_acceptance(earlier.acceptance_snapshot())
+    return ctl
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.3, 0.97])
+def test_a_first_reply_bets_on_drafts_as_the_pairing_usually_earns_them(alpha):
+    # drafting pays here only when drafts are kept: a draft step is 0.2 of a plain step
+    timing = {"t_draft": 0.006, "verify_slope": 0.1}
+    earlier = AutoBlock()
+    _simulate(earlier, alpha, 300, seed=1, **timing)
+    kept = earlier.acceptance_snapshot()
+    assert set(kept) == {"greedy"} and abs(kept["greedy"][0] - alpha) < 0.1
+    # the next session's first reply (12 rounds, ten seeds), with the kept acceptance and without it
+    with_it = [_simulate(_next_session(earlier, True), alpha, 12, seed=s, **timing) for s in range(2, 12)]
+    without = [_simulate(_next_session(earlier, False), alpha, 12, seed=s, **timing) for s in range(2, 12)]
+    assert sum(t for _, t in with_it) > sum(t for _, t in without)
+    if alpha < 0.5:  # drafts that are seldom kept: fewer rounds spent on them
+        drafting = [sum(k > 1 for k in chosen) for chosen, _ in with_it]
+        drafting_without = [sum(k > 1 for k in chosen) for chosen, _ in without]
+        assert sum(drafting) < 0.8 * sum(drafting_without)
+    else:  # drafts that are nearly always kept: a deeper first block
+        assert all(a[0] > b[0] for (a, _), (b, _) in zip(with_it, without))
+
+
+def test_too_few_drafting_rounds_keep_no_acceptance_and_nonsense_is_not_believed():
+    ctl = AutoBlock()
+    for _ in range(3):
+        ctl.observe(3, 2, round_s=0.02)
+    assert ctl.acceptance_snapshot() == {}
+    fresh = AutoBlock()
+    before = fresh.acceptance()
+    fresh.prime_acceptance({"greedy": [1.7, -1.0], "other": [0.9]})
+    assert fresh.acceptance() == before
+
+
 def test_block_costs_survive_a_session_and_a_bad_file_costs_only_a_cold_start(tmp_path):
     path = tmp_path / "autoblock" / "pairing.json"
     assert load_costs(path) == {}  # none yet
@@ -291,6 +331,11 @@ def test_block_costs_survive_a_session_and_a_bad_file_costs_only_a_cold_start(tm
     for bad in ("", "{not json", "[1, 2]", '{"ratios": {"x": 1}}', '{"ratios": [1]}'):
         path.write_text(bad)
         assert load_costs(path) == {}, bad
+    save_costs(path, {2: 1.25}, {"greedy": [0.8, 0.6]})  # and the pairing's long-run acceptance beside them
+    assert load_costs(path) == {2: 1.25} and load_acceptance(path) == {"greedy": [0.8, 0.6]}
+    for bad in ("{not json", '{"acceptance": [1]}', '{"acceptance": {"greedy": 3}}'):
+        path.write_text(bad)
+        assert load_acceptance(path) == {}, bad
     blocked = tmp_path / "file"
     blocked.write_text("")
     save_costs(blocked / "sub" / "c.json", {2: 1.1})  # cannot write there: no error, nothing kept
