@@ -235,6 +235,7 @@ class AutoBlock:
     _run_from: float = 0.0
     _parked_words: str = ""
     _parked_acc: tuple[float, ...] = ()
+    _primed_rounds: dict[str, int] = field(default_factory=dict)  # per kind: what an earlier session counts as
 
     def __post_init__(self) -> None:
         positions = max(self.config.k_max - 1, 0)
@@ -408,10 +409,12 @@ class AutoBlock:
         session drafted enough rounds to say (to keep for the next session, beside the costs)."""
         c = self.config
         kinds = {"greedy": self._long_greedy, "sampled": self._long_sampled}
+        # this session's own rounds: a session that never drafted must not keep the primed values (each
+        # such session would pull them a little toward the flat prior)
         return {
             name: [round(a, 4) for a in est.estimates(c)]
             for name, est in kinds.items()
-            if est.rounds >= ACCEPTANCE_SNAPSHOT_ROUNDS
+            if est.rounds - self._primed_rounds.get(name, 0) >= ACCEPTANCE_SNAPSHOT_ROUNDS
         }
 
     def prime_acceptance(self, snapshot: dict[str, list[float]], rounds: float = ACCEPTANCE_PRIME_ROUNDS) -> None:
@@ -427,7 +430,7 @@ class AutoBlock:
             for i, a in enumerate(values[: len(est.seen)]):
                 if 0.0 <= a <= 1.0:
                     est.seen[i], est.accepted[i] = rounds, rounds * a
-            est.rounds = int(rounds)
+            est.rounds = self._primed_rounds[name] = int(rounds)
 
     # -- per turn and per round -------------------------------------------------------------
 

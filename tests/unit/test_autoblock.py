@@ -319,6 +319,13 @@ def test_too_few_drafting_rounds_keep_no_acceptance_and_nonsense_is_not_believed
     before = fresh.acceptance()
     fresh.prime_acceptance({"greedy": [1.7, -1.0], "other": [0.9]})
     assert fresh.acceptance() == before
+    # a session that only starts from an earlier one's acceptance, and never drafts, keeps nothing
+    primed = AutoBlock()
+    primed.prime_acceptance({"greedy": [0.2] * 7})
+    assert primed.alpha < 0.3 and primed.acceptance_snapshot() == {}
+    for _ in range(4):
+        primed.observe(2, 0, round_s=0.02)
+    assert primed.acceptance_snapshot()["greedy"][0] < 0.2
 
 
 def test_block_costs_survive_a_session_and_a_bad_file_costs_only_a_cold_start(tmp_path):
