@@ -15,8 +15,9 @@ The controller sees each round's cost with seeded multiplicative noise (a shared
 is scored on the true costs; it lives across a pairing's traces (one per reply, `begin_turn` between
 them), as the engine's lives across a chat. It starts with the block costs an earlier session on the
 same machine left (the engine keeps them: core.decode.autoblock.save_costs), seen with a third of the
-noise (they are medians of many rounds), and no acceptance (that depends on the text); --cold starts
-it with nothing, as a pairing's first session on a machine.
+noise (they are medians of many rounds), and no acceptance; --kept also starts it from the acceptance
+an earlier session on the same replies kept (the engine keeps that beside the costs); --cold starts it
+with nothing, as a pairing's first session on a machine.
 
 Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-cheap" / "apple-dear"
 (verify(K) = 1 + 0.05 (K - 1) steps, a draft step 0.1 / 0.3 of a step: bandwidth-bound Apple GPUs);
@@ -152,6 +153,7 @@ def evaluate(
     noise: float = 0.1,
     seed: int = 0,
     primed: bool = True,
+    kept: bool = False,
 ) -> list[Row]:
     rows = []
     for pairing, (data, ts) in traces.items():
@@ -164,6 +166,8 @@ def evaluate(
                 if primed:
                     # the costs an earlier session on this machine left (medians of its rounds: a third of the noise)
                     ctl.prime({k: cost(k) / cost(1) * math.exp(rng.gauss(0.0, noise / 3)) for k in range(2, k_max + 1)})
+                if primed and kept:
+                    ctl.prime_acceptance(_earlier_session(ctl, [t for t in ts if t.mode == mode], cost, seed, noise))
                 for t in (t for t in ts if t.mode == mode):
                     auto, chosen = replay(ctl, t, cost, rng, noise)
                     plain = t.tokens * cost(1)
@@ -174,6 +178,17 @@ def evaluate(
                         Row(t, model, plain / auto, fixed[best_k] / auto, best_k, clair / auto, auto, clair, chosen)
                     )
     return rows
+
+
+def _earlier_session(ctl: AutoBlock, ts: list[Trace], cost: Cost, seed: int, noise: float) -> dict[str, list[float]]:
+    """The acceptance an earlier session on the same replies left (core.decode.autoblock.save_costs keeps
+    it beside the costs): a controller primed as `ctl` is, replayed on them with its own noise."""
+    earlier = AutoBlock(ctl.config)
+    earlier.prime(ctl.cost_snapshot())
+    rng = random.Random(f"earlier/{seed}")
+    for t in ts:
+        replay(earlier, t, cost, rng, noise)
+    return earlier.acceptance_snapshot()
 
 
 SHORT = 24  # replies shorter than this many round tokens: a few rounds, where hindsight is mostly luck
@@ -227,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true", help="the block sizes auto chose, per trace and model")
     ap.add_argument("--cold", action="store_true", help="no block costs from an earlier session (a first session)")
+    ap.add_argument("--kept", action="store_true", help="and the acceptance an earlier session on these replies kept")
     args = ap.parse_args(argv)
-    rows = evaluate(load_traces(Path(args.traces)), noise=args.noise, seed=args.seed, primed=not args.cold)
+    traces = load_traces(Path(args.traces))
+    rows = evaluate(traces, noise=args.noise, seed=args.seed, primed=not args.cold, kept=args.kept)
     print_table(rows, args.verbose)
     return 0
 

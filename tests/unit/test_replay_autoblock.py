@@ -92,6 +92,15 @@ def test_a_first_session_on_a_machine_is_close_too(cold_rows):
     assert min(big) >= 0.95 and sum(big) / len(big) >= 0.99
 
 
+def test_a_session_that_starts_from_the_acceptance_an_earlier_one_kept(traces, rows):
+    # the engine keeps a pairing's long-run acceptance beside its costs: over all replies a little closer
+    # to hindsight (0.977x the best fixed K against 0.975x), paid for on a few replies of 9-11 tokens,
+    # where a first block that the kept acceptance makes deeper is a bet the short reply loses
+    kept = replay.summary(replay.evaluate(traces, kept=True))
+    assert kept["overall_vs_fixed"] >= 0.976 > replay.summary(rows)["overall_vs_fixed"]
+    assert kept["overall_vs_clairvoyant"] >= 0.840 and kept["min_vs_plain_long"] >= 0.90
+
+
 def test_drafting_that_cannot_pay_is_left_alone(rows):
     # a real-size target on a CPU (verify K = K plain steps): with the costs an earlier session measured,
     # auto is plain decoding from the first round of the first reply
