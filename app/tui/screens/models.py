@@ -590,8 +590,8 @@ class ModelsScreen(Screen):
         self.pending_load = spec
         self.say(f"Loading {spec.name}… {session.load_stage}".rstrip())
         if catalogue_name and self.options.remember:
-            # the app's worker, not this screen's: the screen leaves once the pairing loads, and a screen's
-            # workers that have not started by then are cancelled (the choice would be lost)
+            # the app's worker, not this screen's: the screen leaves once the pairing loads, and the write
+            # must not depend on how long the screen lives (a worker belongs to the node that started it)
             self.app.run_worker(partial(_remember, self.app, catalogue_name), thread=True, group="models-config")
         if session.loaded:  # it was already
             self._loaded(spec)
