@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
-ACCEPTANCE_PRIME_ROUNDS = 4.0  # drafting rounds an earlier session's acceptance counts as
+ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
 
 
 @dataclass(frozen=True)
@@ -404,33 +404,34 @@ class AutoBlock:
                 self._ratio[int(k)] = cost
         self._primed = bool(self._ratio)
 
+    def _long_by_kind(self) -> dict[str, _Acceptance]:
+        return {"greedy": self._long_greedy, "sampled": self._long_sampled}
+
     def acceptance_snapshot(self) -> dict[str, list[float]]:
         """The pairing's long-run acceptance a_1, a_2, ... per kind ("greedy", "sampled"), where this
         session drafted enough rounds to say (to keep for the next session, beside the costs)."""
         c = self.config
-        kinds = {"greedy": self._long_greedy, "sampled": self._long_sampled}
         # this session's own rounds: a session that never drafted must not keep the primed values (each
         # such session would pull them a little toward the flat prior)
         return {
             name: [round(a, 4) for a in est.estimates(c)]
-            for name, est in kinds.items()
+            for name, est in self._long_by_kind().items()
             if est.rounds - self._primed_rounds.get(name, 0) >= ACCEPTANCE_SNAPSHOT_ROUNDS
         }
 
-    def prime_acceptance(self, snapshot: dict[str, list[float]], rounds: float = ACCEPTANCE_PRIME_ROUNDS) -> None:
+    def prime_acceptance(self, snapshot: dict[str, list[float]], rounds: int = ACCEPTANCE_PRIME_ROUNDS) -> None:
         """Start the long-run acceptance from an earlier session's (`acceptance_snapshot`), worth `rounds`
         drafting rounds at every position: a first reply then bets on drafts as the pairing usually
         earns them on this machine (a deep first block for a drafter that is usually right, a probe or
         none for one that is not) instead of the flat `acceptance_prior`; its own rounds soon outweigh it."""
-        kinds = {"greedy": self._long_greedy, "sampled": self._long_sampled}
         for name, values in snapshot.items():
-            est = kinds.get(name)
+            est = self._long_by_kind().get(name)
             if est is None or est.rounds:
                 continue
             for i, a in enumerate(values[: len(est.seen)]):
                 if 0.0 <= a <= 1.0:
                     est.seen[i], est.accepted[i] = rounds, rounds * a
-            est.rounds = self._primed_rounds[name] = int(rounds)
+            est.rounds = self._primed_rounds[name] = rounds
 
     # -- per turn and per round -------------------------------------------------------------
 
