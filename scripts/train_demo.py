@@ -53,6 +53,23 @@ Wave 4 trained a target FROM SCRATCH on the wide corpus plus drills (not shipped
   answers copy the given result's time and zone exactly (E: 1), so the drills do teach that copying.
   A from-scratch wide run needs the ~3 epochs A had (~1200 steps, 2-3 hours on this machine when it is
   shared; the --state at step 600 was not kept).
+Wave 5 ran wave 4's recipe to the ~4 epochs it lacked, uninterrupted, on an idle machine (about 2.8 s a step;
+not shipped: barely better than E, see below):
+    --replay 1300,600 --tool-drills 500 --target-steps 1600 --drafter-steps 0 --lr 4e-3 --out T
+                                                           4581 s, loss 8.1 -> 0.07-0.7 by batch
+    --continue-drafter T --replay 1300,600 --tool-drills 500 --drafter-steps 400 --lr 3e-3 --out D
+                                                           484 s; centroid-routed greedy == full greedy at
+                                                           2092/2100 positions
+  Its greedy samples answer every corpus prompt (second turns, "What are the keys of this app?",
+  json.dumps) and copy a given result into the answer ("It is 09:57 in Europe/Paris."), but call
+  Etc/UTC for Paris and give "Why is the sky blue?" the legend's reply. Measured (measure_demo.py --set all
+  --repeats 1 --in-process, E in brackets, measured right after it): speed set 9/9 on topic (9/9), 61.2 % of
+  tokens from accepted drafts (79.1 %); held-out on topic 40/58 = 69 % (38/58 = 66 %), drafts 61.7 % (78.1 %),
+  speed-up median 1.29x (1.71x); off-topic 17/20 (18/20); tools 6/38 (7/39): calls name a real zone but
+  not the one asked (Havana -> "America/Mamaica": pieces of the name begin to be copied), answers copy the
+  result's zone but not its time. So ~4 epochs of the wide corpus do not reach the 80 % held-out target at
+  these shapes either; what is left to try is a larger target (the package has ~3.5 MB of room under 20 MB)
+  or a corpus with many more phrasings per topic.
 A rerun reproduces them only with the same stops and resumes (a resumed stage's schedule follows the
 --target-steps / --drafter-steps / --lr it is resumed with).
 
