@@ -60,8 +60,8 @@ not shipped: barely better than E, see below):
     --continue-drafter T --replay 1300,600 --tool-drills 500 --drafter-steps 400 --lr 3e-3 --out D
                                                            484 s; centroid-routed greedy == full greedy at
                                                            2092/2100 positions
-  Its greedy samples answer every corpus prompt (second turns, "What are the keys of this app?",
-  json.dumps) and copy a given result into the answer ("It is 09:57 in Europe/Paris."), but call
+  Its greedy samples answer the corpus prompts sampled (second turns, "What are the keys of this app?",
+  json.dumps) and answer a given result in its shape ("It is 09:57 in Europe/Paris."), but call
   Etc/UTC for Paris and give "Why is the sky blue?" the legend's reply. Measured (measure_demo.py --set all
   --repeats 1 --in-process, E in brackets, measured right after it): speed set 9/9 on topic (9/9), 61.2 % of
   tokens from accepted drafts (79.1 %); held-out on topic 40/58 = 69 % (38/58 = 66 %), drafts 61.7 % (78.1 %),
