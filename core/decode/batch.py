@@ -1,7 +1,9 @@
 """Batched speculative decoding: several independent replies decoded together, one round at a time.
 
 Every row is one request with its own `TargetCache` (offsets, sliding window, rollback), settings,
-stop rule, key stream and detokenizer. A round (block size K, the same for every row):
+stop rule, key stream and detokenizer. While a row decodes, its K/V sits in the batch's shared
+buffers (core.model.rows_kv: its cache keeps the bookkeeping and gets the buffers back when the row
+leaves). A round (block size K, the same for every row):
 
     drafts  = drafter over all rows (core.model.batched.draft_rows)       [B, K-1]   lazy
     logits  = target over all rows' [b, d1 .. d_{K-1}] in one call        [B, K, V]  lazy
@@ -34,8 +36,8 @@ The block size is the batch's: an `AutoBlock` controller (timed per batch round,
 acceptance) when every row asks for auto, else the smallest fixed size the rows ask for. A row cannot
 verify with fewer drafts than its neighbours: rows share one [B, K] verify shape.
 
-Greedy rows produce exactly the ids they would alone (a row's attention runs on its own cache with
-the single stream's shapes; only the projections see the other rows). A sampled row keeps the
+Greedy rows produce exactly the ids they would alone (a row's attention sees exactly its own keys,
+the other rows' masked out; only the projections see the other rows). A sampled row keeps the
 target's distribution (per-row rejection sampling) and, with a seed, draws its keys as it would alone.
 """
 
@@ -66,6 +68,7 @@ from core.decode.spec import (
 from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.model import memory
 from core.model.batched import RowSampling, draft_rows, forward_rows
+from core.model.rows_kv import RowsKV
 from core.model.target import Target, TargetCache
 from core.settings import GenerationSettings
 
@@ -150,6 +153,7 @@ class BatchDecoder:
         self.auto = AutoBlock(AutoBlockConfig(), draft_cost=draft_cost_hint(target, drafter))
         self.prefix = PrefixCache() if prefix_cache is None else prefix_cache
         self.rows: list[Row] = []
+        self.kv = RowsKV(target)  # the decoding rows' K/V (their caches hold it again when they leave)
         self._clock = time.perf_counter if memory.on_metal() else time.process_time
         self._last_sync = self._clock()
         self._timed: set[int] = set()
@@ -213,7 +217,9 @@ class BatchDecoder:
                 row.reason = "cancelled"
             if row.reason is not None:
                 self.rows.remove(row)
-                if row.storable and row.error is None:
+                keep = row.storable and row.error is None
+                self.kv.release(row.cache, keep=keep)
+                if keep:
                     self.prefix.put(row.prefix + row.committed, row.cache)
                 out.append((row, self._result(row)))
         if out and not self.rows:  # the batch drained: the buffers MLX keeps for reuse go back (RSS to idle)
@@ -370,6 +376,8 @@ class BatchDecoder:
         rows = [r for r in rows if r.reason is None]
         if not rows:
             return
+        self.kv.seat([r.cache for r in rows])
+        rows.sort(key=lambda r: cast(int, self.kv.index(r.cache)))  # the rows in their seats' order
         if prefilled:  # the round is timed from here: the prefill's time is not its own
             self._last_sync = self._clock()
         sizes, auto = self._plan(rows)
@@ -413,12 +421,11 @@ class BatchDecoder:
         (rows, K, packed [B, 1 + K] uint32 with n accepted, the target's token and the drafts per row,
         hidden [B, K, H])."""
         tg = self.target
-        caches = [r.cache for r in rows]
         B = len(rows)
         b = mx.array([r.b_tok for r in rows], dtype=mx.uint32)
         softcap = any(r.keys is not None for r in rows)
         if K == 1:
-            logits, H = forward_rows(tg, b.reshape(B, 1), caches, softcap=softcap)
+            logits, H = forward_rows(tg, b.reshape(B, 1), self.kv, softcap=softcap)
             picks = [self.solo._pick(logits[i, 0], r.settings, r.keys) for i, r in enumerate(rows)]
             t = mx.stack(picks).astype(mx.uint32).reshape(B, 1)
             packed = mx.concatenate([mx.zeros((B, 1), mx.uint32), t], axis=1)
@@ -427,9 +434,9 @@ class BatchDecoder:
         assert self.drafter is not None, "a speculative round needs a drafter"
         sampled = [_draft_sampling(r, k, K) for r, k in zip(rows, sizes)]
         h = mx.stack([cast(mx.array, r.h) for r in rows])
-        drafts, q_lps = draft_rows(self.drafter, tg, caches, b, h, K - 1, sampled)
+        drafts, q_lps = draft_rows(self.drafter, tg, self.kv, b, h, K - 1, sampled)
         mx.async_eval(drafts)
-        logits, H = forward_rows(tg, mx.concatenate([b.reshape(B, 1), drafts], axis=1), caches, softcap=softcap)
+        logits, H = forward_rows(tg, mx.concatenate([b.reshape(B, 1), drafts], axis=1), self.kv, softcap=softcap)
         caps = mx.array([k - 1 for k in sizes], dtype=mx.int32)
         n, t = verify_greedy_capped(drafts, logits, caps)
         if softcap:  # sampled rows verify alone, each with its own key (as it would alone)
@@ -497,7 +504,7 @@ class BatchDecoder:
         keeps (the round appended K positions); carry b and h."""
         out, stop = self._stop_rule(row, tokens)
         P = row.cache.offset - K
-        row.cache.trim_to(P + out)
+        self.kv.trim_to(row.cache, P + out)
         H = cast(mx.array, row.h)
         row.h = H[out - 1]
         row.committed.append(row.b_tok)

@@ -1,23 +1,19 @@
-"""Several sequences through the target (and the drafter) in one call, each with its own cache.
+"""Several sequences through the target (and the drafter) in one call, over the rows' shared K/V.
 
-A server batch holds rows at different lengths, each with its own `TargetCache` (its own offsets,
-sliding-window buffer and rollback). Here the rows' tokens go through the model as one [B, L, H]
-tensor, so every projection, norm, MLP and the logits head reads its weights once for the whole
-batch, while each row's attention runs on that row's own cache:
+A server batch holds rows at different lengths, each with its own offsets, sliding-window state and
+rollback. Here the rows' tokens go through the model as one [B, L, H] tensor, and each layer attends
+in one call over every row's K/V padded into one buffer (`core.model.rows_kv.RowsKV`), a boolean mask
+per attention type showing each row exactly the keys its solo cache would:
 
     x [B, L, H] -> input norm, q/k/v, q/k/v norms, RoPE at each row's own offset   (batched)
-    per row b:  its cache appends k[b], v[b]; sdpa(q[b], its keys, its mask)       (per row)
+    k, v -> one scatter into each row's slots; sdpa(q, all rows' keys, mask [B,1,L,S]) (batched)
     o [B, nh, L, hd] -> o_proj, norms, MLP (or MoE), per-layer input, scalar      (batched)
 
-Why not one padded attention over a shared [B, kv, S, hd] buffer (mlx-lm's BatchKVCache with left
-padding)? Rows accept different numbers of drafts every round, so a shared write index leaves holes
-or needs a per-row shift, and the sliding cache's compaction and rollback would have to be redone
-per row inside one buffer. Per-row attention keeps `SlidingKVCache` exactly as the single stream
-uses it (same shapes, same masks, same rollback), rows join and leave by list membership, and a
-leaving row's memory goes with its cache. The price is one attention call per row per layer.
-Measured on the demo (CPU backend, interleaved, one forward of B=4 or 8 rows): one masked sdpa over
-the rows' K/V padded into one tensor (bit-identical logits) changed the forward by -5..+1 %: there the
-rows' cost is compute in the projections (about 5-7 ms per row and position), not attention dispatch.
+Rows accept different numbers of drafts every round: each row's slots are its own (row b's positions
+[start_b, offset_b) at slots [0, offset_b - start_b)), so a rollback moves one row's offset and a
+round writes every row at its own slot with one `put_along_axis`. It replaced one attention call (and
+a cache update, with its slices) per row per layer: on the demo (16 layers of 128 wide) the forward's
+cost was those ops, about 1.2 ms per extra row on this CPU, not compute.
 
 Every row of one call has the same number of new tokens L (the batch's block size).
 
@@ -25,9 +21,6 @@ The compiled layer pieces (core.model.layers) serve every row count. A compiled 
 input shape, and a batch meets a new [B, L] whenever a row joins or leaves or the block size changes:
 each costs one trace the first time in a process (about 0.5 s for the demo on this CPU); the C++ kernels
 the CPU backend builds for them are shared by every B > 1 and kept in the kernel cache between runs.
-Measured with `scripts/bench_serve.py --streams 4,8 --compare` (interleaved, the server's CPU time per
-token, demo): 8 streams 8.0 -> 6.4 ms (111 against 92 tok/s), 4 streams 10.0 -> 10.1 ms, eager ->
-compiled. (They used to run for one row only on the CPU backend.)
 """
 
 from __future__ import annotations
@@ -38,28 +31,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core import sampling
-from core.model.cache import SlidingKVCache, attention_mask
 from core.model.drafter import Drafter
 from core.model.layers import COMPILED_MAX_LEN, FastLayer
-from core.model.target import FULL, SLIDING, Target, TargetCache, _sliding_start_after
-
-Mask = mx.array | str | None
-
-
-def _row_masks(target: Target, caches: list[TargetCache], L: int) -> list[dict[str, Mask]]:
-    """Per row, the mask of each attention type for L new tokens (as `Target.forward` builds them)."""
-    out = []
-    for cache in caches:
-        P = cache.offset
-        masks: dict[str, Mask] = {}
-        if cache.first_of(FULL) is not None:
-            masks[FULL] = "causal" if L > 1 else None
-        sliding = cache.first_of(SLIDING)
-        if isinstance(sliding, SlidingKVCache):
-            start = _sliding_start_after(sliding, L)
-            masks[SLIDING] = attention_mask(P, L, start, P + L - start, target.window)
-        out.append(masks)
-    return out
+from core.model.rows_kv import RowsKV
+from core.model.target import Target
 
 
 def _moe_out(layer: Any, o: mx.array, residual: mx.array, per_layer_input: mx.array | None) -> mx.array:
@@ -82,62 +57,56 @@ def _moe_out(layer: Any, o: mx.array, residual: mx.array, per_layer_input: mx.ar
 def _layer(
     fast: FastLayer,
     x: mx.array,
-    masks: list[Mask],
-    caches: list[Any] | None,
+    mask: mx.array,
+    offsets: mx.array,
+    kv: RowsKV,
+    i: int,
+    slots: mx.array | None,
     per_layer_input: mx.array | None,
-    shared: tuple[list[tuple[mx.array, mx.array]], mx.array] | None,
-) -> tuple[mx.array, list[tuple[mx.array, mx.array]], mx.array]:
-    """One decoder layer over B rows: x [B, L, H]; `caches` the rows' caches of this layer (a layer with
-    its own K/V) or `shared` (per row K/V, offsets [B]) from the layer it reads. Returns (h, kvs, offsets)."""
+    shared: tuple[mx.array, mx.array] | None,
+) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    """One decoder layer over B rows: x [B, L, H]. A layer with its own K/V writes the rows' new K/V at
+    their `slots` in `kv`; a shared layer reads `shared` (the buffers of the layer it reads). Returns
+    (h, the K/V buffers it attended over)."""
     L = x.shape[1]
     small = L <= COMPILED_MAX_LEN and not fast.moe
-    if shared is None:
-        assert caches is not None, "a layer with its own K/V needs the rows' caches"
-        offsets = mx.array([c.offset for c in caches])
-    else:
-        offsets = shared[1]
     q, k, v = (fast._attn_in if small else fast._attn_in_eager)(x, offsets)
-    kvs: list[tuple[mx.array, mx.array]] = []
-    outs = []
-    for b in range(x.shape[0]):
-        if shared is not None:
-            kb, vb = shared[0][b]
-        else:
-            assert caches is not None and k is not None and v is not None
-            kb, vb = caches[b].update_and_fetch(k[b : b + 1], v[b : b + 1])
-        kvs.append((kb, vb))
-        outs.append(mx.fast.scaled_dot_product_attention(q[b : b + 1], kb, vb, scale=fast.attn.scale, mask=masks[b]))
-    o = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+    if shared is None:
+        assert k is not None and v is not None and slots is not None, "a layer with its own K/V writes it"
+        shared = kv.write(i, k, v, slots)
+    kb, vb = shared
+    o = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=fast.attn.scale, mask=mask)
     if fast.moe:
-        return _moe_out(fast.layer, o, x, per_layer_input), kvs, offsets
-    out = (fast._attn_out if small else fast._attn_out_eager)(o, x, per_layer_input, fast.layer.layer_scalar)
-    return out, kvs, offsets
+        return _moe_out(fast.layer, o, x, per_layer_input), shared
+    return (fast._attn_out if small else fast._attn_out_eager)(o, x, per_layer_input, fast.layer.layer_scalar), shared
 
 
-def forward_rows(
-    target: Target, tokens: mx.array, caches: list[TargetCache], softcap: bool = True
-) -> tuple[mx.array, mx.array]:
-    """Run tokens [B, L] (row b at positions [caches[b].offset, + L)) and append each row's K/V to its cache.
+def forward_rows(target: Target, tokens: mx.array, kv: RowsKV, softcap: bool = True) -> tuple[mx.array, mx.array]:
+    """Run tokens [B, L] (row b at positions [its offset, + L)) and append each row's K/V in `kv`.
 
     Text only (a row's image prefill runs alone, through `Target.forward`). Returns (logits [B, L, V]
     float, hidden [B, L, H] after the final norm); softcap=False leaves the logits uncapped (same argmax)."""
     ids = tokens.astype(mx.int32)
     B, L = ids.shape
+    assert B == len(kv), "one row of tokens per seated row"
     inner = target.inner
     h = target.embed(ids)
     per_layer: list[mx.array | None] = [None] * target.n_layers
     if inner.hidden_size_per_layer_input:
         pli = inner._project_per_layer_inputs(h, inner._get_per_layer_inputs(ids))
         per_layer = [pli[:, :, i, :] for i in range(target.n_layers)]
-    row_masks = _row_masks(target, caches, L)
-    intermediates: list[Any] = [None] * target.n_layers
+    kv.reserve(L)
+    offsets = mx.array(kv.offsets)
+    types = set(kv.types)
+    masks = {t: kv.mask(t, L) for t in types}
+    slots = {t: kv.write_slots(t, L) for t in types}
+    buffers: list[Any] = [None] * target.n_layers
     for i, fast in enumerate(target.layers):
-        masks = [m[fast.layer_type] for m in row_masks]
+        t = fast.layer_type
         own = i < target.first_shared
-        layer_caches = [c.layers[i] for c in caches] if own else None
-        shared = None if own else intermediates[inner.previous_kvs[i]]
-        h, kvs, offsets = _layer(fast, h, masks, layer_caches, per_layer[i], shared)
-        intermediates[i] = (kvs, offsets)
+        shared = None if own else buffers[inner.previous_kvs[i]]
+        h, buffers[i] = _layer(fast, h, masks[t], offsets, kv, i, slots[t] if own else None, per_layer[i], shared)
+    kv.advance(L)
     hidden = inner.norm(h)
     return target.logits(hidden, softcap), hidden
 
@@ -146,20 +115,18 @@ def forward_rows(
 
 
 def _drafter_step(
-    drafter: Drafter, e: mx.array, h: mx.array, kvs: list[dict], positions: mx.array
+    drafter: Drafter, e: mx.array, h: mx.array, kv: dict[str, tuple[mx.array, mx.array, mx.array]], positions: mx.array
 ) -> tuple[mx.array, mx.array]:
-    """`Drafter.step` over B rows: e, h [B, 1, Hb]; each row reads its own K/V at its own position."""
+    """`Drafter.step` over B rows: e, h [B, 1, Hb]; kv per layer type (keys, values, mask [B, 1, 1, S]):
+    each row reads its own keys (the mask) at its own position."""
     x = mx.concatenate([e, h], axis=-1).astype(drafter.norm.weight.dtype)
     x = drafter.pre_projection(x)
     if getattr(drafter, "_fast", None) is None:
         drafter.use_fast_layers()
     for fast in drafter._fast:
         q, _, _ = fast._attn_in(x, positions)
-        outs = []
-        for b, kv in enumerate(kvs):
-            kb, vb = kv[fast.layer_type]
-            outs.append(mx.fast.scaled_dot_product_attention(q[b : b + 1], kb, vb, scale=fast.attn.scale, mask=None))
-        o = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+        kb, vb, mask = kv[fast.layer_type]
+        o = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=fast.attn.scale, mask=mask)
         x = fast._attn_out(o, x, None, fast.layer.layer_scalar)
     y = drafter.norm(x)
     return y, drafter.post_projection(y)
@@ -199,7 +166,7 @@ class RowSampling:
 def draft_rows(
     drafter: Drafter,
     target: Target,
-    caches: list[TargetCache],
+    kv: RowsKV,
     bonus: mx.array,
     hidden: mx.array,
     n: int,
@@ -210,19 +177,21 @@ def draft_rows(
     Returns (drafts [B, n] uint32, per row its draft log-probs [n, V] (or sparse) when sampled, else None).
     Lazy: nothing waits for the device."""
     B = bonus.shape[0]
-    kvs, positions = [], []
-    for cache in caches:
-        pos, kv = drafter.gather_kv(target, cache, cache.offset)
-        kvs.append(kv)
-        positions.append(pos)
-    pos_arr = mx.array(positions)
+    windows = [drafter.key_windows(o) for o in kv.offsets]
+    pos_arr = mx.array([pos for pos, _ in windows])
+    read: dict[str, tuple[mx.array, mx.array, mx.array]] = {}
+    for kind in set(drafter.layer_types):
+        i = target.producers[kind]
+        kb, vb = kv.keys[i], kv.values[i]
+        assert kb is not None and vb is not None, "draft before seat"
+        read[kind] = (kb, vb, kv.key_range_mask(kind, [firsts[kind] for _, firsts in windows]))
     tok = bonus.reshape(B).astype(mx.uint32)
     h = hidden.reshape(B, 1, -1)
     steps: list[mx.array] = []
     row_lp: list[list[Any]] = [[] for _ in range(B)]
     for j in range(n):
         e = target.embed(tok.reshape(B, 1))
-        y, h = _drafter_step(drafter, e, h, kvs, pos_arr)
+        y, h = _drafter_step(drafter, e, h, read, pos_arr)
         y = y.reshape(B, -1)
         tok = _greedy_rows(drafter, y) if any(s is None for s in sampled) else mx.zeros((B,), mx.uint32)
         if any(s is not None for s in sampled):
