@@ -22,7 +22,10 @@ CPU backend (measured: `mx.fast.scaled_dot_product_attention` over keys padded w
 leading or trailing, boolean masks against "causal" or None, 0 of 300 cases differ in any bit;
 tests/engine/test_batch.py compares every batched row's ids with its solo run). The price: every row
 attends over the batch's longest S (a row at 200 tokens next to one at 8000 computes 8000 scores per
-query), cheap next to the projections at the shapes a batch runs, and its memory is B x S.
+query), and the buffers hold B x S positions per layer until that row leaves (then they shrink to the
+longest row that stays). On the demo the padded attention is cheap next to what it saves; a batch that
+mixes one very long context with short ones pays for it in memory on the full-attention layers (sliding
+layers compact to W + 1 positions a row).
 """
 
 from __future__ import annotations
@@ -115,18 +118,23 @@ class RowsKV:
         else:
             cache.reset()
         rest = [j for j in range(len(self.caches)) if j != b]
-        for i in range(len(self.types)):
+        # the rows that stay keep their slots; a buffer sized for the leaving row shrinks with it
+        size = {
+            t: min(self.size[t], self._round_up(max((self.offsets[j] - self.starts[t][j] for j in rest), default=0)))
+            for t in (SLIDING, FULL)
+        }
+        for i, t in enumerate(self.types):
             k, v = self.keys[i], self.values[i]
             assert k is not None and v is not None
             if rest:
                 idx = mx.array(rest)
-                self.keys[i], self.values[i] = k[idx], v[idx]
+                self.keys[i], self.values[i] = k[idx, :, : size[t]], v[idx, :, : size[t]]
             else:
                 self.keys[i] = self.values[i] = None
         del self.caches[b], self.offsets[b], self.starts[SLIDING][b], self.starts[FULL][b]
-        if not rest:
-            self.size = {SLIDING: 0, FULL: 0}
+        self.size = size if rest else {SLIDING: 0, FULL: 0}
         self._reindex()
+        mx.eval(*self.state())  # the old buffers go now, not at the next round
 
     def _round_up(self, n: int) -> int:
         return max(self.step, -(-n // self.step) * self.step)

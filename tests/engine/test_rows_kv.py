@@ -194,3 +194,25 @@ def test_a_batch_attends_once_per_layer_whatever_its_rows(monkeypatch: pytest.Mo
         want, _ = tg.forward(ids + [alone[b]], solo)
         assert int(mx.argmax(logits[b, 0]).item()) == int(mx.argmax(want[-1]).item())
         assert c.offset == len(ids) + 3
+
+
+def test_a_long_row_leaving_takes_its_memory_with_it() -> None:
+    """Every row's buffers are as long as the longest row's: when that row leaves, they shrink to what the
+    rows that stay need, and those rows attend as before."""
+    rng = np.random.default_rng(3)
+    kv = RowsKV(_target(), step=16)
+    short, short_twin = _prefill(rng, 10)
+    long, _ = _prefill(rng, 200)
+    kv.seat([short, long])
+    full = TYPES.index(FULL)
+    assert kv.size[FULL] >= 200
+    with_long = kv.nbytes
+    kv.release(long)
+    assert kv.size[FULL] == 16 and kv.nbytes < with_long / 5
+    kv.reserve(1)
+    q = mx.array(rng.standard_normal((1, NH, 1, DIMS[FULL])), mx.float32)
+    k, v = _kv(rng, 1)[full]
+    kb, vb = kv.write(full, k, v, kv.write_slots(FULL, 1))
+    together = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=1.0, mask=kv.mask(FULL, 1))
+    ks, vs = short_twin.layers[full].update_and_fetch(k, v)
+    assert mx.array_equal(together, mx.fast.scaled_dot_product_attention(q, ks, vs, scale=1.0, mask=None)).item()
