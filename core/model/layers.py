@@ -14,9 +14,11 @@ points the original `Linear`s at row slices of the fused array, so mlx-lm's own 
 path, mlx-lm's model call) keep working on the same memory.
 
 A compiled piece is traced once per input shape, so only short inputs (`COMPILED_MAX_LEN`) take it
-(compiled on the GPU, and on the CPU backend in float32 only: see `compile_ok`);
-prefill chunks run mlx-lm's layer as before. MoE layers (26B-A4B) keep mlx-lm's layer: their expert
-routing is data-dependent.
+(compiled on the GPU, and on the CPU backend in float32 only: see `compile_ok`); prefill chunks run the
+same pieces uncompiled (their GeGLU compiled shapeless, so a prompt's K/V has the bits a decode step
+would give it). On the CPU backend the GeGLU's tanh is a rational function (`geglu_rational`: the
+wheel's tanh is a scalar libm call). MoE layers (26B-A4B) keep mlx-lm's layer: their expert routing is
+data-dependent.
 """
 
 from __future__ import annotations
@@ -27,6 +29,60 @@ import mlx.core as mx
 import mlx.nn as nn
 
 COMPILED_MAX_LEN = 16  # inputs up to this many tokens take the compiled pieces (decode, verify, draft)
+
+# tanh(z) ~ z P(z^2) / Q(z^2) on [-CLAMP, CLAMP], +-1 beyond (float32: max abs error 3.4e-7 against tanh in
+# float64, std::tanh's is 6e-8). The coefficients are Eigen's fast float tanh (generic_fast_tanh_float).
+_TANH_P = (
+    4.89352455891786e-03,
+    6.37261928875436e-04,
+    1.48572235717979e-05,
+    5.12229709037114e-08,
+    -8.60467152213735e-11,
+    2.00018790482477e-13,
+    -2.76076847742355e-16,
+)
+_TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+_TANH_CLAMP = 7.90531110763549805
+
+
+def tanh_rational(z: mx.array) -> mx.array:
+    """tanh from multiplies, adds and one divide (see `geglu_rational`)."""
+    z = mx.clip(z, -_TANH_CLAMP, _TANH_CLAMP)
+    s = z * z
+    p = mx.array(_TANH_P[-1], z.dtype)
+    for c in _TANH_P[-2::-1]:
+        p = p * s + c
+    q = mx.array(_TANH_Q[-1], z.dtype)
+    for c in _TANH_Q[-2::-1]:
+        q = q * s + c
+    return z * p / q
+
+
+def _geglu_rational(gate: mx.array, up: mx.array) -> mx.array:
+    z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # sqrt(2 / pi) (x + 0.044715 x^3)
+    return 0.5 * gate * (1.0 + tanh_rational(z)) * up
+
+
+def _geglu_tanh(gate: mx.array, up: mx.array) -> mx.array:
+    return nn.gelu_approx(gate) * up
+
+
+# Why a rational tanh on the CPU backend: the Linux wheel's CPU kernels are built for baseline x86-64, so
+# tanh is a scalar libm call (about 25 ns an element here, 6x the rest of the GeGLU together), and the
+# compiled pieces' generated C++ calls it the same way. Multiplies, adds and a divide vectorize. A batch of
+# 8 rows verifying 4 tokens spends more on the MLP's tanh than on its matmuls. Elementwise only, so one
+# shapeless compile serves every shape, and the compiled pieces inline the same function: a row gets the
+# same bits on every path (decode, verify, prefill chunks of any length, a batch). GPUs keep tanh, and so
+# does half precision (the polynomial needs float32's digits; and see `compile_ok`).
+geglu_rational = mx.compile(_geglu_rational, shapeless=True)
+geglu_tanh = mx.compile(_geglu_tanh, shapeless=True)
+
+
+def geglu_for(dtype: mx.Dtype) -> Any:
+    """gelu_approx(gate) * up for activations of `dtype`, in the form that is fast on the default device."""
+    if mx.default_device() == mx.gpu:
+        return geglu_tanh
+    return geglu_rational if dtype == mx.float32 else _geglu_tanh
 
 
 def compile_ok(dtype: mx.Dtype) -> bool:
@@ -110,6 +166,7 @@ class FastLayer:
         if not self.moe:
             self.gate_up = fuse([layer.mlp.gate_proj, layer.mlp.up_proj])
         self.compiled = compile_ok(layer.input_layernorm.weight.dtype)
+        self.geglu = geglu_for(layer.input_layernorm.weight.dtype)
         self._attn_in = mx.compile(self._attn_in_eager) if self.compiled else self._attn_in_eager
         self._attn_out = mx.compile(self._attn_out_eager) if self.compiled else self._attn_out_eager
 
@@ -161,9 +218,9 @@ class FastLayer:
             gate, up = mx.split(self.gate_up(x), 2, axis=-1)
         else:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-        h = residual + layer.post_feedforward_layernorm(mlp.down_proj(nn.gelu_approx(gate) * up))
+        h = residual + layer.post_feedforward_layernorm(mlp.down_proj(self.geglu(gate, up)))
         if layer.per_layer_input_gate is not None and per_layer_input is not None:
-            g = nn.gelu_approx(layer.per_layer_input_gate(h)) * per_layer_input
+            g = self.geglu(layer.per_layer_input_gate(h), per_layer_input)
             h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
         if scalar is not None:
             h = h * scalar
@@ -180,22 +237,22 @@ class FastLayer:
         shared_kv: Any = None,
         offset: Any = None,
     ) -> Any:
-        L = x.shape[1]
-        if self.moe or L > COMPILED_MAX_LEN:
+        if self.moe:
             return self.layer(x, mask, cache, per_layer_input=per_layer_input, shared_kv=shared_kv, offset=offset)
+        small = x.shape[1] <= COMPILED_MAX_LEN  # a longer input (a prefill chunk) runs the same pieces eagerly
         if shared_kv is None:
             if not self.has_kv:
                 raise ValueError(f"layer {self.layer.layer_idx} is KV-shared but received no shared K/V")
             offset = mx.array(cache.offset if cache is not None else 0)
         elif not isinstance(offset, mx.array):
             offset = mx.array(offset)
-        q, k, v = self._attn_in(x, offset)
+        q, k, v = (self._attn_in if small else self._attn_in_eager)(x, offset)
         if shared_kv is not None:
             k, v = shared_kv
         elif cache is not None:
             k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.attn.scale, mask=mask)
-        h = self._attn_out(o, x, per_layer_input, self.layer.layer_scalar)
+        h = (self._attn_out if small else self._attn_out_eager)(o, x, per_layer_input, self.layer.layer_scalar)
         return h, (k, v), offset
 
 

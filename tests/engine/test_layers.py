@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from core.model.layers import COMPILED_MAX_LEN, FastLayer, FusedLinear, fuse
+from core.model.layers import (
+    COMPILED_MAX_LEN,
+    FastLayer,
+    FusedLinear,
+    fuse,
+    geglu_for,
+    geglu_rational,
+    geglu_tanh,
+    tanh_rational,
+)
 from core.model.target import load_target
 
 PACK = "tests/data/pack/models"
@@ -62,7 +71,7 @@ def test_fused_quantized_projection_equals_the_parts():
     assert fuse([q[0], nn.QuantizedLinear.from_linear(parts[1], group_size=32, bits=8)]) is None
 
 
-def test_long_inputs_keep_mlx_lm_layer_and_both_paths_agree():
+def test_long_inputs_run_the_same_pieces_eagerly_and_both_paths_agree():
     tg = load_target(f"{PACK}/e-style-target")
     ids = list(range(5, 5 + COMPILED_MAX_LEN + 1))
     calls = []
@@ -80,11 +89,12 @@ def test_long_inputs_keep_mlx_lm_layer_and_both_paths_agree():
             f._attn_in = f._attn_in_eager.__get__(f)  # uncompiled, to see the calls
         tg.layers, saved = fresh, tg.layers
         long_logits, _ = tg.forward(ids, tg.make_cache(), logits="all")
-        assert calls == []  # prefill-sized input: mlx-lm's layers
+        assert calls == [len(ids)] * len(tg.layers)  # a prefill-sized input: the pieces, uncompiled
+        calls.clear()
         c = tg.make_cache()
         tg.forward(ids[:1], c, logits=None)
         short_logits, _ = tg.forward(ids[1:COMPILED_MAX_LEN], c, logits="all")
-        assert calls and set(calls) == {1, COMPILED_MAX_LEN - 1}
+        assert set(calls) == {1, COMPILED_MAX_LEN - 1}
     finally:
         FastLayer._attn_in_eager = orig
         tg.layers = saved
@@ -112,3 +122,24 @@ def test_half_precision_and_quantized_steps_run_and_match_mlx_lm(factory_checkpo
         want = tg.model(mx.array([block]), cache=theirs)[0]
         assert mx.argmax(got, axis=-1).tolist() == mx.argmax(want, axis=-1).tolist()
         tok = int(mx.argmax(got[-1]).item())
+
+
+def test_rational_tanh_is_as_close_as_float32_allows_and_gelu_follows():
+    z = np.linspace(-12, 12, 400_001, dtype=np.float32)
+    got = np.array(tanh_rational(mx.array(z)))
+    assert np.abs(got - np.tanh(z.astype(np.float64))).max() < 4e-7  # std::tanh in float32: 6e-8
+    assert np.abs(got).max() <= 1.0 and (np.sign(got) == np.sign(z)).all()
+    x = mx.array(np.linspace(-10, 10, 100_001, dtype=np.float32))
+    up = mx.ones_like(x)
+    assert float(mx.abs(geglu_rational(x, up) - nn.gelu_approx(x)).max()) < 2e-6
+
+
+def test_the_cpu_geglu_gives_the_same_bits_compiled_into_a_piece_eagerly_and_at_any_shape():
+    assert geglu_for(mx.float32) is (geglu_tanh if mx.default_device() == mx.gpu else geglu_rational)
+    assert geglu_for(mx.bfloat16) is not geglu_rational  # the polynomial needs float32's digits
+    rng = np.random.default_rng(0)
+    gate, up = (mx.array(rng.normal(0, 3, (40, 96)).astype(np.float32)) for _ in range(2))
+    whole = geglu_rational(gate, up)
+    inlined = mx.compile(lambda g, u: geglu_rational(g * 1.0, u) + 0.0)(gate, up)
+    rows = mx.concatenate([geglu_rational(gate[i : i + 1], up[i : i + 1]) for i in range(40)])
+    assert mx.array_equal(whole, inlined) and mx.array_equal(whole, rows)
