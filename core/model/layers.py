@@ -15,10 +15,9 @@ path, mlx-lm's model call) keep working on the same memory.
 
 A compiled piece is traced once per input shape, so only short inputs (`COMPILED_MAX_LEN`) take it
 (compiled on the GPU, and on the CPU backend in float32 only: see `compile_ok`); prefill chunks run the
-same pieces uncompiled (their GeGLU compiled shapeless, so a prompt's K/V has the bits a decode step
-would give it). On the CPU backend the GeGLU is written with exp instead of tanh (`geglu_sigmoid`: the
-wheel's tanh is a scalar libm call). MoE layers (26B-A4B) keep mlx-lm's layer: their expert routing is
-data-dependent.
+same pieces uncompiled (their GeGLU compiled shapeless: the same function the compiled pieces inline).
+On the CPU backend the GeGLU is written with exp instead of tanh (`geglu_sigmoid`: the wheel's tanh is a
+scalar libm call). MoE layers (26B-A4B) keep mlx-lm's layer: their expert routing is data-dependent.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def _geglu_tanh(gate: mx.array, up: mx.array) -> mx.array:
 # 2.2x less, of 512 rows (a prefill chunk) 2.4x less; and it is closer to the exact function (relative error
 # 1.5e-6 for |x| < 4 where the tanh form loses 6e-5 to cancellation). It stays one fused kernel (a deeper
 # rational tanh split into three and made a one-row step 2 % slower). Elementwise only, so one shapeless
-# compile serves every shape, and the compiled pieces inline the same ops: a row gets the same bits on
-# every path (decode, verify, prefill chunks of any length, a batch). GPUs and half precision keep tanh.
+# compile serves every shape, and the compiled pieces inline the same ops: the GeGLU gives a row the same
+# bits on every path (decode, verify, prefill chunks of any length, a batch; tested). GPUs and half precision keep tanh.
 geglu_sigmoid = mx.compile(_geglu_sigmoid, shapeless=True)
 geglu_tanh = mx.compile(_geglu_tanh, shapeless=True)
 
