@@ -15,7 +15,9 @@ import httpx2 as httpx
 from serve_process import ServeProcess
 
 PROMPTS = ["Tell me about the sea.", "What is a cat?", "Write a poem about rain."]
-TOKENS = 48
+# Long enough that the first requests still hold their seats while the last ones arrive, on a fast machine
+# too (at 48 tokens a faster engine finished them first, and nothing was refused)
+TOKENS = 200
 CLIENTS = 10
 
 
