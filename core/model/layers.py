@@ -46,7 +46,8 @@ def _geglu_tanh(gate: mx.array, up: mx.array) -> mx.array:
 # 1.5e-6 for |x| < 4 where the tanh form loses 6e-5 to cancellation). It stays one fused kernel (a deeper
 # rational tanh split into three and made a one-row step 2 % slower). Elementwise only, so one shapeless
 # compile serves every shape, and the compiled pieces inline the same ops: the GeGLU gives a row the same
-# bits on every path (decode, verify, prefill chunks of any length, a batch; tested). GPUs and half precision keep tanh.
+# bits on every path (decode, verify, prefill chunks of any length, a batch; tested). GPUs keep tanh, and
+# so does half precision on the CPU (its layers run uncompiled there: see `compile_ok`).
 geglu_sigmoid = mx.compile(_geglu_sigmoid, shapeless=True)
 geglu_tanh = mx.compile(_geglu_tanh, shapeless=True)
 

@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from core.model.layers import geglu_for
 from core.model.loader import load_safetensors, read_checkpoint_json, weight_files, weight_index
 
 if TYPE_CHECKING:
@@ -209,7 +210,8 @@ class VisionMLP(nn.Module):
         self.down_proj = ClippableLinear(cfg.intermediate_size, cfg.hidden_size, clip)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+        # one fused GeGLU (written with exp on the CPU backend: core.model.layers) instead of six passes
+        return self.down_proj(geglu_for(x.dtype)(self.gate_proj(x), self.up_proj(x)))
 
 
 class VisionBlock(nn.Module):
