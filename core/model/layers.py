@@ -26,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.gemma4_text import geglu as geglu_tanh  # gelu_approx(gate) * up, compiled shapeless
 
 COMPILED_MAX_LEN = 16  # inputs up to this many tokens take the compiled pieces (decode, verify, draft)
 
@@ -49,7 +50,6 @@ def _geglu_tanh(gate: mx.array, up: mx.array) -> mx.array:
 # bits on every path (decode, verify, prefill chunks of any length, a batch; tested). GPUs keep tanh, and
 # so does half precision on the CPU (its layers run uncompiled there: see `compile_ok`).
 geglu_sigmoid = mx.compile(_geglu_sigmoid, shapeless=True)
-geglu_tanh = mx.compile(_geglu_tanh, shapeless=True)
 
 
 def geglu_for(dtype: mx.Dtype) -> Any:
