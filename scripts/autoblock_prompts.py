@@ -1,5 +1,7 @@
 """The prompt sets the auto block size is judged on: recorded traces (scripts/record_traces.py) and the
-real timed runs (scripts/measure_autoblock.py) use the same ones.
+real timed runs (scripts/measure_autoblock.py) use the same ones. A second, held-out set of the same
+categories (`cases_for(pairing, held_out=True)`, traces in tests/data/traces-held-out/) is never tuned
+on: a controller change that only fits the first set's replies shows there.
 
 A case is one reply: a chat (the last message is the user's; a "second turn" case carries the first
 turn's question and the target's own reply to it, filled in by the recorder), a category and a reply
@@ -83,5 +85,48 @@ SAMPLED = {"temperature": 1.0, "top_p": 0.95, "top_k": 64}
 PACK_FAMILIES = ["e-style", "moe-style", "dense-style"]
 
 
-def cases_for(pairing: str) -> list[Case]:
+# Held out: other replies of the same categories (tests/data/traces-held-out/).
+HELD_OUT_DEMO_CASES = [
+    Case("gemma4", "in-corpus", "What is Gemma 4?"),
+    Case("block", "in-corpus", "How do I change the block size?"),
+    Case("keys", "in-corpus", "What are the keys of this app?"),
+    Case("py-rev", "in-corpus", "Write a Python function that reverses a string."),
+    Case("para-mlx", "paraphrase", "Can you explain in short what MLX is for?"),
+    Case("para-drafter", "paraphrase", "So what does the small drafter model actually do?"),
+    Case("para-quit", "paraphrase", "how would I leave the app"),
+    Case("off-moon", "off-topic", "How far away is the moon?"),
+    Case("off-poem", "off-topic", "Write a short poem about rain in the city."),
+    Case("off-math", "off-topic", "What is 17 times 23?"),
+    Case("turn2-more", "second-turn", "Tell me more about that.", first_turn="What is Gemma 4?"),
+    Case("turn2-joke", "second-turn", "Now tell me a joke.", first_turn="Hi"),
+    Case(
+        "long2",
+        "long",
+        "Explain the keys, the block size and the drafter of this app in detail.",
+        max_tokens=300,
+        ignore_eos=True,
+    ),
+]
+
+HELD_OUT_PACK_CASES = [
+    Case("sort", "in-corpus", "How do I sort a list of tuples by the second item?", max_tokens=128, ignore_eos=True),
+    Case("itertools", "in-corpus", "Explain: what does the itertools module provide?", max_tokens=128, ignore_eos=True),
+    Case("para-set", "paraphrase", "Why is checking membership in a set so fast?", max_tokens=128, ignore_eos=True),
+    Case("off-poem", "off-topic", "Write a short poem about rain in the city.", max_tokens=128, ignore_eos=True),
+    Case("off-moon", "off-topic", "How far away is the moon?", max_tokens=128, ignore_eos=True),
+    Case(
+        "turn2-os",
+        "second-turn",
+        "Explain: how do I read an environment variable with it?",
+        first_turn="Explain: what does the os module provide?",
+        max_tokens=128,
+        ignore_eos=True,
+    ),
+    Case("long2", "long", "Explain: what does the collections module provide?", max_tokens=300, ignore_eos=True),
+]
+
+
+def cases_for(pairing: str, held_out: bool = False) -> list[Case]:
+    if held_out:
+        return HELD_OUT_DEMO_CASES if pairing == "demo" else HELD_OUT_PACK_CASES
     return DEMO_CASES if pairing == "demo" else PACK_CASES

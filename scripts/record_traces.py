@@ -14,7 +14,9 @@ controller can be replayed on it under any cost model without this machine's tim
 It also measures this machine's costs for the pairing (bench.measure_costs: one verify of K tokens and
 one draft chain of n steps, in units of one plain decode step), the "cpu" cost model of the replay.
 
-Output: DIR/<pairing>.json (default tests/data/traces/), small: one digit per position.
+Output: DIR/<pairing>.json (default tests/data/traces/), small: one digit per position. `--held-out`
+records the held-out replies (scripts/autoblock_prompts.py) into tests/data/traces-held-out/, with the
+main set's cpu costs: a second set that no controller change is tuned on.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ use_private_kernel_cache()  # before mlx: the private kernel folder and the Open
 
 K_MAX = 8
 PACK = ROOT / "tests" / "data" / "pack" / "models"
+TRACES = ROOT / "tests" / "data" / "traces"
+HELD_OUT_TRACES = ROOT / "tests" / "data" / "traces-held-out"
 
 
 def load(pairing: str):
@@ -150,13 +154,15 @@ def costs(p, repeats: int = 40) -> dict:
     }
 
 
-def record(pairing: str) -> dict:
+def record(pairing: str, held_out: bool = False) -> dict:
+    """The pairing's traces; `held_out`: of the held-out replies, with the main set's costs (so the two
+    sets differ only in their replies) when that set has the pairing."""
     from core.decode import prompt as prompt_mod
 
     p = load(pairing)
     traces = []
     for mode, sampling in (("greedy", {}), ("sampled", SAMPLED)):
-        for seed, case in enumerate(cases_for(pairing)):
+        for seed, case in enumerate(cases_for(pairing, held_out)):
             t0 = time.perf_counter()
             msgs = messages_for(p, case, sampling, seed)
             ids = prompt_mod.encode_messages(p.tokenizer, msgs)
@@ -167,18 +173,23 @@ def record(pairing: str) -> dict:
             )
             took = time.perf_counter() - t0
             print(f"{pairing} {mode:<7} {case.name:<18} {len(reply):>4} tokens  {took:5.1f} s  {runs[:60]}")
-    return {"pairing": pairing, "k_max": K_MAX, "sampled": SAMPLED, "cpu_costs": costs(p), "traces": traces}
+    main = TRACES / f"{pairing}.json"
+    cpu = json.loads(main.read_text())["cpu_costs"] if held_out and main.exists() else costs(p)
+    return {"pairing": pairing, "k_max": K_MAX, "sampled": SAMPLED, "cpu_costs": cpu, "traces": traces}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairing", action="append", choices=["demo", *PACK_FAMILIES])
-    ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "traces"))
+    ap.add_argument("--out", help=f"default {TRACES} ({HELD_OUT_TRACES} with --held-out)")
+    ap.add_argument(
+        "--held-out", action="store_true", help="the held-out replies (autoblock_prompts.cases_for(..., held_out=True))"
+    )
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out or (HELD_OUT_TRACES if args.held_out else TRACES))
     out.mkdir(parents=True, exist_ok=True)
     for pairing in args.pairing or ["demo", *PACK_FAMILIES]:
-        data = record(pairing)
+        data = record(pairing, args.held_out)
         (out / f"{pairing}.json").write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {out / f'{pairing}.json'}: cpu costs {data['cpu_costs']}")
     return 0
