@@ -14,7 +14,9 @@ controller can be replayed on it under any cost model without this machine's tim
 It also measures this machine's costs for the pairing (bench.measure_costs: one verify of K tokens and
 one draft chain of n steps, in units of one plain decode step), the "cpu" cost model of the replay.
 
-Output: DIR/<pairing>.json (default tests/data/traces/), small: one digit per position. `--held-out`
+Output: DIR/<pairing>.json (default tests/data/traces/), small: one digit per position, and the
+drafter's probability of each of the K_MAX - 1 drafts there (what a confidence gate sees: the
+engine's `Drafter.draft(gate=...)`). `--held-out`
 records the held-out replies (scripts/autoblock_prompts.py) into tests/data/traces-held-out/, with the
 main set's cpu costs: a second set that no controller change is tuned on.
 """
@@ -67,8 +69,9 @@ def plain_reply(p, ids: list[int], case: Case, sampling: dict, seed: int) -> lis
     return result.token_ids
 
 
-def acceptance_runs(p, ids: list[int], reply: list[int], sampling: dict, seed: int) -> str:
-    """Per round start along `reply`: drafts accepted by a block of K_MAX (one digit each)."""
+def acceptance_runs(p, ids: list[int], reply: list[int], sampling: dict, seed: int) -> tuple[str, str]:
+    """Per round start along `reply`: drafts accepted by a block of K_MAX (one digit each), and the
+    drafter's probability of each of its K_MAX - 1 drafts (two digits each, floor(100 p), 99 at most)."""
     import mlx.core as mx
 
     from core import sampling as smp
@@ -80,12 +83,17 @@ def acceptance_runs(p, ids: list[int], reply: list[int], sampling: dict, seed: i
     _, hidden = tg.forward(ids, cache, logits=None)
     h = hidden[-1]
     P = len(ids)
-    out = []
+    out, conf = [], []
+
+    def keep(j: int, prob: float) -> bool:
+        conf.append(f"{min(99, int(prob * 100)):02d}")
+        return True
+
     for i in range(len(reply) - 1):
         b = mx.array([reply[i]], dtype=mx.uint32)
         room = len(reply) - i - 2  # drafts a round here may still emit before the reply ends
         draft_keys = keys.split(K_MAX - 1) if keys is not None else None
-        drafts, q_lp = dr.draft(tg, cache, b, h, K_MAX - 1, keys=draft_keys, **sampling)
+        drafts, q_lp = dr.draft(tg, cache, b, h, K_MAX - 1, keys=draft_keys, gate=keep, **sampling)
         logits, H = tg.forward(mx.concatenate([b, drafts]), cache, logits="all", softcap=temp > 0)
         if keys is not None:
             p_lp = smp.transform_logits_compiled(logits, temp, sampling["top_k"], sampling["top_p"])
@@ -95,7 +103,7 @@ def acceptance_runs(p, ids: list[int], reply: list[int], sampling: dict, seed: i
         out.append(min(int(n.item()), room))
         cache.trim_to(P + i + 1)  # keep b, as the plain step would
         h = H[0]
-    return "".join(str(n) for n in out)
+    return "".join(str(n) for n in out), "".join(conf)
 
 
 def messages_for(p, case: Case, sampling: dict, seed: int) -> list[dict]:
@@ -154,9 +162,10 @@ def costs(p, repeats: int = 40) -> dict:
     }
 
 
-def record(pairing: str, held_out: bool = False) -> dict:
+def record(pairing: str, held_out: bool = False, keep_costs: bool = False) -> dict:
     """The pairing's traces; `held_out`: of the held-out replies, with the main set's costs (so the two
-    sets differ only in their replies) when that set has the pairing."""
+    sets differ only in their replies) when that set has the pairing; `keep_costs`: the main set's costs
+    as they are (re-recording replies without re-timing this shared machine)."""
     from core.decode import prompt as prompt_mod
 
     p = load(pairing)
@@ -167,14 +176,21 @@ def record(pairing: str, held_out: bool = False) -> dict:
             msgs = messages_for(p, case, sampling, seed)
             ids = prompt_mod.encode_messages(p.tokenizer, msgs)
             reply = plain_reply(p, ids, case, sampling, seed)
-            runs = acceptance_runs(p, ids, reply, sampling, seed)
+            runs, conf = acceptance_runs(p, ids, reply, sampling, seed)
             traces.append(
-                {"case": case.name, "category": case.category, "mode": mode, "tokens": len(reply), "runs": runs}
+                {
+                    "case": case.name,
+                    "category": case.category,
+                    "mode": mode,
+                    "tokens": len(reply),
+                    "runs": runs,
+                    "conf": conf,
+                }
             )
             took = time.perf_counter() - t0
             print(f"{pairing} {mode:<7} {case.name:<18} {len(reply):>4} tokens  {took:5.1f} s  {runs[:60]}")
     main = TRACES / f"{pairing}.json"
-    cpu = json.loads(main.read_text())["cpu_costs"] if held_out and main.exists() else costs(p)
+    cpu = json.loads(main.read_text())["cpu_costs"] if (held_out or keep_costs) and main.exists() else costs(p)
     return {"pairing": pairing, "k_max": K_MAX, "sampled": SAMPLED, "cpu_costs": cpu, "traces": traces}
 
 
@@ -185,11 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--held-out", action="store_true", help="the held-out replies (autoblock_prompts.cases_for(..., held_out=True))"
     )
+    ap.add_argument("--keep-costs", action="store_true", help="keep the main set's cpu costs instead of timing")
     args = ap.parse_args(argv)
     out = Path(args.out or (HELD_OUT_TRACES if args.held_out else TRACES))
     out.mkdir(parents=True, exist_ok=True)
     for pairing in args.pairing or ["demo", *PACK_FAMILIES]:
-        data = record(pairing, args.held_out)
+        data = record(pairing, args.held_out, args.keep_costs)
         (out / f"{pairing}.json").write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {out / f'{pairing}.json'}: cpu costs {data['cpu_costs']}")
     return 0

@@ -45,7 +45,7 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +82,7 @@ class Trace:
     category: str
     mode: str
     runs: list[int]  # per round start: drafts a block of k_max gets accepted
+    conf: list[list[float]] = field(default_factory=list)  # per round start: the drafter's p of each draft
 
     @property
     def name(self) -> str:
@@ -97,12 +98,67 @@ def load_traces(folder: Path = TRACES) -> dict[str, tuple[dict, list[Trace]]]:
     out = {}
     for f in sorted(folder.glob("*.json")):
         data = json.loads(f.read_text())
+        steps = int(data.get("k_max", 8)) - 1
         traces = [
-            Trace(data["pairing"], t["case"], t["category"], t["mode"], [int(c) for c in t["runs"]])
+            Trace(
+                data["pairing"],
+                t["case"],
+                t["category"],
+                t["mode"],
+                [int(c) for c in t["runs"]],
+                _confidences(t.get("conf", ""), steps),
+            )
             for t in data["traces"]
         ]
         out[data["pairing"]] = (data, traces)
     return out
+
+
+def _confidences(digits: str, steps: int) -> list[list[float]]:
+    """Two digits per draft (floor(100 p)) -> per position the `steps` drafts' p, each at its bucket's middle."""
+    values = [(int(digits[i : i + 2]) + 0.5) / 100 for i in range(0, len(digits), 2)]
+    return [values[i : i + steps] for i in range(0, len(values), steps)]
+
+
+CONFIDENCE_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.98, 1.0)
+
+
+def confidence_report(traces: dict[str, tuple[dict, list[Trace]]]) -> dict[str, dict]:
+    """How well the drafter's own probability of its first draft says whether the target keeps it, per
+    pairing and mode: the AUC (the chance a kept draft had a higher p than a rejected one) and, per p
+    bucket, the drafts and the share kept (a calibrated drafter keeps about p of them)."""
+    out = {}
+    for pairing, (_, ts) in traces.items():
+        for mode in ("greedy", "sampled"):
+            pairs = [(t.conf[i][0], t.runs[i] > 0) for t in ts if t.mode == mode for i in range(len(t.runs)) if t.conf]
+            if not pairs:
+                continue
+            kept = sorted(p for p, ok in pairs if ok)
+            lost = sorted(p for p, ok in pairs if not ok)
+            auc = None
+            if kept and lost:
+                wins, j = 0.0, 0
+                for p in kept:  # lost values below p count once, equal ones half
+                    while j < len(lost) and lost[j] < p:
+                        j += 1
+                    ties = sum(1 for q in lost[j:] if q == p)
+                    wins += j + ties / 2
+                auc = wins / (len(kept) * len(lost))
+            buckets = []
+            for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
+                inside = [ok for p, ok in pairs if lo <= p < hi or (hi == 1.0 and p >= 1.0)]
+                if inside:
+                    buckets.append((lo, hi, len(inside), sum(inside) / len(inside)))
+            out[f"{pairing}/{mode}"] = {"auc": auc, "drafts": len(pairs), "buckets": buckets}
+    return out
+
+
+def print_confidence(traces: dict[str, tuple[dict, list[Trace]]]) -> None:
+    print("the drafter's p of its first draft against the target keeping it (AUC; per p bucket: drafts, kept)")
+    for name, r in confidence_report(traces).items():
+        auc = f"{r['auc']:.2f}" if r["auc"] is not None else "  - "
+        cells = "  ".join(f"{lo:.2f}-{hi:.2f}: {n:>4} {kept * 100:3.0f}%" for lo, hi, n, kept in r["buckets"])
+        print(f"  {name:<22} AUC {auc}  {cells}")
 
 
 def fixed_cost(trace: Trace, k: int, cost: Cost) -> float:
@@ -252,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="the block sizes auto chose, per trace and model")
     ap.add_argument("--cold", action="store_true", help="no block costs from an earlier session (a first session)")
     ap.add_argument("--kept", action="store_true", help="and the acceptance an earlier session on these replies kept")
+    ap.add_argument("--confidence", action="store_true", help="how well the drafter's p predicts a kept draft")
     args = ap.parse_args(argv)
     traces = load_traces(HELD_OUT_TRACES if args.held_out else Path(args.traces))
+    if args.confidence:
+        print_confidence(traces)
+        return 0
     rows = evaluate(traces, noise=args.noise, seed=args.seed, primed=not args.cold, kept=args.kept)
     print_table(rows, args.verbose)
     return 0

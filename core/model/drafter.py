@@ -20,8 +20,10 @@ Drafting stays lazy: no host sync, positions are Python ints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -165,6 +167,20 @@ class Drafter(nn.Module):
             return ids[mx.argmax(logits)].reshape(1).astype(mx.uint32)
         return mx.argmax(self.embed_tokens.as_linear(y)).reshape(1)  # the soft-cap keeps the argmax
 
+    def _greedy_with_prob(self, y: mx.array) -> tuple[mx.array, mx.array]:
+        """greedy_token and the drafter's probability of it (of the soft-capped logits, as `logits`)."""
+        y = y.reshape(-1)
+        if self.ordered:
+            ids, logits = self._candidates(y)
+            at = mx.argmax(logits)
+            tok = ids[at].reshape(1).astype(mx.uint32)
+        else:
+            logits = self._cap(self.embed_tokens.as_linear(y))
+            at = mx.argmax(logits)
+            tok = at.reshape(1)
+        logits = logits.astype(mx.float32)
+        return tok, mx.exp(logits[at] - mx.logsumexp(logits))
+
     def logits(self, y: mx.array, fill: str = "-inf") -> mx.array:
         """Full-vocabulary logits [V] for one row. On the centroid head the non-selected tokens get
         -inf (fill="-inf", for sampling) or min(selected) - 1 (fill="min-1", as the references)."""
@@ -209,13 +225,19 @@ class Drafter(nn.Module):
         top_k: int = 0,
         top_p: float = 1.0,
         keys: list[mx.array] | None = None,
+        gate: Callable[[int, float], bool] | None = None,
     ) -> tuple[mx.array, mx.array | sampling.SparseLogProbs | None]:
-        """Propose n tokens after `bonus` (the token whose K/V is not in the cache yet).
+        """Propose up to n tokens after `bonus` (the token whose K/V is not in the cache yet).
 
         bonus [1] int; hidden [Hb], the target's post-norm hidden at the last cached position;
-        the cache holds positions [0, P). Returns (drafts [n] uint32, log-probs [n, V] or None when
-        greedy; on the centroid head a `sampling.SparseLogProbs` over the [n, m] candidates, exactly
-        the full distribution with -inf elsewhere). Lazy: nothing here waits for the device.
+        the cache holds positions [0, P). Returns (drafts [n'] uint32, log-probs [n', V] or None when
+        greedy; on the centroid head a `sampling.SparseLogProbs` over the [n', m] candidates, exactly
+        the full distribution with -inf elsewhere). Lazy: nothing here waits for the device, unless
+        `gate` is given: then after each step j (0-based) the drafter's own probability of draft j
+        (greedy: of its argmax; sampled: of the sampled token under the sampling distribution) is
+        read back, and `gate(j, p)` False drops draft j and ends the block (n' = j). Stopping on the
+        drafter's side alone keeps greedy identical and rejection sampling exact: the verify never
+        depends on how many drafts it was given.
         """
         P = cache.offset
         pos, kv = self.gather_kv(target, cache, P)
@@ -227,18 +249,27 @@ class Drafter(nn.Module):
             e = target.embed(tok.reshape(1, 1))
             y, h = self.step(e, h, kv, pos_arr)
             if temperature <= 0:
-                tok = self.greedy_token(y)
+                if gate is None:
+                    tok = self.greedy_token(y)
+                else:
+                    tok, prob = self._greedy_with_prob(y)
             elif self.ordered:  # sample among the candidates: no full-vocabulary vector, no full sort
                 assert keys is not None, "sampling needs keys"
                 ids, sel = self._candidates(y.reshape(-1))
                 lp = sampling.transform_logits_compiled(sel, temperature, top_k, top_p)
-                tok = ids[sampling.sample(lp, keys[j])].reshape(1)
-                cand_ids.append(ids)
-                logprobs.append(lp)
+                at = sampling.sample(lp, keys[j])
+                tok = ids[at].reshape(1)
+                prob = mx.exp(lp[at])
             else:
                 lp = sampling.transform_logits_compiled(self.logits(y), temperature, top_k, top_p)
                 assert keys is not None, "sampling needs keys"
                 tok = sampling.sample(lp, keys[j]).reshape(1)
+                prob = mx.exp(lp[tok[0]])
+            if gate is not None and not gate(j, cast(float, prob.item())):
+                break
+            if temperature > 0:
+                if self.ordered:
+                    cand_ids.append(ids)
                 logprobs.append(lp)
             drafts.append(tok.astype(mx.uint32))
         out = mx.concatenate(drafts) if drafts else mx.zeros((0,), mx.uint32)

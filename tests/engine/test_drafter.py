@@ -179,3 +179,41 @@ def test_sparse_candidate_distribution_equals_the_full_vocabulary_one(temp, top_
     ids, sel = dr._candidates(y.reshape(-1))
     sparse = sampling.SparseLogProbs(ids[None], sampling.transform_logits(sel, temp, top_k, top_p)[None])
     np.testing.assert_allclose(np.array(sparse.dense(dr.vocab_size)[0]), np.array(full), atol=1e-5)
+
+
+@pytest.mark.parametrize("fam", ["e-style", "dense-style"])  # the centroid head and the dense tied head
+def test_a_gate_reads_each_drafts_probability_and_ends_the_block_where_it_says(fam):
+    tg = load_target(f"{PACK}/{fam}-target")
+    dr = load_drafter(f"{PACK}/{fam}-assistant")
+    cache, logits, hidden = _prefill(tg, [2, 21, 40, 41, 42, 43, 44, 45])
+    bonus = mx.argmax(logits).reshape(1)
+    plain, _ = dr.draft(tg, cache, bonus, hidden, 5)
+    seen: list[tuple[int, float]] = []
+    gated, _ = dr.draft(tg, cache, bonus, hidden, 5, gate=lambda j, p: seen.append((j, p)) or True)
+    assert gated.tolist() == plain.tolist() and [j for j, _ in seen] == [0, 1, 2, 3, 4]
+    # each p is the drafter's softmax probability of the token it drafted, recomputed step by step
+    pos, kv = dr.gather_kv(tg, cache, cache.offset)
+    tok, h = bonus, hidden.reshape(1, 1, -1)
+    for j, d in enumerate(plain.tolist()):
+        y, h = dr.step(tg.embed(tok.reshape(1, 1)), h, kv, pos)
+        full = np.array(dr.logits(y), dtype=np.float64)
+        want = np.exp(full[d] - full.max()) / np.exp(full - full.max()).sum()
+        assert abs(seen[j][1] - want) < 1e-5 and 0.0 < seen[j][1] <= 1.0
+        tok = mx.array([d])
+    # False at step 2 drops that draft and drafts no further
+    calls: list[int] = []
+    cut, _ = dr.draft(tg, cache, bonus, hidden, 5, gate=lambda j, p: calls.append(j) or j < 2)
+    assert cut.tolist() == plain.tolist()[:2] and calls == [0, 1, 2]
+    # sampled: the same keys draw the same tokens; the distributions are cut with them
+    keys = list(mx.random.split(mx.random.key(5), 4))
+    sampled, lp = dr.draft(tg, cache, bonus, hidden, 4, temperature=1.0, top_p=0.95, keys=keys)
+    probs: list[float] = []
+    first, lp1 = dr.draft(
+        tg, cache, bonus, hidden, 4, temperature=1.0, top_p=0.95, keys=keys, gate=lambda j, p: probs.append(p) or j < 1
+    )
+    assert first.tolist() == sampled.tolist()[:1] and len(probs) == 2
+    dense = np.array(lp.dense(dr.vocab_size) if isinstance(lp, sampling.SparseLogProbs) else lp)
+    dense1 = np.array(lp1.dense(dr.vocab_size) if isinstance(lp1, sampling.SparseLogProbs) else lp1)
+    assert dense1.shape == (1, dr.vocab_size) and np.allclose(dense1[0], dense[0], atol=1e-6)
+    for j in range(2):
+        assert abs(probs[j] - float(np.exp(dense[j, sampled.tolist()[j]]))) < 1e-5

@@ -9,20 +9,21 @@ By default the controller starts with the block costs an earlier session on the 
 engine keeps them between sessions); "cold" is a pairing's first session on a machine.
 
 Issue 22's targets and where they stand (`scripts/replay_autoblock.py` prints the table; the floors
-below sit just under today's figures, and each fails on the controller before this wave's, whose
-figures are in brackets):
-- auto >= 0.98x plain decoding on every trace and cost model: the median trace is 0.99-1.10x per cost
-  model; the worst reply of >= 24 round tokens is 0.94x (0.85x), the worst of all 0.86x (0.85x): a
-  reply of 7-11 tokens after replies the drafter knew well, where the first rounds of the turn are a
-  blind bet on the new text (one rejected round of 3 costs 0.3-1.2 plain steps, over 2 % of such a reply);
+below sit just under today's figures). The main set's demo traces were recorded again with the shipped
+demo and the drafter's per-draft probabilities (2026-12-03; until then they were of the demo before
+the retrained one: its second-turn replies were 2 tokens long); the pack's traces did not change.
+- auto >= 0.98x plain decoding on every trace and cost model: the median trace is 0.99-1.31x per cost
+  model; the worst reply is 0.94x (drafter-expensive: a draft step costs 0.6 of a plain step, so every
+  rejected round of the turn's first rounds, a blind bet on the new text, costs over half a step);
 - auto >= 0.95x the best fixed K in hindsight on every trace: met over each cost model's traces
-  together (0.954-1.0x), not per trace: the worst long reply is 0.79x (0.75x), the worst of all 0.72x
-  (a reply of 2 round tokens: one round, whose block size nothing about the reply can inform);
-- overall >= 0.85x the clairvoyant: 0.840x (0.837x). The best fixed K of every trace in hindsight
-  reaches only 0.862x, and a policy that picks its K from the last round's outcome (3 contexts, each
-  K chosen per trace in hindsight) 0.870x: the clairvoyant's edge is mostly where each accepted run
-  ends, which nothing the controller sees predicts. An online controller would have to come within
-  1.4 % of per-trace hindsight overall; this one is 2.5 % away.
+  together (0.960-1.0x), not per trace: the worst reply of >= 24 round tokens is 0.78x, the worst of
+  all 0.59x (a reply of 18 round tokens: three rounds, where K = 7 in hindsight is luck);
+- overall >= 0.85x the clairvoyant: 0.838x. The best fixed K of every trace in hindsight
+  reaches only 0.858x (0.862x on the old demo traces, where a policy that picks its K from the last
+  round's outcome, each K chosen per trace in hindsight, reached 0.870x): the clairvoyant's edge is
+  mostly where each accepted run ends, which nothing the controller sees predicts (the drafter's own
+  probability of a draft does, in part: `replay_autoblock.py --confidence`; a gate on it, replayed,
+  gained ~1 % of the clairvoyant at no sync cost and nothing at 0.03 plain steps per draft-step sync).
 """
 
 from __future__ import annotations
@@ -78,35 +79,35 @@ def test_never_slower_than_plain_decoding_overall_and_close_on_every_reply(rows)
     for model, s in _per_model(rows).items():
         assert s["median_vs_plain"] >= 0.98, (model, s)
         assert s["min_vs_plain_long"] >= 0.94, (model, s)
-        assert s["min_vs_plain"] >= 0.86, (model, s)
+        assert s["min_vs_plain"] >= 0.94, (model, s)
 
 
 def test_close_to_the_best_fixed_block_size_in_hindsight(rows):
     for model, s in _per_model(rows).items():
         assert s["overall_vs_fixed"] >= 0.95, (model, s)
         assert s["min_vs_fixed_long"] >= 0.78, (model, s)
-        assert s["min_vs_fixed"] >= 0.71, (model, s)
+        assert s["min_vs_fixed"] >= 0.59, (model, s)
 
 
 def test_against_the_clairvoyant(rows):
-    assert replay.summary(rows)["overall_vs_clairvoyant"] >= 0.839
+    assert replay.summary(rows)["overall_vs_clairvoyant"] >= 0.837
 
 
 def test_a_first_session_on_a_machine_is_close_too(cold_rows):
     # no block costs kept from before: the first reply times plain steps before it drafts
     s = replay.summary(cold_rows)
-    assert s["overall_vs_clairvoyant"] >= 0.839 and s["min_vs_plain_long"] >= 0.93 and s["median_vs_plain"] >= 0.99
+    assert s["overall_vs_clairvoyant"] >= 0.836 and s["min_vs_plain_long"] >= 0.95 and s["median_vs_plain"] >= 0.99
     big = [r.vs_plain for r in cold_rows if r.model == "cpu-big"]
     assert min(big) >= 0.95 and sum(big) / len(big) >= 0.99
 
 
 def test_a_session_that_starts_from_the_acceptance_an_earlier_one_kept(traces, rows):
     # the engine keeps a pairing's long-run acceptance beside its costs: over all replies a little closer
-    # to hindsight (0.977x the best fixed K against 0.975x), paid for on a few replies of 9-11 tokens,
+    # to hindsight (0.979x the best fixed K against 0.977x), paid for on the shortest replies (18 tokens),
     # where a first block that the kept acceptance makes deeper is a bet the short reply loses
     kept = replay.summary(replay.evaluate(traces, kept=True))
-    assert kept["overall_vs_fixed"] >= 0.976 > replay.summary(rows)["overall_vs_fixed"]
-    assert kept["overall_vs_clairvoyant"] >= 0.840 and kept["min_vs_plain_long"] >= 0.90
+    assert kept["overall_vs_fixed"] >= 0.978 > replay.summary(rows)["overall_vs_fixed"]
+    assert kept["overall_vs_clairvoyant"] >= 0.839 and kept["min_vs_plain_long"] >= 0.95
 
 
 def test_drafting_that_cannot_pay_is_left_alone(rows):
@@ -160,3 +161,27 @@ def test_issue_22_replay_targets(rows):
     s = replay.summary(rows)
     assert s["min_vs_plain"] >= 0.98 and s["min_vs_fixed"] >= 0.95, s
     assert s["overall_vs_clairvoyant"] >= 0.85, s
+
+
+def test_the_drafters_own_probability_is_recorded_and_scored(traces):
+    # every position of every trace carries the drafter's p of each of its k_max - 1 drafts
+    for data, ts in traces.values():
+        for t in ts:
+            assert len(t.conf) == len(t.runs) and all(len(c) == data["k_max"] - 1 for c in t.conf), t.name
+            assert all(0.0 < p < 1.0 for c in t.conf for p in c), t.name
+
+    def trace(pairs):
+        return replay.Trace("x", "c", "cat", "greedy", [r for _, r in pairs], [[p] * 7 for p, _ in pairs])
+
+    def auc(pairs):
+        return replay.confidence_report({"x": ({}, [trace(pairs)])})["x/greedy"]["auc"]
+
+    assert auc([(0.9, 3), (0.8, 1), (0.2, 0), (0.1, 0)]) == 1.0  # every kept draft above every rejected one
+    assert auc([(0.1, 3), (0.9, 0)]) == 0.0
+    assert auc([(0.5, 1), (0.5, 0), (0.9, 2), (0.1, 0)]) == 0.875  # a tie counts half: (1 + 0.5 + 1 + 1) / 4
+    report = replay.confidence_report(traces)
+    # the demo's drafter knows when it knows (AUC ~0.90 greedy); the pack's, trained far less, less so
+    assert report["demo/greedy"]["auc"] > 0.85 > report["moe-style/greedy"]["auc"] > 0.6
+    buckets = report["demo/greedy"]["buckets"]
+    assert sum(n for _, _, n, _ in buckets) == report["demo/greedy"]["drafts"]
+    assert buckets[0][3] < 0.3 < 0.9 < buckets[-1][3]  # rarely kept when unsure, nearly always when sure
