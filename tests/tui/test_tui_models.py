@@ -386,6 +386,50 @@ def test_default_pairing_demo_opens_the_demo_and_a_named_pairing_is_remembered(m
     assert load_config(path).default_pairing == "e2b"
 
 
+def test_two_quick_choices_leave_the_later_one_as_the_default(monkeypatch, tmp_path):
+    # each choice writes the config on a thread of its own; the first write is slow (a busy machine, a
+    # first import of tomlkit): it must not land after the second and leave the older choice
+    import threading
+
+    from app.tui.screens import models
+    from core.user import config as config_mod
+
+    path = tmp_path / "c.toml"
+    monkeypatch.setenv("GEMMA_CHAT_CONFIG", str(path))
+    real_save = config_mod.save_config
+    first_called, let_first_go = threading.Event(), threading.Event()
+
+    def slow_first(changes, path=None):
+        if changes == {"default_pairing": "e2b"}:
+            first_called.set()
+            let_first_go.wait(5)
+        return real_save(changes, path)
+
+    monkeypatch.setattr(config_mod, "save_config", slow_first)
+    choices = models._LastChoice()
+
+    class App:
+        def call_from_thread(self, *a, **k):
+            raise AssertionError("no write should fail")
+
+    first = threading.Thread(target=models._remember, args=(App(), choices.ask("e2b"), choices))
+    first.start()
+    assert first_called.wait(5)  # the first write is under way ...
+    second = threading.Thread(target=models._remember, args=(App(), choices.ask("demo"), choices))
+    second.start()  # ... when the second choice comes
+    second.join(0.2)
+    let_first_go.set()
+    first.join(5)
+    second.join(5)
+    assert load_config(path).default_pairing == "demo"
+    # a write whose choice was overtaken before it began writes nothing
+    stale, newest = choices.ask("e4b"), choices.ask("demo")
+    models._remember(App(), stale, choices)
+    assert load_config(path).default_pairing == "demo"
+    models._remember(App(), newest, choices)
+    assert load_config(path).default_pairing == "demo"
+
+
 # -- the real engine ------------------------------------------------------------------------------------
 
 

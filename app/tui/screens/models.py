@@ -592,7 +592,8 @@ class ModelsScreen(Screen):
         if catalogue_name and self.options.remember:
             # the app's worker, not this screen's: the screen leaves once the pairing loads, and the write
             # must not depend on how long the screen lives (a worker belongs to the node that started it)
-            self.app.run_worker(partial(_remember, self.app, catalogue_name), thread=True, group="models-config")
+            turn = _REMEMBERED.ask(catalogue_name)
+            self.app.run_worker(partial(_remember, self.app, turn), thread=True, group="models-config")
         if session.loaded:  # it was already
             self._loaded(spec)
 
@@ -736,11 +737,40 @@ class ModelsCommands(Provider):
         await self.app.run_action("models")  # GemmaChatApp.action_models
 
 
-def _remember(app: App, name: str) -> None:
-    """The next start opens this pairing (config default_pairing). On a worker thread."""
+class _LastChoice:
+    """The pairing chosen last, for the config writes: two choices in quick succession start two writer
+    threads, and each reads the file, changes one key and renames its copy over it, so the older one
+    could finish last and leave the wrong default. The writes take turns, and a write whose choice has
+    been overtaken writes nothing (the newer write has it, or will)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.name = ""
+
+    def ask(self, name: str) -> int:
+        """On the UI thread: `name` is the newest choice; its ticket for `_remember`."""
+        with self.lock:
+            self.count += 1
+            self.name = name
+            return self.count
+
+
+_REMEMBERED = _LastChoice()
+_WRITING = threading.Lock()
+
+
+def _remember(app: App, ticket: int, choices: _LastChoice = _REMEMBERED) -> None:
+    """The next start opens the pairing of `ticket` (config default_pairing), unless a newer choice has
+    come since. On a worker thread."""
     from core.user.config import ConfigError, save_config
 
-    try:
-        save_config({"default_pairing": name})
-    except (ConfigError, OSError) as e:
-        app.call_from_thread(app.notify, f"Could not save the default pairing: {e}", severity="warning")
+    with _WRITING:
+        with choices.lock:
+            if ticket != choices.count:
+                return
+            name = choices.name
+        try:
+            save_config({"default_pairing": name})
+        except (ConfigError, OSError) as e:
+            app.call_from_thread(app.notify, f"Could not save the default pairing: {e}", severity="warning")
