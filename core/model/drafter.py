@@ -175,9 +175,10 @@ class Drafter(nn.Module):
             at = mx.argmax(logits)
             tok = ids[at].reshape(1).astype(mx.uint32)
         else:
-            logits = self._cap(self.embed_tokens.as_linear(y))
-            at = mx.argmax(logits)
+            raw = self.embed_tokens.as_linear(y)
+            at = mx.argmax(raw)  # as greedy_token: the soft-cap could round two near logits to a tie
             tok = at.reshape(1)
+            logits = self._cap(raw)
         logits = logits.astype(mx.float32)
         return tok, mx.exp(logits[at] - mx.logsumexp(logits))
 
