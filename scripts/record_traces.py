@@ -1,6 +1,7 @@
 """Record acceptance traces for the auto block size benchmark (scripts/replay_autoblock.py).
 
     .venv/bin/python scripts/record_traces.py [--pairing demo|e-style|moe-style|dense-style ...] [--out DIR]
+        [--held-out] [--keep-costs]
 
 For every case of scripts/autoblock_prompts.py, greedy and sampled (T=1.0, top-p 0.95, top-k 64): the
 target alone writes the reply (plain decoding, as `--no-draft` would), then, at every position of that
@@ -15,10 +16,11 @@ It also measures this machine's costs for the pairing (bench.measure_costs: one 
 one draft chain of n steps, in units of one plain decode step), the "cpu" cost model of the replay.
 
 Output: DIR/<pairing>.json (default tests/data/traces/), small: one digit per position, and the
-drafter's probability of each of the K_MAX - 1 drafts there (what a confidence gate sees: the
-engine's `Drafter.draft(gate=...)`). `--held-out`
-records the held-out replies (scripts/autoblock_prompts.py) into tests/data/traces-held-out/, with the
-main set's cpu costs: a second set that no controller change is tuned on.
+drafter's probability of each of the K_MAX - 1 drafts there (two digits each: what a confidence gate
+would see, read with `Drafter.draft(gate=...)`). `--held-out` records the held-out replies
+(scripts/autoblock_prompts.py) into tests/data/traces-held-out/, with the main set's cpu costs: a
+second set that no controller change is tuned on. `--keep-costs` records the replies again but keeps
+the main set's cpu costs (this shared machine's timings move between sessions).
 """
 
 from __future__ import annotations

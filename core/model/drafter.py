@@ -15,7 +15,8 @@ Two conventions differ between public implementations (pack README, D1/D2), so b
 - `query_position`: "P-1" (the last cached position; mlx-vlm, vLLM; default) or "P" (HF).
 - `sliding_keys`: "W" (keys with |q - k| < W, as mlx-vlm; default) or "W+1" (the last W + 1
   cached keys whatever the position, as HF).
-Drafting stays lazy: no host sync, positions are Python ints.
+Drafting stays lazy: no host sync, positions are Python ints (a `gate`, which reads each draft's
+probability back, is the one exception; the round loop passes none).
 """
 
 from __future__ import annotations
@@ -260,12 +261,14 @@ class Drafter(nn.Module):
                 lp = sampling.transform_logits_compiled(sel, temperature, top_k, top_p)
                 at = sampling.sample(lp, keys[j])
                 tok = ids[at].reshape(1)
-                prob = mx.exp(lp[at])
+                if gate is not None:
+                    prob = mx.exp(lp[at])
             else:
                 lp = sampling.transform_logits_compiled(self.logits(y), temperature, top_k, top_p)
                 assert keys is not None, "sampling needs keys"
                 tok = sampling.sample(lp, keys[j]).reshape(1)
-                prob = mx.exp(lp[tok[0]])
+                if gate is not None:
+                    prob = mx.exp(lp[tok[0]])
             if gate is not None and not gate(j, cast(float, prob.item())):
                 break
             if temperature > 0:
