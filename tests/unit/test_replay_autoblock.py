@@ -13,8 +13,9 @@ below sit just under today's figures). The main set's demo traces were recorded 
 demo and the drafter's per-draft probabilities (2026-12-03; until then they were of the demo before
 the retrained one: its second-turn replies were 2 tokens long); the pack's traces did not change.
 - auto >= 0.98x plain decoding on every trace and cost model: the median trace is 0.99-1.31x per cost
-  model; the worst reply is 0.94x (drafter-expensive: a draft step costs 0.6 of a plain step, so every
-  rejected round of the turn's first rounds, a blind bet on the new text, costs over half a step);
+  model; the worst reply is 0.94x (drafter-expensive, where a draft step costs 0.6 of a plain step and
+  drafting gains ~1.2x at best: on the demo's off-haiku reply the controller parks after three rejected
+  rounds and stays parked for ~20 rounds across runs of 4-7 accepted drafts);
 - auto >= 0.95x the best fixed K in hindsight on every trace: met over each cost model's traces
   together (0.960-1.0x), not per trace: the worst reply of >= 24 round tokens is 0.78x, the worst of
   all 0.59x (a reply of 18 round tokens: three rounds, where K = 7 in hindsight is luck);
