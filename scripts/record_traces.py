@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from autoblock_prompts import PACK_FAMILIES, SAMPLED, Case, cases_for  # noqa: E402
+from replay_autoblock import HELD_OUT_TRACES, TRACES  # noqa: E402  (pure Python: no mlx before the cache below)
 
 from core.user.kernel_cache import use_private_kernel_cache  # noqa: E402
 
@@ -43,8 +44,6 @@ use_private_kernel_cache()  # before mlx: the private kernel folder and the Open
 
 K_MAX = 8
 PACK = ROOT / "tests" / "data" / "pack" / "models"
-TRACES = ROOT / "tests" / "data" / "traces"
-HELD_OUT_TRACES = ROOT / "tests" / "data" / "traces-held-out"
 
 
 def load(pairing: str):

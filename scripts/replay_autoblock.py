@@ -27,7 +27,8 @@ can never pay).
 
 The held-out set (--held-out: tests/data/traces-held-out/, other replies of the same categories and
 pairings, with the same cpu costs) is for checking that a controller change is not fitted to the main
-set's replies: tune on the main set, then look here. Measured: a coordinate search over 23 of
+set's replies: tune on the main set, then look here. Measured (on the main set's earlier demo
+traces, before they were recorded again with the shipped demo): a coordinate search over 23 of
 `AutoBlockConfig`'s fields that raised the main set's worst reply from 0.86x to 0.885x plain and its
 worst against the best fixed K from 0.72x to 0.82x did nothing on the held-out set (overall 0.834x ->
 0.832x the clairvoyant, worst reply 0.83x -> 0.88x at one noise seed and 0.93x -> 0.88x at another).

@@ -744,7 +744,8 @@ class _LastChoice:
     been overtaken writes nothing (the newer write has it, or will)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held for a moment: the UI thread takes it in `ask`
+        self.writing = threading.Lock()  # held for a whole write: the writes' turns
         self.count = 0
         self.name = ""
 
@@ -757,7 +758,6 @@ class _LastChoice:
 
 
 _REMEMBERED = _LastChoice()
-_WRITING = threading.Lock()
 
 
 def _remember(app: App, ticket: int, choices: _LastChoice = _REMEMBERED) -> None:
@@ -765,7 +765,7 @@ def _remember(app: App, ticket: int, choices: _LastChoice = _REMEMBERED) -> None
     come since. On a worker thread."""
     from core.user.config import ConfigError, save_config
 
-    with _WRITING:
+    with choices.writing:
         with choices.lock:
             if ticket != choices.count:
                 return
