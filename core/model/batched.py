@@ -66,13 +66,14 @@ def _layer(
     slots: mx.array | None,
     per_layer_input: mx.array | None,
     shared: tuple[mx.array, mx.array] | None,
+    tables: dict,
 ) -> tuple[mx.array, tuple[mx.array, mx.array]]:
     """One decoder layer over B rows: x [B, L, H]. A layer with its own K/V writes the rows' new K/V at
     their `slots` in `kv`; a shared layer reads `shared` (the buffers of the layer it reads). Returns
     (h, the K/V buffers it attended over)."""
     L = x.shape[1]
     small = L <= COMPILED_MAX_LEN and not fast.moe
-    q, k, v = (fast._attn_in if small else fast._attn_in_eager)(x, offsets)
+    q, k, v = (fast._attn_in if small else fast._attn_in_eager)(x, fast.rope_input(offsets, L, tables))
     if shared is None:
         assert k is not None and v is not None and slots is not None, "a layer with its own K/V writes it"
         shared = kv.write(i, k, v, slots)
@@ -103,11 +104,13 @@ def forward_rows(target: Target, tokens: mx.array, kv: RowsKV, softcap: bool = T
     masks = {t: kv.mask(t, L) for t in types}
     slots = {t: kv.write_slots(t, L) for t in types}
     buffers: list[Any] = [None] * target.n_layers
+    tables: dict = {}  # the rows' RoPE tables, shared by the layers (core.model.layers.FastLayer.rope_input)
     for i, fast in enumerate(target.layers):
         t = fast.layer_type
         own = i < target.first_shared
         shared = None if own else buffers[inner.previous_kvs[i]]
-        h, buffers[i] = _layer(fast, h, masks[t], offsets, kv, i, slots[t] if own else None, per_layer[i], shared)
+        args = (masks[t], offsets, kv, i, slots[t] if own else None, per_layer[i], shared, tables)
+        h, buffers[i] = _layer(fast, h, *args)
     kv.advance(L)
     hidden = inner.norm(h)
     return target.logits(hidden, softcap), hidden
@@ -125,8 +128,9 @@ def _drafter_step(
     x = drafter.pre_projection(x)
     if getattr(drafter, "_fast", None) is None:
         drafter.use_fast_layers()
+    tables: dict = {}
     for fast in drafter._fast:
-        q, _, _ = fast._attn_in(x, positions)
+        q, _, _ = fast._attn_in(x, fast.rope_input(positions, 1, tables))
         kb, vb, mask = kv[fast.layer_type]
         o = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=fast.attn.scale, mask=mask)
         x = fast._attn_out(o, x, None, fast.layer.layer_scalar)

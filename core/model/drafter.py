@@ -130,7 +130,8 @@ class Drafter(nn.Module):
     # --- one step ------------------------------------------------------------------------
 
     def use_fast_layers(self) -> None:
-        """Run the layers through `core.model.layers.FastLayer` (fused gate/up, compiled pieces); after loading."""
+        """Run the layers through `core.model.layers.FastLayer` (fused gate/up, compiled pieces); after loading,
+        and again after any change to the layers' weights (the fast layers hold their own views of them)."""
         object.__setattr__(self, "_fast", fast_layers(self.layers))
 
     def step(
@@ -140,8 +141,14 @@ class Drafter(nn.Module):
         # the norm weights carry the compute dtype (linear weights may be packed 4-bit ints)
         x = mx.concatenate([token_embedding, hidden], axis=-1).astype(self.norm.weight.dtype)
         x = self.pre_projection(x)
-        for layer in getattr(self, "_fast", None) or self.layers:
-            x, _, _ = layer(x, None, None, shared_kv=kv[layer.layer_type], offset=position)
+        fast = getattr(self, "_fast", None)
+        if fast is None:
+            for layer in self.layers:
+                x, _, _ = layer(x, None, None, shared_kv=kv[layer.layer_type], offset=position)
+        else:
+            tables: dict = {}  # the step's RoPE tables, shared by its layers (core.model.layers)
+            for f in fast:
+                x, _, _ = f(x, None, None, shared_kv=kv[f.layer_type], offset=position, tables=tables)
         y = self.norm(x)
         return y, self.post_projection(y)
 

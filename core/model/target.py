@@ -195,6 +195,7 @@ class Target:
         masks = self._masks(cache, L, bidirectional)
 
         intermediates = [(None, None)] * self.n_layers
+        tables: dict = {}  # the RoPE tables of these positions, shared by the layers (core.model.layers)
         for i, layer in enumerate(self.layers):
             c = cache.layers[i] if i < self.first_shared else None
             kvs, offset = intermediates[inner.previous_kvs[i]]
@@ -205,6 +206,7 @@ class Target:
                 per_layer_input=per_layer[i],
                 shared_kv=kvs,
                 offset=offset,
+                tables=tables,
             )
             intermediates[i] = (kvs, offset)
 

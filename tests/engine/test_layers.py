@@ -5,15 +5,21 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.rope_utils import ProportionalRoPE
 
 from core.model.layers import (
     COMPILED_MAX_LEN,
     FastLayer,
     FusedLinear,
+    TransposedLinear,
     fuse,
     geglu_for,
     geglu_sigmoid,
     geglu_tanh,
+    projection,
+    rope_key,
+    rope_tables,
+    rotate,
 )
 from core.model.target import load_target
 
@@ -144,3 +150,76 @@ def test_the_cpu_geglu_gives_the_same_bits_compiled_into_a_piece_eagerly_and_at_
     inlined = mx.compile(lambda g, u: geglu_sigmoid(g * 1.0, u) + 0.0)(gate, up)
     rows = mx.concatenate([geglu_sigmoid(gate[i : i + 1], up[i : i + 1]) for i in range(40)])
     assert mx.array_equal(whole, inlined) and mx.array_equal(whole, rows)
+
+
+# -- RoPE tables and transposed weights (the CPU backend's fewer ops per layer) ------------------------
+
+
+ROPES = [
+    (nn.RoPE(64, base=10000.0), 64),  # the sliding layers' rope
+    (ProportionalRoPE(128, 32, base=1e6), 128),  # the full layers': a quarter of the dims rotate
+    (nn.RoPE(256, base=10000.0), 256),
+    (nn.RoPE(32, base=500000.0, scale=0.5), 64),  # fewer rotated dims than the head's, a scale
+]
+
+
+@pytest.mark.parametrize("rope,head_dim", ROPES)
+def test_rope_tables_rotate_to_the_same_bits_as_mx_fast_rope(rope, head_dim):
+    """The tables a forward builds once give every layer exactly what `mx.fast.rope` gives it, eagerly and
+    inside a compiled piece, for one row and for several rows at their own offsets, float32 and bfloat16."""
+    assert rope_key(rope) is not None
+    for B, L in [(1, 1), (1, 5), (1, 300), (4, 3), (8, 1)]:
+        for first in [0, 5, 1023, 4097, 131071]:
+            for dtype in (mx.float32, mx.bfloat16):
+                x = mx.random.normal((B, 2, L, head_dim)).astype(dtype)
+                offset = mx.array([first]) if B == 1 else mx.array([first + 7 * i for i in range(B)])
+                want = rope(x, offset=offset)
+                at = rope_tables(rope, offset, L)
+                assert mx.array_equal(rotate(rope, x, at), want).item(), (B, L, first, dtype)
+                compiled = mx.compile(lambda x, cos, sin: rotate(rope, x, (cos, sin)))(x, *at)
+                assert mx.array_equal(compiled, want).item(), (B, L, first, dtype, "compiled")
+                assert mx.array_equal(rotate(rope, x, offset), want).item()  # an offset: the module rotates
+
+
+def test_ropes_without_tables_rotate_by_themselves():
+    assert rope_key(nn.RoPE(64, traditional=True)) is None
+    assert rope_key(ProportionalRoPE(64, 16, traditional=True)) is None
+
+    class OtherRoPE(nn.RoPE):  # a scaled variant (llama3, yarn): its own frequencies
+        pass
+
+    assert rope_key(OtherRoPE(64)) is None
+
+
+def test_a_float_projection_runs_on_a_transposed_view_of_its_own_weight():
+    lin = nn.Linear(64, 48, bias=False)
+    proj = projection(lin)
+    assert isinstance(proj, TransposedLinear)
+    x = mx.random.normal((2, 3, 64))
+    assert mx.array_equal(proj(x), lin(x)).item()
+    assert mx.array_equal(proj.weight_t, lin.weight.T).item()
+    big = nn.Linear(1024, 1024, bias=False)
+    mx.eval(big.parameters())
+    before = mx.get_active_memory()
+    _ = projection(big)
+    assert mx.get_active_memory() - before < 1024 * 1024  # a view of the 4 MB weight, not a copy
+    assert projection(nn.Linear(64, 48, bias=True)) is not None
+    assert not isinstance(projection(nn.Linear(64, 48, bias=True)), TransposedLinear)
+    quantized = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4)
+    assert projection(quantized) is quantized
+
+
+@pytest.mark.parametrize("fam", ["e-style", "dense-style"])
+def test_a_forward_with_shared_rope_tables_gives_the_bits_of_the_rope_modules(fam):
+    """Decode steps, verify blocks and a prefill chunk with the tables shared by the forward's layers give
+    the same logits, bit for bit, as the same target with every layer rotating through its rope module."""
+    ours, theirs = load_target(f"{PACK}/{fam}-target"), load_target(f"{PACK}/{fam}-target")
+    assert all(f.rope_key is not None for f in ours.layers)
+    for f in theirs.layers:
+        f.rope_key = None
+    a, b = ours.make_cache(), theirs.make_cache()
+    ids = list(range(3, 40))  # a chunk longer than COMPILED_MAX_LEN: the eager pieces
+    for block in (ids, [41], [42, 43, 44, 45], [46]):
+        got, _ = ours.forward(block, a, logits="all")
+        want, _ = theirs.forward(block, b, logits="all")
+        assert mx.array_equal(got, want).item(), len(block)
