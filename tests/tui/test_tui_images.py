@@ -144,6 +144,77 @@ async def test_picker_escape_cancels_and_backspace_goes_up(pics):
         assert chips(app) == []
 
 
+async def test_picker_takes_a_typed_path_completes_it_and_refuses_what_it_cannot_attach(pics):
+    """Typing in the tree starts the path line; Tab completes from the folder shown; Enter opens a typed
+    folder, refuses a missing or unattachable file with the text kept, and attaches a typed image."""
+    app, engine = make_app()
+    FilePicker.last_dir = pics
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        picker = app.screen
+        line = picker.path_line
+        assert picker.focused is picker.files
+        await pilot.press("s", "u")  # typed in the tree: it goes to the path line
+        assert picker.focused is line and line.value == "su"
+        line.value = ""
+        picker.files.focus()
+        await pilot.pause()
+        picker.post_message(events.Key("m", "m"))  # keys that reach the tree before the focus has moved:
+        for key, char in [("y", "y"), ("space", " "), ("c", "c")]:  # Space is part of the path once it is begun
+            picker.post_message(events.Key(key, char))
+        await until(pilot, lambda: line.value == "my c")
+        line.value = "su"
+        await until(pilot, lambda: line._suggestion == "sub/")
+        await pilot.press("tab")
+        assert line.value == "sub/"
+        await pilot.press("enter")  # a folder: the tree opens it, the line empties
+        await until(pilot, lambda: Path(picker.files.path) == pics / "sub")
+        assert line.value == "" and picker.focused is picker.files and FilePicker.last_dir == pics / "sub"
+        await pilot.press("backspace")
+        await until(pilot, lambda: Path(picker.files.path) == pics)
+
+        for typed, why in [("nothere.png", "No such file or folder"), ("notes.txt", "not an image or audio file")]:
+            line.focus()
+            line.value = typed
+            await pilot.press("enter")
+            await until(pilot, lambda why=why: why in str(picker.details.render()))
+            assert isinstance(app.screen, FilePicker) and line.value == typed  # nothing lost
+
+        line.value = "lands"
+        await until(pilot, lambda: line._suggestion == "landscape.jpg")
+        await pilot.press("tab")  # a typed file is previewed as a highlighted one is
+        await until(pilot, lambda: picker.previewed is not None and "JPEG 320x240" in str(picker.details.render()))
+        await pilot.press("enter")
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        assert app.screen is app.chat and errors(app) == []
+
+
+async def test_a_path_pasted_into_the_picker_is_unquoted_and_attaches(pics):
+    """A terminal's drop into the open picker: the quoted, escaped or file:// path lands on the path line
+    as the file it names."""
+    app, engine = make_app()
+    FilePicker.last_dir = pics / "sub"
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        picker = app.screen
+        escaped = str(pics / "icon (1).png").replace(" ", "\\ ").replace("(", "\\(").replace(")", "\\)")
+        picker.post_message(events.Paste(escaped + "\n"))
+        await until(pilot, lambda: picker.focused is picker.path_line and picker.path_line.value == escaped)
+        await until(pilot, lambda: "icon (1).png" in str(picker.details.render()))
+        await pilot.press("enter")
+        await until(pilot, lambda: chips(app) == ["icon (1).png"])
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        app.screen.post_message(events.Paste(f"'{pics / 'my chart.png'}'"))
+        await until(pilot, lambda: "'" in app.screen.path_line.value)
+        await pilot.press("enter")
+        await until(pilot, lambda: chips(app) == ["icon (1).png", "my chart.png"])
+
+
 async def test_pasted_quoted_and_escaped_paths_become_chips_and_leave_the_text(pics):
     app, engine = make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -485,3 +556,25 @@ async def test_graphics_thumbnail_uses_textual_image_widget(monkeypatch):
         picture = app.query_one(HalfcellImage)
         assert (picture.size.width, picture.size.height) == (24, 8)
         assert "landscape.jpg 320x240" in str(app.query_one(".thumb-caption").render())
+
+
+def test_typed_paths_are_read_as_a_drop_spells_them_and_complete_only_to_attachables(pics, monkeypatch):
+    from app.tui.screens.file_picker import completion, typed_path
+
+    monkeypatch.setenv("HOME", str(pics.parent))
+    (pics / ".hidden.png").write_bytes(b"")
+    (pics / "zz.txt").write_text("")
+    assert typed_path("my chart.png", pics) == pics / "my chart.png"  # unquoted, with its space
+    assert typed_path("'my chart.png'", pics) == pics / "my chart.png"
+    assert typed_path("icon\\ \\(1\\).png", pics) == pics / "icon (1).png"
+    assert typed_path("~/pics/landscape.jpg", Path("/")) == pics / "landscape.jpg"
+    assert typed_path(f"file://{pics}/my%20chart.png", Path("/")) == pics / "my chart.png"
+    assert typed_path("sub/missing.png", pics) == pics / "sub" / "missing.png"
+    assert typed_path("../../pics/./sub/", pics / "sub") == pics / "sub"  # where the tree and its title go
+    assert completion("su", pics) == "sub/"
+    assert completion("zz", pics) is None  # not an image or audio file
+    assert completion(".hid", pics) == ".hidden.png" and completion("", pics) is None
+    assert completion(f"{pics}/my", Path("/")) == f"{pics}/my chart.png"
+    assert completion("~/pi", Path("/")) == "~/pics/"
+    assert completion("nowhere/x", pics) is None
+    assert completion("'my", pics) == "'my chart.png'" and completion("'sub/'", pics) is None  # inside quotes
