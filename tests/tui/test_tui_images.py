@@ -578,3 +578,22 @@ def test_typed_paths_are_read_as_a_drop_spells_them_and_complete_only_to_attacha
     assert completion("~/pi", Path("/")) == "~/pics/"
     assert completion("nowhere/x", pics) is None
     assert completion("'my", pics) == "'my chart.png'" and completion("'sub/'", pics) is None  # inside quotes
+
+
+async def test_at_80x24_the_preview_picture_gives_way_to_the_image_tokens(pics, monkeypatch):
+    monkeypatch.setenv(MODE_ENV, "halfcell")
+    app, _ = make_app()
+    FilePicker.last_dir = pics
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await pilot.press("ctrl+o")
+        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        picker = app.screen
+        await until(pilot, lambda: len(picker.files.root.children) > 0)
+        picker.files.move_cursor(next(n for n in picker.files.root.children if str(n.label) == "landscape.jpg"))
+        await until(pilot, lambda: picker.previewed is not None and picker.query(Thumbnail))
+        await pilot.pause()
+        assert "image tokens" in str(picker.details.render())
+        pane, details = picker.preview_pane.region, picker.details.region
+        assert details.height >= 3 and details.bottom <= pane.bottom  # every line of the details is on screen
+        assert picker.query_one(Thumbnail).region.height >= 3  # and a smaller picture above them

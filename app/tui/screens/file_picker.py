@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from core.engine.contract import PairingInfo
 
 
+THUMB_ROWS = 10  # the preview's picture, where the dialog is tall enough
+MIN_THUMB_ROWS = 3  # below this the preview is the details alone
+
+
 class ImageTree(DirectoryTree):
     """Folders, image and audio files; hidden entries left out."""
 
@@ -264,7 +268,10 @@ class FilePicker(ModalScreen[str | None]):
         holder = self.query_one("#picker-thumb", Vertical)
         holder.remove_children()
         if isinstance(info, ImageInfo):
-            holder.mount(Thumbnail(info, cells=(30, 10)))
+            # the picture gives way to the details (the image tokens): its caption, their margin and lines
+            rows = min(THUMB_ROWS, self.preview_pane.size.height - 2 - (text.count("\n") + 1))
+            if rows >= MIN_THUMB_ROWS:
+                holder.mount(Thumbnail(info, cells=(30, rows)))
 
     @staticmethod
     def _title(folder: Path) -> str:
