@@ -72,9 +72,10 @@ def completion(text: str, folder: Path) -> str | None:
     "/"; only folders and attachable files; hidden ones only when the part begins with a dot). A path
     begun with a quote is completed inside it, and a file closes the quote."""
     quote = text[:1] if text[:1] in "'\"" else ""
-    if not text[len(quote) :] or text[len(quote) :].endswith(quote or "\0"):
+    body = text[len(quote) :]
+    if not body or (quote and body.endswith(quote)):
         return None  # nothing typed, or a closed quote
-    head, part = os.path.split(text[len(quote) :])
+    head, part = os.path.split(body)
     where = folder / file_path(head) if head else folder
     try:
         names = sorted(e.name for e in os.scandir(where) if e.name.startswith(part))
@@ -177,7 +178,7 @@ class FilePicker(ModalScreen[str | None]):
     def on_paste(self, event: events.Paste) -> None:
         if self.focused is not self.path_line:
             event.stop()
-            self.path_line.value = event.text.strip()
+            self.path_line.value = " ".join(event.text.split("\n")).strip()  # a one-line input
             self.path_line.cursor_position = len(self.path_line.value)
             self.path_line.focus()
 
