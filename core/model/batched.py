@@ -21,8 +21,10 @@ Every row of one call has the same number of new tokens L (the batch's block siz
 
 The compiled layer pieces (core.model.layers) serve every row count. A compiled piece is traced per
 input shape, and a batch meets a new [B, L] whenever a row joins or leaves or the block size changes:
-each costs one trace the first time in a process (about 0.5 s for the demo on this CPU); the C++ kernels
-the CPU backend builds for them are shared by every B > 1 and kept in the kernel cache between runs.
+each costs one trace the first time in a process (for the demo on this CPU, with its kernels in the cache:
+a first forward of 14-24 ms against 6-10 ms after, at B = 2, 3, 5 and L = 1, 3; a first draft step 3-5 ms
+against 1.2-1.6). The C++ kernels the CPU backend builds for them are shared by every B > 1 and kept in the
+kernel cache between runs.
 """
 
 from __future__ import annotations
