@@ -93,6 +93,13 @@ def errors(app) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "error"]
 
 
+async def open_picker(pilot, app) -> FilePicker:
+    """Ctrl+O, and the picker it opens."""
+    await pilot.press("ctrl+o")
+    await until(pilot, lambda: isinstance(app.screen, FilePicker))
+    return app.screen
+
+
 def last_user_content(engine):
     messages, _ = engine.chats[-1]
     return [m for m in messages if m["role"] == "user"][-1]["content"]
@@ -106,9 +113,7 @@ async def test_picker_lists_images_previews_and_attaches_the_chosen_file(pics):
     FilePicker.last_dir = pics
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
-        picker = app.screen
+        picker = await open_picker(pilot, app)
         tree = picker.files
         await until(pilot, lambda: len(tree.root.children) > 0)
         names = sorted(str(n.label) for n in tree.root.children)
@@ -135,8 +140,7 @@ async def test_picker_escape_cancels_and_backspace_goes_up(pics):
     FilePicker.last_dir = pics / "sub"
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
+        await open_picker(pilot, app)
         await pilot.press("backspace")
         assert Path(app.screen.files.path) == pics
         await pilot.press("escape")
@@ -151,9 +155,7 @@ async def test_picker_takes_a_typed_path_completes_it_and_refuses_what_it_cannot
     FilePicker.last_dir = pics
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
-        picker = app.screen
+        picker = await open_picker(pilot, app)
         line = picker.path_line
         assert picker.focused is picker.files
         await pilot.press("s", "u")  # typed in the tree: it goes to the path line
@@ -198,19 +200,16 @@ async def test_a_path_pasted_into_the_picker_is_unquoted_and_attaches(pics):
     FilePicker.last_dir = pics / "sub"
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
-        picker = app.screen
+        picker = await open_picker(pilot, app)
         escaped = str(pics / "icon (1).png").replace(" ", "\\ ").replace("(", "\\(").replace(")", "\\)")
         picker.post_message(events.Paste(escaped + "\n"))
         await until(pilot, lambda: picker.focused is picker.path_line and picker.path_line.value == escaped)
         await until(pilot, lambda: "icon (1).png" in str(picker.details.render()))
         await pilot.press("enter")
         await until(pilot, lambda: chips(app) == ["icon (1).png"])
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
-        app.screen.post_message(events.Paste(f"'{pics / 'my chart.png'}'"))
-        await until(pilot, lambda: "'" in app.screen.path_line.value)
+        picker = await open_picker(pilot, app)
+        picker.post_message(events.Paste(f"'{pics / 'my chart.png'}'"))
+        await until(pilot, lambda: "'" in picker.path_line.value)
         await pilot.press("enter")
         await until(pilot, lambda: chips(app) == ["icon (1).png", "my chart.png"])
 
@@ -586,9 +585,7 @@ async def test_at_80x24_the_preview_picture_gives_way_to_the_image_tokens(pics, 
     FilePicker.last_dir = pics
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot, app)
-        await pilot.press("ctrl+o")
-        await until(pilot, lambda: isinstance(app.screen, FilePicker))
-        picker = app.screen
+        picker = await open_picker(pilot, app)
         await until(pilot, lambda: len(picker.files.root.children) > 0)
         picker.files.move_cursor(next(n for n in picker.files.root.children if str(n.label) == "landscape.jpg"))
         await until(pilot, lambda: picker.previewed is not None and picker.query(Thumbnail))
