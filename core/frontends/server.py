@@ -782,6 +782,12 @@ class _TurnEnded:
 # -- responses ---------------------------------------------------------------------------------------
 
 
+def _flat(ev: RoundEvent | PrefillDone) -> dict:
+    """A flat event's fields as a dict: what `dataclasses.asdict` gives for it, without its deep copy
+    (6.2 against 0.23 µs here, once per round per stream on the server's event loop)."""
+    return dict(vars(ev))
+
+
 def _token_json(t: TokenEvent) -> dict:
     return {"id": t.id, "text": t.text, "from_draft": t.from_draft, "round": t.round}
 
@@ -1022,9 +1028,9 @@ class ChatCompletion(Response):
             if isinstance(ev, TokenEvent):
                 tokens.append(ev)
             elif isinstance(ev, RoundEvent):
-                state.held_rounds.append(dataclasses.asdict(ev))
+                state.held_rounds.append(_flat(ev))
             elif isinstance(ev, PrefillDone):
-                ext["prefill"] = dataclasses.asdict(ev)
+                ext["prefill"] = _flat(ev)
             elif isinstance(ev, (ToolCall, ToolCallError)):
                 item, raw = state.calls.take(ev)
                 items += [item] if item is not None else []

@@ -656,3 +656,16 @@ def test_a_turn_that_fails_without_turn_done_ends_the_request_instead_of_hanging
             assert get(url + "/health").status_code == 200  # and the server goes on
     finally:
         engine.close()
+
+
+def test_round_and_prefill_events_go_out_as_all_their_fields():
+    """The stream's `rounds` and `prefill` objects are the events' fields, as `dataclasses.asdict` gives them
+    (the server copies them flat: an event that grows a nested field must be sent some other way)."""
+    import dataclasses
+
+    from core.events import PrefillDone, RoundEvent
+    from core.frontends.server import _flat
+
+    for ev in (RoundEvent(3, 2, 1, 3, True, 2, "drafting", "auto → 3"), PrefillDone(40, 12, 28, 0.25)):
+        assert _flat(ev) == dataclasses.asdict(ev) and list(_flat(ev)) == list(dataclasses.asdict(ev))
+        assert all(not dataclasses.is_dataclass(v) and not isinstance(v, (list, dict)) for v in _flat(ev).values())
