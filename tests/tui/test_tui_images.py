@@ -177,7 +177,8 @@ async def test_picker_takes_a_typed_path_completes_it_and_refuses_what_it_cannot
         await pilot.press("backspace")
         await until(pilot, lambda: Path(picker.files.path) == pics)
 
-        for typed, why in [("nothere.png", "No such file or folder"), ("notes.txt", "not an image or audio file")]:
+        refused = [("nothere.png", "No such file or folder"), ("notes.txt", "not an image or audio file")]
+        for typed, why in refused + [("bad\0name.png", "bad")]:  # a NUL, as a paste may carry
             line.focus()
             line.value = typed
             await pilot.press("enter")
@@ -575,7 +576,8 @@ def test_typed_paths_are_read_as_a_drop_spells_them_and_complete_only_to_attacha
     assert completion(".hid", pics) == ".hidden.png" and completion("", pics) is None
     assert completion(f"{pics}/my", Path("/")) == f"{pics}/my chart.png"
     assert completion("~/pi", Path("/")) == "~/pics/"
-    assert completion("nowhere/x", pics) is None
+    assert completion("nowhere/x", pics) is None and completion("a\0/b", pics) is None
+    assert typed_path("x\0.png", pics) == pics / "x\0.png"  # named, not looked up
     assert completion("'my", pics) == "'my chart.png'" and completion("'sub/'", pics) is None  # inside quotes
 
 

@@ -64,7 +64,14 @@ def typed_path(text: str, folder: Path) -> Path:
     candidates = [raw] + ([words[0].value] if len(words) == 1 and words[0].value != raw else [])
     # an absolute path replaces `folder`; "..", "." and doubled separators are folded away (links kept)
     paths = [Path(os.path.abspath(folder / file_path(c))) for c in candidates]
-    return next((p for p in paths if p.exists()), paths[-1])
+    return next((p for p in paths if _exists(p)), paths[-1])
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a folder on the way we may not read
+        return False
 
 
 def completion(text: str, folder: Path) -> str | None:
@@ -79,7 +86,7 @@ def completion(text: str, folder: Path) -> str | None:
     where = folder / file_path(head) if head else folder
     try:
         names = sorted(e.name for e in os.scandir(where) if e.name.startswith(part))
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in what was pasted
         return None
     for name in names:
         if name == part or (name.startswith(".") and not part.startswith(".")):
