@@ -49,6 +49,20 @@ SIZES = {
         "sliding_window": 128,
         "drafter": {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4},
     },
+    # E2B's widths (hidden 1536, MLP 6144, 8 heads of 256), fewer layers: products as wide as a real target's
+    "e2b-wide": {
+        "hidden_size": 1536,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 6,
+        "layer_types": [S, S, F, S, S, F],
+        "num_attention_heads": 8,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "num_kv_shared_layers": 3,
+        "sliding_window": 128,
+        "drafter": {"hidden_size": 256, "intermediate_size": 2048, "num_attention_heads": 4},
+    },
 }
 
 
