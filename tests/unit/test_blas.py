@@ -48,13 +48,13 @@ def _mismatches(fn, int64: bool) -> int:
     small, blocked) or split K differently."""
     rng = np.random.default_rng(0)
     bad = 0
-    for k, n in [(1000, 333), (640, 262), (1536, 512), (300, 2048)]:
+    for k, n in [(1000, 333), (640, 262), (1536, 512), (300, 2048), (2053, 131)]:  # 1536 up: the own kernel
         w = rng.standard_normal((n, k), dtype=np.float32)
         a = rng.standard_normal((17, k), dtype=np.float32)
         for m in (2, 4, 9, 17):
             full = _sgemm(fn, a[:m], w, int64)
             bad += sum(not np.array_equal(full[i], _sgemm(fn, a[i : i + 1], w, int64)[0]) for i in (0, m - 1))
-    for k, n in [(48, 100), (96, 120)]:  # more columns (attention scores over more keys)
+    for k, n in [(48, 100), (96, 120), (1541, 37)]:  # more columns (attention scores over more keys)
         w = rng.standard_normal((2 * n, k), dtype=np.float32)
         a = rng.standard_normal((3, k), dtype=np.float32)
         bad += not np.array_equal(_sgemm(fn, a, w[:n], int64), _sgemm(fn, a, w, int64)[:, :n])
@@ -67,6 +67,30 @@ def test_the_forwarder_gives_a_row_the_same_product_at_any_shape_and_plain_openb
     assert _mismatches(_forwarder().cblas_sgemm, int64=False) == 0
 
 
+def _in_the_own_kernels_order(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """a @ w.T summed as core/blas_forwarder.c's `times_rows` sums it, in float32: 8 lanes over k (lane l
+    takes k = l, l + 8, ...), combined ((0+1)+(2+3))+((4+5)+(6+7)), then the last k mod 8 terms in order."""
+    m, k = a.shape
+    whole = k // 8 * 8
+    lanes = np.zeros((m, w.shape[0], 8), np.float32)
+    for p in range(0, whole, 8):
+        lanes = lanes + a[:, None, p : p + 8] * w[None, :, p : p + 8]
+    s = lanes
+    total = ((s[..., 0] + s[..., 1]) + (s[..., 2] + s[..., 3])) + ((s[..., 4] + s[..., 5]) + (s[..., 6] + s[..., 7]))
+    for p in range(whole, k):
+        total = total + a[:, None, p] * w[None, :, p]
+    return total
+
+
+def test_wide_products_are_summed_in_one_fixed_order_and_narrow_ones_are_not():
+    rng = np.random.default_rng(2)
+    for k, m, n in [(blas.OWN_KERNEL_MIN_K, 5, 9), (2053, 3, 6), (6144, 1, 4)]:
+        a, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+        assert np.array_equal(_sgemm(_forwarder().cblas_sgemm, a, w, int64=False), _in_the_own_kernels_order(a, w))
+    a, w = rng.standard_normal((4, 1000), dtype=np.float32), rng.standard_normal((64, 1000), dtype=np.float32)
+    assert not np.array_equal(_sgemm(_forwarder().cblas_sgemm, a, w, int64=False), _in_the_own_kernels_order(a, w))
+
+
 def test_mlx_products_go_through_the_forwarder_and_agree_with_float64():
     import mlx.core as mx
 
@@ -76,12 +100,14 @@ def test_mlx_products_go_through_the_forwarder_and_agree_with_float64():
     got = np.array(mx.array(a) @ mx.array(w).T)
     assert blas.forwarded_calls() > before
     np.testing.assert_allclose(got, a.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
-    # C = alpha A B + beta C with a short last chunk of rows and a transposed A
-    c = rng.standard_normal((11, 300), dtype=np.float32)
-    at = mx.array(rng.standard_normal((700, 11), dtype=np.float32))
-    got = np.array(mx.addmm(mx.array(c), at.T, mx.array(w).T, alpha=0.5, beta=2.0))
-    want = 0.5 * (np.array(at).T.astype(np.float64) @ w.T.astype(np.float64)) + 2.0 * c
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    # C = alpha A B + beta C with a short last chunk of rows and a transposed A, narrow (OpenBLAS) and wide
+    for k in (700, blas.OWN_KERNEL_MIN_K + 3):
+        w = rng.standard_normal((300, k), dtype=np.float32)
+        c = rng.standard_normal((11, 300), dtype=np.float32)
+        at = mx.array(rng.standard_normal((k, 11), dtype=np.float32))
+        got = np.array(mx.addmm(mx.array(c), at.T, mx.array(w).T, alpha=0.5, beta=2.0))
+        want = 0.5 * (np.array(at).T.astype(np.float64) @ w.T.astype(np.float64)) + 2.0 * c
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
 def test_attention_rows_are_unchanged_by_more_rows_more_keys_or_masked_keys_around_them():
@@ -162,3 +188,23 @@ def test_a_pairing_marker_lists_mlx_kernels_not_the_forwarder_beside_them(tmp_pa
     assert json.loads(marker_path(cache, "sig").read_text())["kernels"] == ["mlx/0.32/cpu/kernel.so"]
     (tmp_path / "blas/gemma_chat_sgemm_0.so").unlink()
     assert is_prepared(cache, "sig")
+
+
+def test_decoding_with_every_product_on_the_own_kernel_keeps_drafted_greedy_equal_to_plain(tmp_path):
+    """The pack's targets are narrower than the threshold, so the engine tests meet the own kernel only
+    here: a fresh process that sends every product through it decodes the same ids with the drafter as
+    without (every verify's rows are each what a plain step computes)."""
+    pack = ROOT / "tests" / "data" / "pack" / "models"
+    env = {**os.environ, "GEMMA_CHAT_KERNEL_DIR": str(tmp_path / "kernels"), blas.MIN_K_ENV: "1"}
+    base = [sys.executable, "-m", "app.cli", "generate", "--model", str(pack / "e-style-target"), "--json"]
+    base += ["--drafter", str(pack / "e-style-assistant"), "--prompt", "Write about the sea.", "--max-tokens", "40"]
+    base += ["--ignore-eos"]
+
+    def ids(*extra: str) -> list[int]:
+        out = subprocess.run([*base, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [e["id"] for e in map(json.loads, out.stdout.splitlines()) if "id" in e]
+
+    plain, drafted = ids("--no-draft"), ids("--block-size", "4")
+    assert len(plain) == 40 and drafted == plain
+    assert "from 1 wide" in _choice_in_a_fresh_process(tmp_path, **{blas.MIN_K_ENV: "1"})["text"]
