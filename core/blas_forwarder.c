@@ -68,17 +68,19 @@ static void sgemm_in_order(int trans_a, int m, int n, int k, float alpha, const 
 #define KERNEL_COLUMNS 4
 typedef float partial_sums[KERNEL_COLUMNS][LANES];
 
-static inline float combine(const float *s) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+static inline float combine(const float *s) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
 
 /* Each block size gets its own copy of the loop, with its bounds known to the compiler (it unrolls and keeps
    the sums in registers); `cols` short of KERNEL_COLUMNS takes the generic copy. */
 #define BLOCK(R)                                                                                                 \
   static void block_##R(int cols, int whole_k, const float *a, int64_t lda, const float *w, int64_t ldw,        \
                         partial_sums *acc) {                                                                     \
-    if (cols == KERNEL_COLUMNS) {                                                                                  \
+    if (cols == KERNEL_COLUMNS) {                                                                                \
       for (int p = 0; p < whole_k; p += LANES)                                                                   \
         for (int r = 0; r < R; r++)                                                                              \
-          for (int j = 0; j < KERNEL_COLUMNS; j++)                                                                 \
+          for (int j = 0; j < KERNEL_COLUMNS; j++)                                                               \
             for (int l = 0; l < LANES; l++)                                                                      \
               acc[r][j][l] = acc[r][j][l] + a[(int64_t)r * lda + p + l] * w[(int64_t)j * ldw + p + l];           \
     } else {                                                                                                     \
@@ -128,8 +130,8 @@ static void times_rows(int m, int n, int k, float alpha, const float *a, int64_t
 static int column_block(int k) { return k <= 64 ? 64 : COLUMN_BLOCK; }
 
 /* B transposed, in OpenBLAS calls of one shape only: ROWS x column_block(k) x K_BLOCK (see core/blas.py). For
-   products whose k is under OWN_KERNEL_MIN_K (narrow weights, attention's scores), where OpenBLAS's small
-   blocks cost less than `times_rows`' partial sums. */
+   products whose k is under OWN_KERNEL_MIN_K (narrow weights, attention's scores): there the padded calls cost
+   less than `times_rows` at several rows (the demo's 128-wide products; 1024-wide ones at 8 rows). */
 static void padded_openblas(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                             const float *b, int ldb, float beta, float *c, int ldc) {
   static __thread float *rows_buffer, *columns_buffer;
