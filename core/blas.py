@@ -217,7 +217,7 @@ def _install(folder: Path | None) -> BlasChoice:
     _forwarder = forwarder
     name = " ".join(version[:2])
     where = ", ".join(part for part in (cpu, f"{threads} thread" + ("s" if threads != 1 else "")) if part)
-    own = f"its own kernel from {min_k} wide ({'AVX2' if '-mavx2' in FLAGS else 'SSE2'})"
+    own = f"gemma-chat's kernel from {min_k} wide ({'AVX2' if '-mavx2' in FLAGS else 'SSE2'})"
     return BlasChoice(True, f"{name} from numpy ({where}) and {own}, exact per row")
 
 

@@ -43,7 +43,7 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     if sys.platform.startswith("linux"):
         assert re.search(r"\n  backend +CPU\n", text) and "Device(cpu" in text
         # MLX's float32 products: numpy's OpenBLAS through gemma-chat's forwarder (core.blas)
-        own = r"its own kernel from \d+ wide \((AVX2|SSE2)\)"
+        own = r"gemma-chat's kernel from \d+ wide \((AVX2|SSE2)\)"
         products = rf"OpenBLAS \S+ from numpy \(.*\d+ threads?\) and {own}, exact per row"
         assert re.search(rf"\n  float32 products +{products}\n", text)
     assert f"cache      {tmp_path / 'hf' / 'hub'}" in text

@@ -207,4 +207,4 @@ def test_decoding_with_every_product_on_the_own_kernel_keeps_drafted_greedy_equa
 
     plain, drafted = ids("--no-draft"), ids("--block-size", "4")
     assert len(plain) == 40 and drafted == plain
-    assert "from 1 wide" in _choice_in_a_fresh_process(tmp_path, **{blas.MIN_K_ENV: "1"})["text"]
+    assert "kernel from 1 wide" in _choice_in_a_fresh_process(tmp_path, **{blas.MIN_K_ENV: "1"})["text"]
