@@ -195,8 +195,8 @@ async def test_picker_takes_a_typed_path_completes_it_and_refuses_what_it_cannot
 
 
 async def test_a_path_pasted_into_the_picker_is_unquoted_and_attaches(pics):
-    """A terminal's drop into the open picker: the quoted, escaped or file:// path lands on the path line
-    as the file it names."""
+    """A terminal's drop into the open picker: the escaped or quoted path lands on the path line as the file
+    it names (file:// and ~: test_typed_paths_are_read_as_a_drop_spells_them_...)."""
     app, engine = make_app()
     FilePicker.last_dir = pics / "sub"
     async with app.run_test(size=SIZE) as pilot:
