@@ -107,8 +107,6 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-# AVX2 where the CPU has it: wider vectors for the same lanes, so the same bits (see blas_forwarder.c); the
-# flags are part of the library's name, so a home shared with an older CPU builds that CPU its own
 FLAGS = [
     "-O3",
     "-ffp-contract=off",
@@ -117,7 +115,7 @@ FLAGS = [
     f"-DROWS={ROWS}",
     f"-DK_BLOCK={K_BLOCK}",
     f"-DCOLUMN_BLOCK={COLUMN_BLOCK}",
-] + (["-mavx2"] if "avx2" in _cpu_flags() else [])
+]
 
 
 @dataclass(frozen=True)
@@ -146,9 +144,11 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(folder: Path, compiler: str, min_k: int) -> Path:
-    """The forwarder library in `folder`, built once per source and flags (a few hundred ms)."""
-    flags = [*FLAGS, f"-DOWN_KERNEL_MIN_K={min_k}"]
+def _build(folder: Path, compiler: str, min_k: int, avx2: bool) -> Path:
+    """The forwarder library in `folder`, built once per source and flags (a few hundred ms). AVX2 where the CPU
+    has it: wider vectors for the same lanes, so the same bits (see blas_forwarder.c); the flags are part of the
+    library's name, so a home shared with an older CPU builds that CPU its own."""
+    flags = [*FLAGS, f"-DOWN_KERNEL_MIN_K={min_k}"] + (["-mavx2"] if avx2 else [])
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     library = folder / "blas" / f"gemma_chat_sgemm_{digest}.so"
     if library.is_file():
@@ -205,8 +205,8 @@ def _install(folder: Path | None) -> BlasChoice:
         core.restype = ctypes.c_char_p
         cpu = (core() or b"").decode(errors="replace")
         threads = int(openblas.scipy_openblas_get_num_threads64_())
-        min_k = _own_kernel_min_k()
-        library = _build(folder, compiler, min_k)
+        min_k, avx2 = _own_kernel_min_k(), "avx2" in _cpu_flags()
+        library = _build(folder, compiler, min_k, avx2)
         forwarder = ctypes.CDLL(str(library))  # local first: its cblas_sgemm is not anyone's until it works
         forwarder.gemma_chat_sgemm_use(ctypes.cast(sgemm, ctypes.c_void_p))
         forwarder.gemma_chat_sgemm_calls.restype = ctypes.c_int64
@@ -217,7 +217,7 @@ def _install(folder: Path | None) -> BlasChoice:
     _forwarder = forwarder
     name = " ".join(version[:2])
     where = ", ".join(part for part in (cpu, f"{threads} thread" + ("s" if threads != 1 else "")) if part)
-    own = f"gemma-chat's kernel from {min_k} wide ({'AVX2' if '-mavx2' in FLAGS else 'SSE2'})"
+    own = f"gemma-chat's kernel from {min_k} wide ({'AVX2' if avx2 else 'SSE2'})"
     return BlasChoice(True, f"{name} from numpy ({where}) and {own}, exact per row")
 
 
