@@ -141,6 +141,8 @@ def bench_streams(
         for name in ("batch", "other"):
             if name in servers:
                 together(servers[name].url, prompts, 16, block)
+        waited = wait_quiet([s.proc.pid for s in servers.values()])
+        print(f"(waited {waited:.1f} s for the servers' idle-time warm-up to end)")
         print(f"{tokens} tokens per stream, greedy, EOS ignored, block size {block}; {repeats} repeats, interleaved")
         other = f" | together ({compare}) tok/s | its ratio" if compare else ""
         cpu = "one at a time / together" + (f" / together ({compare})" if compare else "")
@@ -187,6 +189,23 @@ def _stream_rows(servers: dict[str, Any], prompts: list[str], tokens: int, repea
         )
 
 
+def wait_quiet(pids: list[int], limit_s: float = 120.0, quiet_cores: float = 0.05, quiet_s: float = 2.0) -> float:
+    """Wait until every server process has used under `quiet_cores` of CPU for `quiet_s` in a row; the
+    seconds waited. An idle server spends its first idle seconds tracing its warm-up steps (core.engine
+    .kernels, ~6 CPU-seconds for the demo, on both cores): timed against the other server, that work
+    would be counted against whichever ran meanwhile."""
+    t0 = last_t = time.perf_counter()
+    last = [cpu_seconds(p) for p in pids]
+    calm = 0.0
+    while calm < quiet_s and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.5)
+        now, used = time.perf_counter(), [cpu_seconds(p) for p in pids]
+        busy = max(u - v for u, v in zip(used, last)) / (now - last_t)
+        calm = calm + (now - last_t) if busy < quiet_cores else 0.0
+        last, last_t = used, now
+    return time.perf_counter() - t0
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, all its threads (Linux /proc; 0 elsewhere)."""
     try:
@@ -216,6 +235,7 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
         prompts = PROMPTS[:3]
         together(server.url, prompts, 16, block)  # warm: kernels, and the long prompt's shapes
         _first_token_after(server.url, "warm " + LONG_PROMPT, block, {})
+        wait_quiet([server.proc.pid])
         print(f"3 streams of {tokens} tokens, a {len(LONG_PROMPT)}-character prompt joins; block size {block}")
         print(
             "| repeat | p95 gap alone ms | p95 gap with the join ms | max gap with the join ms | "
@@ -363,7 +383,7 @@ def bench_load(
                 out = LoadResult(-1, i, time.perf_counter(), 0)
                 _request_ids(client, server.url, p, tokens, out)
                 alone[i] = out.ids
-        time.sleep(2.0)
+        wait_quiet([pid])
         solo_rss = rss_bytes(pid)
         run_load(server.url, clients, min(10.0, seconds / 6), tokens, seed=99)  # warm: batch shapes, caches
         time.sleep(2.0)
