@@ -44,6 +44,7 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,15 +153,20 @@ class _Acceptance:
     def empty(cls, positions: int) -> _Acceptance:
         return cls([0.0] * positions, [0.0] * positions)
 
-    def observe(self, k: int, n: int, decay: float) -> None:
+    def observe(self, k: int, ns: Sequence[int], decay: float) -> None:
+        """One round of block size k: each row's accepted drafts `ns` (one for a single sequence). A
+        batch's rows share the round's one observation (each weighs 1 / rows): the estimates fade per
+        round, as for one sequence, and the share of rows that kept each draft is not rounded away."""
         self.rounds += 1
         for i in range(len(self.seen)):
             self.accepted[i] *= decay
             self.seen[i] *= decay
-        for i in range(min(n + 1, k - 1)):
-            self.seen[i] += 1.0
-            if i < n:
-                self.accepted[i] += 1.0
+        w = 1.0 / len(ns)
+        for n in ns:
+            for i in range(min(n + 1, k - 1)):
+                self.seen[i] += w
+                if i < n:
+                    self.accepted[i] += w
 
     def scale(self, keep: float) -> None:
         self.accepted = [a * keep for a in self.accepted]
@@ -533,9 +539,16 @@ class AutoBlock:
         return AutoChoice(1, "parked", self._parked_words + tail, self._parked_acc)
 
     def observe(
-        self, k: int, accepted: int, *, round_s: float | None = None, clean: bool = True, ahead: bool = False
+        self,
+        k: int,
+        accepted: int | Sequence[int],
+        *,
+        round_s: float | None = None,
+        clean: bool = True,
+        ahead: bool = False,
     ) -> None:
-        """Record a finished round: block size k, drafts accepted (0..k-1), and its time, sync to sync.
+        """Record a finished round: block size k, drafts accepted (0..k-1; for a batch, one count per row
+        that verified k tokens), and its time, sync to sync.
 
         clean=False: the time is not this block size's own. Rounds overlap (the next is built and
         submitted before this one is read), so the time between two syncs holds the host's work for
@@ -546,25 +559,27 @@ class AutoBlock:
         queued on an unread plain step (a probe, the first drafting round after plain ones): its time
         misses its own building, which the plain step before it paid; the two together make its cost."""
         c = self.config
-        if k < 1 or not 0 <= accepted <= k - 1:
+        ns = [accepted] if isinstance(accepted, int) else list(accepted)
+        if k < 1 or not all(0 <= n <= k - 1 for n in ns):
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
         self.rounds += 1
-        if k > 1:
-            if accepted == 0 and self._zero_run == 0:
+        if k > 1 and ns:
+            most = max(ns)  # a batch's round is "all rejected" only when every row's first draft was
+            if most == 0 and self._zero_run == 0:
                 self._run_from = self.alpha  # what was believed when the rejections began
-            self._acc.observe(min(k, c.k_max), accepted, c.acceptance_decay)
-            self._slow.observe(min(k, c.k_max), accepted, c.slow_decay)
-            self._long.observe(min(k, c.k_max), accepted, c.long_decay)
-            self._zero_run = self._zero_run + 1 if accepted == 0 else 0
+            self._acc.observe(min(k, c.k_max), ns, c.acceptance_decay)
+            self._slow.observe(min(k, c.k_max), ns, c.slow_decay)
+            self._long.observe(min(k, c.k_max), ns, c.long_decay)
+            self._zero_run = self._zero_run + 1 if most == 0 else 0
             if self._zero_run >= c.change_run and (1.0 - self._run_from) ** self._zero_run < c.surprise:
                 # rejections the estimate made unlikely: the text changed; forget what came before them
                 for est in (self._acc, self._slow):  # the long-run estimate stays: the pairing is the same
                     est.scale(c.change_keep)
                     est.seen[0] += self._zero_run * (1.0 - c.change_keep)  # but not the run itself
                 self._run_from = 0.0  # once per run
-            self._last_accepted = accepted
-            self._last_emitted = accepted + 1
-            if self._current == 1 and accepted > 0:
+            self._last_accepted = most
+            self._last_emitted = most + 1
+            if self._current == 1 and most > 0:
                 self._parked_for = max(self._parked_for, self._wait - 1)  # news: the next choice weighs it
         last_plain, self._last_plain_s = self._last_plain_s, (round_s if k == 1 else None)
         if round_s is not None and k > 1 and ahead:

@@ -386,7 +386,9 @@ class BatchDecoder:
         n_acc, decided = self._read(self._submit(rows, sizes, K))
         self.round_s = _ema(self.round_s, time.perf_counter() - t0)
         scored = any(r.logprobs is not None for r in rows)  # scoring the vocabulary is not the block's cost
-        self._observe(K, [n for n, k, a in zip(n_acc, sizes, auto) if a], any(auto), clean=not (prefilled or scored))
+        # auto rows that verified the whole block (a row near its end verifies fewer: its count is capped)
+        kept = [n for n, k, a in zip(n_acc, sizes, auto) if a and k == K]
+        self._observe(K, kept, any(auto), clean=not (prefilled or scored))
         for row, k, n, tokens in zip(rows, sizes, n_acc, decided):
             self._advance(row, K, k, n, tokens)
         self.rounds += 1
@@ -489,15 +491,14 @@ class BatchDecoder:
         return n_acc, decided
 
     def _observe(self, K: int, n_acc: list[int], auto: bool, clean: bool = True) -> None:
-        """Feed the controller the round's time (sync to sync) and its auto rows' mean acceptance."""
+        """Feed the controller the round's time (sync to sync) and its auto rows' accepted drafts."""
         now = self._clock()
         round_s, self._last_sync = now - self._last_sync, now
         if not auto:
             return
         clean = clean and K in self._timed  # a size's first round also built its kernels
         self._timed.add(K)
-        mean = round(sum(n_acc) / len(n_acc)) if n_acc else 0
-        self.auto.observe(K, min(mean, K - 1), round_s=round_s, clean=clean)
+        self.auto.observe(K, n_acc, round_s=round_s, clean=clean)
 
     def _advance(self, row: Row, K: int, k: int, n: int, tokens: list[int]) -> None:
         """Emit what the row decided (at its block size k), up to its stop; trim its cache to what it
