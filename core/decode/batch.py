@@ -3,7 +3,7 @@
 Every row is one request with its own `TargetCache` (offsets, sliding window, rollback), settings,
 stop rule, key stream and detokenizer. While a row decodes, its K/V sits in the batch's shared
 buffers (core.model.rows_kv: its cache keeps the bookkeeping and gets the buffers back when the row
-leaves). A round (block size K, the same for every row):
+leaves). A round (block size K, the largest any row has; each row keeps at most its own):
 
     drafts  = drafter over all rows (core.model.batched.draft_rows)       [B, K-1]   lazy
     logits  = target over all rows' [b, d1 .. d_{K-1}] in one call        [B, K, V]  lazy
@@ -32,9 +32,13 @@ request that shares a prefix with one of them starts from a copy trimmed to that
 the sliding-window state for it is exact) and prefills only the rest; its stats say how many prompt
 tokens were reused.
 
-The block size is the batch's: an `AutoBlock` controller (timed per batch round, fed the rows' mean
-acceptance) when every row asks for auto, else the smallest fixed size the rows ask for. A row cannot
-verify with fewer drafts than its neighbours: rows share one [B, K] verify shape.
+Block sizes (`_plan`): a row that asks for a fixed size keeps at most that many drafts; the auto rows share
+one `AutoBlock` controller, timed per batch round and fed each auto row's accepted drafts (so it weighs the
+batch's tokens per round against the batch's round time); the round verifies the largest size any row has,
+and a row with a smaller one ignores the drafts past its own (`verify_greedy_capped`). The auto rows are not
+given sizes of their own: the drafter step and the verify run for every row at once ([B, K - 1] drafts,
+[B, K] verified), so a row that kept fewer drafts would save no work, and the ones it does not keep cost
+nothing the batch does not pay anyway.
 
 Greedy rows produce exactly the ids they would alone (a row's attention sees exactly its own keys,
 the other rows' masked out; only the projections see the other rows). A sampled row keeps the

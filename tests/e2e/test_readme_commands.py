@@ -85,9 +85,6 @@ BENCH_SHORT = ("--repeats", "1", "--max-tokens", "8", "--block-sizes", "2,auto",
 COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     # -- Set up --------------------------------------------------------------------------------------
     "python3 dev.py run": (Run((PY, "dev.py", "run", "--version"), expect="gemma-chat "),),
-    ".venv/bin/pip install mcp-server-time": Offline(
-        "installs a package (the test extra already has it; tests/unit/test_mcp_client.py starts it)"
-    ),
     "python3 dev.py test": Offline("the README's test command: this test is part of what it runs"),
     "python3 dev.py run --demo": (Run((PY, "dev.py", "run", "--demo"), tui=DEMO_READY),),
     ".venv/bin/gemma-chat": (gc("--version", expect="gemma-chat "),),

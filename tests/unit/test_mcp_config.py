@@ -16,6 +16,20 @@ def test_the_time_server_is_there_by_default_and_the_template_is_valid():
         assert config.mcp_servers == {"time": McpServerConfig("time", command="mcp-server-time")}
 
 
+def test_the_default_time_server_is_installed_with_the_app_not_only_the_tests():
+    """`python3 dev.py run` installs gemma-chat without extras: the server config.toml names by default
+    must come with it, or a new user's first chat says "no such program" (issue 26 §5)."""
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    requires = importlib.metadata.requires("gemma-chat") or []
+    plain = [r for r in requires if "extra ==" not in r]
+    assert any(re.match(r"mcp-server-time\b", r) for r in plain), requires
+    found = Path(find_command("mcp-server-time"))
+    assert found.is_file(), f"config.toml's default server {found} is not installed beside this Python"
+
+
 def test_stdio_and_http_servers_with_their_settings():
     config = validate(
         {
