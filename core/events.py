@@ -35,6 +35,10 @@ class TokenEvent:
     from_draft: bool | None  # True: drafted and accepted; False: the target's own; None: unknown (remote)
     round: int
     logprob: TokenLogprob | None = None
+    # with tools: the token's part of a tool call as the model writes it (its `text` is then ""), with
+    # the call markers left out and a `<|"|>` shown as '"' (core.decode.tool_calls.ReplySplitter), so a
+    # chat can show a call while it streams, each token in its origin's colour
+    call_text: str = ""
 
 
 @dataclass(frozen=True)

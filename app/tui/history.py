@@ -27,6 +27,7 @@ from rich.text import Text
 
 from app.tui.widgets.audio_clip import AudioStrip
 from app.tui.widgets.conversation import (
+    CallDraft,
     ReplyView,
     UserMessage,
     Variant,
@@ -37,7 +38,7 @@ from app.tui.widgets.conversation import (
 from app.tui.widgets.tool_call import ToolCallView
 from core.decode.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
-from core.user.store import TOOL_CALLS, TOOL_RESULTS, Chat, decode_origins, encode_origins
+from core.user.store import TOOL_CALLS, TOOL_ERRORS, TOOL_RESULTS, Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
     from core.engine.contract import PairingSpec
@@ -596,11 +597,11 @@ def user_texts(history: list[dict[str, Any]]) -> list[str]:
     return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 
 
-def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip | ToolCallView]:
+def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip | ToolCallView | CallDraft]:
     """A stored chat's messages as the conversation shows them (a user message's images by name, its
     audio clips as in the live chat: name, length and waveform, read from the file; a reply's tool
     calls under it as in the live chat: name, arguments, what happened, the result collapsed)."""
-    widgets: list[UserMessage | RestoredReply | AudioStrip | ToolCallView] = []
+    widgets: list[UserMessage | RestoredReply | AudioStrip | ToolCallView | CallDraft] = []
     for m in chat.messages:
         if m.role == "user":
             text = m.content
@@ -618,8 +619,16 @@ def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStri
             widgets.append(
                 RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
             )
+            widgets += restored_call_errors(m.stats or {})
             widgets += restored_tool_calls(m.stats or {})
     return widgets
+
+
+def restored_call_errors(record: dict[str, Any]) -> list[CallDraft]:
+    """A saved reply's calls that could not be decoded (its record's TOOL_ERRORS): what was wrong and the
+    model's text of each, as the live chat showed them."""
+    errors = [e for e in record.get(TOOL_ERRORS) or () if isinstance(e, dict)]
+    return [CallDraft.failed_call(str(e.get("message", "")), str(e.get("raw", ""))) for e in errors]
 
 
 def restored_tool_calls(record: dict[str, Any]) -> list[ToolCallView]:

@@ -486,6 +486,9 @@ class ToolCallParser:
     _count: int = 0
     _started: bool = False
     _finished: bool = False
+    # what the last fed token added to a call, as a reader sees it (markers left out, QUOTE as '"'); a
+    # bare `call:name{` withheld over several tokens comes whole with the token that opens it
+    last_call_text: str = ""
 
     @property
     def content(self) -> str:
@@ -502,8 +505,11 @@ class ToolCallParser:
                 out.append(MARKER_TEXT["channel_start"] + "thought\n")
                 self._channel_open = True
         m = self.markers
+        self.last_call_text = ""
         if self._call is not None:
             self._in_call(token_id, text, out, events)
+            if token_id not in (m.call_end, m.call_start) and token_id not in m.response:
+                self.last_call_text = '"' if token_id == m.quote else text
         elif token_id == m.call_start:
             self._release(out)
             self._open(MARKER_TEXT["call_start"], "", out)
@@ -565,6 +571,7 @@ class ToolCallParser:
                 if brace >= 0:
                     self._probe = None
                     self._open("", s, out)
+                    self.last_call_text = s
                     self._stream(events)
                 return
         self._release(out)
@@ -675,7 +682,8 @@ def parse_reply(
 
 class ReplySplitter:
     """A turn's event callback with a parser in front: each TokenEvent's text becomes its content
-    only (a call's tokens carry none), and the call events its token completes follow it.
+    only (a call's tokens carry none: their text is in `call_text`, as a reader sees the call), and
+    the call events its token completes follow it.
 
     `last` for the parser is decided as the decoder decides a reply's end (a stop id unless
     ignore_eos, or max_tokens), so text held back for a possible bare call still streams with the
@@ -706,7 +714,7 @@ class ReplySplitter:
         last = (event.id in self.stop_ids and not self.ignore_eos) or self._tokens >= self.max_tokens
         self._streamed += len(event.text)
         content, calls = self.parser.feed(event.id, event.text, last)
-        self.emit(dataclasses.replace(event, text=content))
+        self.emit(dataclasses.replace(event, text=content, call_text=self.parser.last_call_text))
         for e in calls:
             self.emit(e)
 

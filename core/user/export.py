@@ -11,7 +11,7 @@ from typing import Any
 
 from core.events import reply_tokens
 from core.units import format_duration
-from core.user.store import TOOL_RESULTS, Chat, Message, tool_calls_of
+from core.user.store import TOOL_ERRORS, TOOL_RESULTS, Chat, Message, tool_calls_of
 
 
 # --- code blocks --------------------------------------------------------------------------------
@@ -161,9 +161,15 @@ def _clip_length(path: str) -> str | None:
 
 
 def _tool_lines(m: Message) -> list[str]:
-    """A reply's tool calls with their arguments, each result in a collapsed <details>."""
+    """A reply's tool calls with their arguments, each result in a collapsed <details>; a call the model
+    wrote that could not be decoded, with what was wrong and its text."""
     results = {r.get("tool_call_id"): r for r in (m.stats or {}).get(TOOL_RESULTS) or () if isinstance(r, dict)}
     out: list[str] = []
+    for e in (m.stats or {}).get(TOOL_ERRORS) or ():
+        if isinstance(e, dict):
+            raw = str(e.get("raw", ""))
+            fence = "````" if "```" in raw else "```"
+            out += [f"**Malformed tool call**: {e.get('message', '')}", "", fence, raw, fence, ""]
     for call in tool_calls_of(m):
         fn = call.get("function") or {}
         out += [f"**Tool call** `{fn.get('name')}`", "", "```json", str(fn.get("arguments", "")), "```", ""]

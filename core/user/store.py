@@ -43,6 +43,7 @@ ROLES = ("system", "user", "assistant")
 # ({tool_call_id, name, content, shown}) in its stats record under these keys: the conversation the
 # model saw is rebuilt from them (Chat.engine_messages), exports list them.
 TOOL_CALLS, TOOL_RESULTS = "tool_calls", "tool_results"
+TOOL_ERRORS = "tool_errors"  # calls the model wrote that could not be decoded: [{"message", "raw"}]
 
 # --- schema -------------------------------------------------------------------------------------
 # Kept verbatim: a fresh database is built as v1 and migrated up, so the migration path runs on

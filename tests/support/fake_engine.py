@@ -16,9 +16,10 @@ statistics in TurnDone are deterministic; `delay_s` is real sleep per round, for
 
 Tool calls: when a chat is given `tools` (or `tools_always`), a scripted reply may hold calls written
 as the model writes them, `<|tool_call>call:NAME{key:<|"|>v<|"|>}<tool_call|>`: the text around
-them streams as tokens, then each call is one token with no text followed by ToolCallStarted,
-ToolCallDelta and ToolCall (or ToolCallError for one that does not parse, raw text kept), and the
-turn ends with stop reason "tool_calls", as the real engine's does.
+them streams as tokens, then each call's tokens (no text; the call as the model writes it in their
+`call_text`, some drafted) followed by ToolCallStarted, ToolCallDelta and ToolCall (or ToolCallError
+for one that does not parse, raw text kept), and the turn ends with stop reason "tool_calls", as the
+real engine's does.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ PEAK_MEMORY_BYTES = 123 * 1024 * 1024
 
 
 CALL = re.compile(r"<\|tool_call>(.*?)<tool_call\|>", re.S)
+CALL_PIECE = 3  # characters of a call per token (the call_text of each)
 
 
 def split_calls(reply: str) -> tuple[str, list[str]]:
@@ -115,6 +117,9 @@ class FakeEngine:
     hold_prefill: bool = False  # each turn's prefill waits for release_prefill()
     prefill_done: int = 0  # what a held prefill reports as done so far (tests set it)
     tools_enabled: bool = True  # features.tools
+    # a call's tokens carry its text (TokenEvent.call_text), as the local engine's do; False: one token
+    # without text, then the call's events only, as a `--connect` server's stream gives them
+    call_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -391,12 +396,18 @@ class FakeEngine:
     def _emit_calls(
         self, calls: list[str], emitted_ids: list[int], on_event: Callable
     ) -> list[ToolCall | ToolCallError]:
-        """Each scripted call: one token without text, then its events (as core.decode.tool_calls sends them)."""
+        """Each scripted call: its tokens (pieces of CALL_PIECE characters with their call_text, drafted and
+        accepted by the `accept_pattern`'s turns; or one token without text when not `call_tokens`), then its
+        events (as core.decode.tool_calls sends them)."""
         made: list[ToolCall | ToolCallError] = []
         for index, text in enumerate(calls):
-            tid = 2000 + len(emitted_ids)
-            emitted_ids.append(tid)
-            on_event(TokenEvent(tid, "", from_draft=False, round=self._rounds_done or 0))
+            shown = text.replace('<|"|>', '"')
+            pieces = [shown[i : i + CALL_PIECE] for i in range(0, len(shown), CALL_PIECE)] if self.call_tokens else [""]
+            for i, piece in enumerate(pieces):
+                tid = 2000 + len(emitted_ids)
+                emitted_ids.append(tid)
+                drafted = self.call_tokens and self.accept_pattern[i % len(self.accept_pattern)] > 0
+                on_event(TokenEvent(tid, "", from_draft=drafted, round=self._rounds_done or 0, call_text=piece))
             raw = f"<|tool_call>{text}<tool_call|>"
             try:
                 name, arguments, arguments_json = parse_call_text(text)

@@ -2,7 +2,7 @@
 
     python tests/support/mcp_test_server.py [MODE]
 
-MODE: "ok" (default: tools echo, add, slow, crash), "garbage" (writes non-JSON on stdout and never
+MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, crash), "garbage" (writes non-JSON on stdout and never
 answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once),
 "slow-start SECONDS" (waits, then serves as "ok").
 
@@ -28,6 +28,10 @@ def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
     @server.tool(description="Repeat the text back")
     def echo(text: str) -> str:
         return f"echo: {text}"
+
+    @server.tool(description="Repeat the text back as plain text content", structured_output=False)
+    def say(text: str) -> str:
+        return text
 
     @server.tool(description="Add two integers")
     def add(a: int, b: int) -> dict:

@@ -87,7 +87,7 @@ async def test_allowed_call_runs_shows_its_result_and_the_model_continues(hub):
         assert call["function"]["name"] == "echo" and json.loads(call["function"]["arguments"]) == {"text": "hi there"}
         assert app.chat.history[3]["tool_call_id"] == call["id"]
         [tools] = [t for t in app.engine.tools if t][:1]  # the turn offered the hub's tools
-        assert {t["function"]["name"] for t in tools} == {"echo", "add", "slow", "crash"}
+        assert {t["function"]["name"] for t in tools} == {"echo", "say", "add", "slow", "crash"}
 
 
 async def test_deny_tells_the_model_and_always_stops_asking(hub):
@@ -152,7 +152,7 @@ async def test_the_tools_screen_lists_servers_and_turns_one_off(hub):
         await ready(pilot, app)
         await pilot.press("f12")
         await until(pilot, lambda: isinstance(app.screen, ToolsScreen))
-        row = app.screen.table.get_row_at(0)
+        row = [str(cell) for cell in app.screen.table.get_row_at(0)]
         assert row[:2] == ["t", "ready"] and "echo" in row[2]
         await pilot.press("enter")
         await until(pilot, lambda: hub.state("t").status == "off", timeout=10)
@@ -248,6 +248,193 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         again.history.close()
 
 
+def drafts(app) -> list:
+    from app.tui.widgets.conversation import CallDraft
+
+    return list(app.chat.conversation.query(CallDraft))
+
+
+def origins(text) -> set[str]:
+    """The origin colours a Text's spans carry: "d" drafted + accepted, "t" the target's own."""
+    from app.tui.widgets.conversation import origin_runs
+
+    return {kind for kind, _ in origin_runs(text)}
+
+
+async def test_a_call_shows_in_its_reply_as_written_each_token_in_its_origins_colour(hub):
+    """Issue 26 §1/§5: a call's tokens are shown as a call (not as text), with the drafted ones in the
+    drafter's colour, and the call box with the approval follows."""
+    app = make_app(replies=["Checking." + ECHO, ANSWER], tools_hub=hub)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        [draft] = drafts(app)
+        assert draft.body.plain == 'call:echo{text:"hi there"}'
+        assert origins(draft.body) == {"d", "t"}  # the fake drafted some of the call's tokens, not all
+        assert (draft.tool_name, draft.state, draft.failed) == ("echo", "", False)
+        assert "call:echo" not in replies_text(app)[0]  # not in the reply's text
+        assert draft.parent is app.chat.conversation.query("ReplyView").first()
+        await pilot.press("y")
+        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        assert len(drafts(app)) == 1  # the answer wrote no call
+
+
+async def test_a_malformed_call_is_shown_with_its_text_saved_reopened_and_exported(hub, tmp_path):
+    """Issue 26 §1: "the model produced a malformed tool call" with the raw text kept: in the reply, in
+    the history (a reopened chat shows it again) and in the export. Nothing runs, nothing is asked."""
+    from app.tui.history import HistoryRecorder
+    from core.decode.tool_calls import MALFORMED
+    from core.user.export import chat_to_markdown
+    from core.user.store import Store
+
+    db = tmp_path / "history.db"
+    recorder = HistoryRecorder(path=db)
+    bad = "<|tool_call>call:echo{text:}<tool_call|>"
+    app = make_app(replies=["Let me see." + bad], tools_hub=hub, history=recorder)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await until(pilot, lambda: not app.chat.generating and bool(drafts(app)), timeout=20)
+        [draft] = drafts(app)
+        assert draft.failed and draft.has_class("-failed")
+        assert draft.state.startswith(f"✗ {MALFORMED}: ") and "a value is missing" in draft.state
+        assert draft.body.plain == "call:echo{text:}" and origins(draft.body) == {"d", "t"}
+        assert not isinstance(app.screen, ToolApprovalScreen) and not views(app)
+        assert replies_text(app) == ["Let me see."]
+    recorder.flush()
+    recorder.close()
+    with Store(db) as store:
+        [summary] = store.list_chats()
+        chat = store.load_chat(summary.id)
+    exported = chat_to_markdown(chat)
+    assert f"**Malformed tool call**: {MALFORMED}: " in exported and bad in exported
+    again = make_app(replies=["more"], history=HistoryRecorder(path=db))
+    async with again.run_test(size=(100, 40)) as pilot:
+        await ready(pilot, again)
+        await again.chat.open_chat(summary.id)
+        await pilot.pause()
+        [shown] = drafts(again)
+        assert shown.failed and shown.state == draft.state and shown.body.plain == bad
+        again.history.close()
+
+
+async def test_a_call_from_a_server_without_call_tokens_shows_its_arguments(hub):
+    """Over `--connect` a call comes as its events only (no call text per token): the reply still shows
+    it, built from the name and the argument JSON, uncoloured (the origin is not known)."""
+    app = make_app(replies=["Checking." + ECHO, ANSWER], tools_hub=hub, call_tokens=False)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        [draft] = drafts(app)
+        assert draft.body.plain == 'call:echo{"text": "hi there"}'
+        assert origins(draft.body) == {"u"} and draft.state == ""
+
+
+async def test_a_call_draft_says_it_is_being_written_until_its_call_is_decoded():
+    """While its tokens stream the call reads "writing…"; a reply that stops inside it says so."""
+    from app.tui.widgets.conversation import ReplyView
+    from core.events import TokenEvent, ToolCall, ToolCallStarted, TurnDone, TurnStats
+
+    app = make_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        await ready(pilot, app)
+        reply = ReplyView()
+        await app.chat.conversation.mount(reply)
+        reply.append_tokens([TokenEvent(1, "Hm.", False, 0), TokenEvent(2, "", True, 0, call_text="call:w{")])
+        await pilot.pause()
+        [draft] = drafts(app)
+        assert draft.state == "writing…" and draft.index is None and draft.body.plain == "call:w{"
+        reply.on_tool_event(ToolCallStarted(0, "call_1", "w"))
+        reply.append_tokens([TokenEvent(3, "", False, 0, call_text="a:1}")])
+        assert (draft.index, draft.tool_name, draft.body.plain) == (0, "w", "call:w{a:1}")
+        assert "writing…" in draft.render_text().plain
+        reply.on_tool_event(ToolCall(0, "call_1", "w", {"a": 1}, '{"a": 1}', "<|tool_call>call:w{a:1}<tool_call|>"))
+        assert draft.state == ""
+        # a second call, cut off by a stop before it closed
+        reply.append_tokens([TokenEvent(4, "", True, 1, call_text="call:v{b:")])
+        reply.finish(TurnDone(TurnStats(stop_reason="cancelled"), "Hm.", (1, 2, 3, 4)))
+        await pilot.pause()
+        first, second = drafts(app)
+        assert first is draft and second.body.plain == "call:v{b:" and second.state == "(not finished)"
+
+
+def _shown_text(widget) -> str:
+    """What a Static puts on the screen, as characters."""
+    rendered = widget.render()
+    return rendered.plain if hasattr(rendered, "plain") else str(rendered)
+
+
+async def test_a_hostile_result_is_shown_as_characters_never_as_markup_or_escapes(hub):
+    """Nothing from a tool result is executed (issue 26, security): a result holding Rich markup and a
+    terminal's escape sequences is shown as plain characters, its ESC as the control picture ␛."""
+    hostile = "\x1b[2J\x1b]0;pwned\x07[bold red]loud[/] [@click=app.quit]click[/]"
+    call = "<|tool_call>call:say{text:<|\"|>" + hostile + "<|\"|>}<tool_call|>"
+    app = make_app(replies=["Checking." + call, "ok"], tools_hub=hub)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "say hi")
+        await approval(pilot)
+        await pilot.press("y")
+        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        [view] = views(app)
+        assert view.state_text == "done" and "\x1b" in (view.result_text or "")  # the server did send it
+        result = view.query_one("#tool-result")
+        shown = _shown_text(result)
+        assert "\x1b" not in shown and "\x07" not in shown and "␛[2J" in shown
+        assert "[bold red]loud[/] [@click=app.quit]click[/]" in shown  # the markup as written, not applied
+
+
+async def test_the_tools_screen_shows_a_servers_tool_names_as_characters():
+    """A server names its own tools: a name that is markup (an action on click) or holds escape sequences
+    is listed as plain characters."""
+    from core.user.mcp_client import McpTool, ServerState
+
+    class Hub:
+        def __init__(self) -> None:
+            tools = (McpTool("evil", "[@click=app.quit]x[/]", "", {}), McpTool("evil", "a\x1b[31mb", "", {}))
+            self.state = ServerState("evil", "evil-server --serve", "failed", error="\x1b]0;t\x07boom", tools=tools)
+
+        def states(self):
+            return [self.state]
+
+        def set_enabled(self, name, on):
+            pass
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        app.push_screen(ToolsScreen(Hub()))  # type: ignore[arg-type]
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen) and app.screen.table.row_count == 1)
+        cells = app.screen.table.get_row_at(0)
+        assert [c.plain for c in cells] == ["evil", "failed", "[@click=app.quit]x[/], a␛[31mb"]
+        assert not any(span.style and "@click" in str(span.style) for c in cells for span in c.spans)
+        detail = _shown_text(app.screen.query_one("#tools-detail"))
+        assert detail == "evil-server --serve\n␛]0;t␇boom"
+
+
+async def test_a_trusted_servers_tools_run_without_asking(monkeypatch):
+    """`trusted = true` in config.toml: its calls run at once (no approval dialog), and the call says so."""
+    asked: list[str] = []
+    real_init = ToolApprovalScreen.__init__
+
+    def spy(self, name, server, arguments):
+        asked.append(name)
+        real_init(self, name, server, arguments)
+
+    monkeypatch.setattr(ToolApprovalScreen, "__init__", spy)
+    trusted = McpHub([McpServerConfig("t", command=sys.executable, args=(SERVER,), trusted=True)], start_timeout_s=60.0)
+    trusted.start()
+    try:
+        _wait_ready(trusted, "t")
+        app = make_app(replies=["Checking." + ECHO, ANSWER], tools_hub=trusted)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await send(pilot, "say hi")
+            await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=30)
+            [view] = views(app)
+            assert view.state_text == "done" and "echo: hi there" in (view.result_text or "")
+            assert "echo: hi there" in replies_text(app)[1] and asked == []
+    finally:
+        trusted.close()
+
+
 def _slow_hub(mode: str, *args: str, start_timeout_s: float = 60.0) -> McpHub:
     config = McpServerConfig("slow", command=sys.executable, args=(SERVER, mode, *args))
     h = McpHub([config], start_timeout_s=start_timeout_s)
@@ -277,7 +464,7 @@ async def test_a_message_sent_while_a_server_starts_waits_for_its_tools():
             await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=60)
             assert _starting_line(app) is None
             [tools] = app.engine.tools
-            assert {t["function"]["name"] for t in tools or ()} == {"echo", "add", "slow", "crash"}
+            assert {t["function"]["name"] for t in tools or ()} == {"echo", "say", "add", "slow", "crash"}
     finally:
         h.close()
 

@@ -253,6 +253,50 @@ def test_malformed_calls_are_reported_with_their_raw_text(vocab, markers, case):
         assert events[-1] is error
 
 
+def _shown(raw: str) -> str:
+    """A call as a chat shows it while it streams (TokenEvent.call_text): no markers, '"' for a quote token."""
+    return raw.replace("<|tool_call>", "").replace("<tool_call|>", "").replace(Q, '"')
+
+
+@pytest.mark.parametrize("cut", ["whole", "chars", "random"])
+@pytest.mark.parametrize(
+    "reply",
+    [c[1] for c in WELL_FORMED] + [c[1] for c in MALFORMED_CASES],
+    ids=[c[0] for c in WELL_FORMED] + [c[0] for c in MALFORMED_CASES],
+)
+def test_each_tokens_share_of_a_call_is_its_call_text(vocab, markers, reply, cut):
+    """Concatenated in order, the tokens' call_text is every call as the model wrote it (markers left out,
+    quotes as '"'), and a token is content or call text, never both: what the chat shows of a call while
+    it streams, token by token in the tokens' colours."""
+    for seed in range(3 if cut == "random" else 1):
+        parser = ToolCallParser(markers)
+        tokens = _stream(reply, vocab, cut, seed)
+        shown = []
+        for k, (tid, text) in enumerate(tokens):
+            content, _ = parser.feed(tid, text, last=k == len(tokens) - 1)
+            assert not (content and parser.last_call_text), (text, content)
+            shown.append(parser.last_call_text)
+        parser.finish()
+        calls = sorted([(c.index, c.raw) for c in parser.calls] + [(e.index, e.raw) for e in parser.errors])
+        assert "".join(shown) == "".join(_shown(raw) for _, raw in calls)
+
+
+def test_the_splitter_puts_a_calls_text_on_its_tokens_and_keeps_their_origin(vocab, markers):
+    from core.decode.tool_calls import ReplySplitter
+    from core.events import TokenEvent
+
+    out: list[object] = []
+    splitter = ReplySplitter(ToolCallParser(markers), out.append, stop_ids={vocab["<|tool_response>"]}, max_tokens=99)
+    stream = _stream(f"Let me check.<|tool_call>call:get_current_time{{timezone:{Q}Asia/Tokyo{Q}}}<tool_call|>", vocab)
+    stream += [(vocab["<|tool_response>"], "")]
+    for k, (tid, text) in enumerate(stream):
+        splitter(TokenEvent(tid, text, from_draft=k % 2 == 0, round=k))
+    tokens = [e for e in out if isinstance(e, TokenEvent)]
+    assert "".join(t.text for t in tokens) == "Let me check."
+    assert "".join(t.call_text for t in tokens) == 'call:get_current_time{timezone:"Asia/Tokyo"}'
+    assert [t.from_draft for t in tokens] == [k % 2 == 0 for k in range(len(stream))]
+
+
 def test_a_malformed_call_does_not_stop_the_next(vocab, markers):
     parser, _ = _run("<|tool_call>call:w{a:}<tool_call|><|tool_call>call:v{b:2}<tool_call|>", vocab, markers)
     assert [e.index for e in parser.errors] == [0]

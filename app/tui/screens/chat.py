@@ -55,9 +55,21 @@ from app.tui.widgets.conversation import Conversation, ReplyView, UserMessage, V
 from app.tui.widgets.key_hints import KeyHints, conversation_hints, hints_for
 from app.tui.widgets.panel import PanelText, StatsPanel
 from app.tui.widgets.prompt import InputHistory, PromptArea
-from core.events import PrefillDone, PrefillStarted, RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import (
+    PrefillDone,
+    PrefillStarted,
+    RoundEvent,
+    TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallError,
+    ToolCallStarted,
+    TurnDone,
+    TurnStats,
+)
 from core.settings import GenerationSettings
 from core.user import keymap
+from core.user.store import TOOL_ERRORS
 
 if TYPE_CHECKING:
     from textual.widget import Widget
@@ -406,6 +418,8 @@ class ChatScreen(Screen[None]):
             elif isinstance(ev, PrefillDone):
                 self._prefill_over()
                 self.stats.on_prefill(ev)
+            elif isinstance(ev, (ToolCallStarted, ToolCallDelta, ToolCall, ToolCallError)):
+                reply.on_tool_event(ev)
             elif isinstance(ev, TurnDone):
                 self._finish(ev)
         if tokens:
@@ -467,6 +481,11 @@ class ChatScreen(Screen[None]):
         if done.stats.stop_reason == "error":
             self._turn_failed(reply, user)
             return
+        if done.tool_errors:  # shown in the reply (its CallDraft), and kept with it in the history
+            reply.record = {
+                **(reply.record or {}),
+                TOOL_ERRORS: [{"message": e.message, "raw": e.raw} for e in done.tool_errors],
+            }
         answer = self.chat_log.reply_done(reply)
         if done.tool_errors:
             self.notify(done.tool_errors[0].message[:300], severity="warning", timeout=8, markup=False)

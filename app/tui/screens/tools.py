@@ -4,6 +4,7 @@ or off. Both read core.user.mcp_client's plain values; neither talks to a server
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -11,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Static
 
 from app.resources import style_path
+from app.tui.widgets.conversation import displayable
 from app.tui.widgets.tool_call import arguments_text
 from core.user.mcp_client import McpHub
 
@@ -34,9 +36,10 @@ class ToolApprovalScreen(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="approval-box"):
-            yield Static(f"Run {self.tool_name} from MCP server '{self.server}'?", id="approval-question", markup=False)
+            question = displayable(f"Run {self.tool_name} from MCP server '{self.server}'?")
+            yield Static(question, id="approval-question", markup=False)
             with VerticalScroll(id="approval-args"):
-                yield Static(arguments_text(self.arguments), markup=False)
+                yield Static(displayable(arguments_text(self.arguments)), markup=False)
             with Horizontal(id="approval-buttons"):
                 yield Button("Allow once (y)", id="allow", variant="primary")
                 yield Button("Always (a)", id="always")
@@ -86,11 +89,13 @@ class ToolsScreen(ModalScreen[None]):
         self.table.clear()
         for s in self.hub.states():
             state = s.status + (" · trusted" if s.trusted else "")
-            self.table.add_row(s.name, state, ", ".join(t.name for t in s.tools) or "-", key=s.name)
+            # a server names its own tools: plain characters, never markup (a "[@click=...]" would be an action)
+            cells = (s.name, state, ", ".join(t.name for t in s.tools) or "-")
+            self.table.add_row(*(Text(displayable(c)) for c in cells), key=s.name)
         if self.table.row_count:
             self.table.move_cursor(row=min(row, self.table.row_count - 1))
             current = self.hub.states()[self.table.cursor_row]
-            detail.update(f"{current.where}\n{current.error}" if current.error else current.where)
+            detail.update(displayable(f"{current.where}\n{current.error}" if current.error else current.where))
 
     def action_toggle_server(self) -> None:
         if self.hub is None or not self.table.row_count:

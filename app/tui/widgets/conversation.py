@@ -28,7 +28,16 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 
-from core.events import RoundEvent, TokenEvent, TurnDone, TurnStats
+from core.events import (
+    RoundEvent,
+    TokenEvent,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallError,
+    ToolCallStarted,
+    TurnDone,
+    TurnStats,
+)
 from core.user.export import DRAFTER_SWITCHES, stats_line, switches_text
 
 DRAFT_COLOR = "#56B4E9"
@@ -415,6 +424,96 @@ class DraftSwitches:
         return record
 
 
+WRITING = "writing…"
+
+
+class CallDraft(Static):
+    """A tool call while the model writes it, inside its reply: the call as the model writes it
+    (`call:NAME{key:"value"}`, markers left out), each token in its origin's colour (drafted and
+    accepted, or the target's own), so speculative decoding shows inside calls too. It stays with the
+    reply once written; a call that cannot be decoded says so here, with its text kept whole.
+
+    A server that streams no per-token call text (`--connect`) fills it from the call's argument JSON
+    instead, uncoloured (the origin is not known)."""
+
+    DEFAULT_CSS = """
+    CallDraft {
+        height: auto;
+        margin: 0;
+        padding: 0 1;
+        border-left: thick $accent;
+    }
+    CallDraft.-failed { border-left: thick $error; }
+    """
+
+    def __init__(self, index: int | None) -> None:
+        """index: the call's place in the reply (None until its first event says it)."""
+        super().__init__("", markup=False, classes="call-draft")
+        self.index = index
+        self.tool_name: str | None = None
+        self.body = Text()
+        self.from_tokens = False  # the body is the model's tokens (not a server's argument JSON)
+        self.state = WRITING
+        self.failed = False
+
+    @classmethod
+    def failed_call(cls, message: str, raw: str) -> CallDraft:
+        """A saved reply's call that could not be decoded: what was wrong, and the model's text of it."""
+        draft = cls(None)
+        draft.state, draft.failed, draft.body = f"✗ {message}", True, Text(displayable(raw))
+        draft.add_class("-failed")
+        draft._show()
+        return draft
+
+    def add_tokens(self, tokens: list[TokenEvent]) -> None:
+        for tok in tokens:
+            if tok.call_text:
+                self.from_tokens = True
+                self.body.append(displayable(tok.call_text), origin_style(tok.from_draft))
+        self._show()
+
+    def started(self, ev: ToolCallStarted) -> None:
+        self.tool_name = ev.name
+        if not self.from_tokens and not self.body:
+            self.body.append(f"call:{ev.name}", UNKNOWN_STYLE)
+        self._show()
+
+    def add_arguments(self, text: str) -> None:
+        """Argument JSON from a server that gives no call text per token (ignored when tokens came)."""
+        if not self.from_tokens:
+            self.body.append(displayable(text), UNKNOWN_STYLE)
+            self._show()
+
+    def done(self, ev: ToolCall | ToolCallError) -> None:
+        if isinstance(ev, ToolCallError):
+            self.failed = True
+            self.add_class("-failed")
+            self.state = f"✗ {ev.message}"
+            if not self.from_tokens:  # the text the model wrote, kept whole
+                self.body = Text(displayable(ev.raw))
+        else:
+            self.tool_name = ev.name
+            self.state = ""
+        self._show()
+
+    def end(self) -> None:
+        """The reply ended with the call still open (a stop, Esc)."""
+        if self.state == WRITING:
+            self.state = "(not finished)"
+            self._show()
+
+    def render_text(self) -> Text:
+        head = Text("tool call", style="bold")
+        if self.tool_name:
+            head.append(f" {self.tool_name}", style="bold")
+        if self.state:
+            head.append(f" · {self.state}", style="bold red" if self.failed else "italic")
+        return Text.assemble(head, "\n", self.body)
+
+    def _show(self) -> None:
+        self.update(self.render_text())
+
+
 class ReplyView(Vertical):
     """One model reply: header, token view, rendered view, summary line."""
 
@@ -439,6 +538,8 @@ class ReplyView(Vertical):
         self.thinking_text: str | None = None  # a finished reply's thinking, folded away (app.tui.history)
         self.variants: list[Variant] = []  # the versions of this reply, when it is the last (regenerate)
         self.variant_index = 0
+        self.call_drafts: list[CallDraft] = []  # its tool calls as the model wrote them, in order
+        self._open_call: CallDraft | None = None
 
     def compose(self) -> ComposeResult:
         yield self.header
@@ -469,6 +570,37 @@ class ReplyView(Vertical):
         self.chunks.extend(t.text for t in tokens)
         self.token_count += len(tokens)
         self._markdown_dirty = True
+        in_call = [t for t in tokens if t.call_text]
+        if in_call:
+            self._call_draft(None).add_tokens(in_call)
+
+    # -- tool calls as they stream (core.events: a call's tokens carry call_text, then its events) ----
+    def _call_draft(self, index: int | None) -> CallDraft:
+        """The draft of call `index` (None: the one being written), mounted under the reply's text."""
+        for draft in self.call_drafts:
+            if index is not None and draft.index == index:
+                return draft
+        open_call = self._open_call
+        if open_call is not None and (index is None or open_call.index is None):
+            if index is not None:
+                open_call.index = index
+            return open_call
+        draft = CallDraft(index)
+        self.call_drafts.append(draft)
+        self._open_call = draft
+        self.mount(draft, before=self.summary)
+        return draft
+
+    def on_tool_event(self, ev: ToolCallStarted | ToolCallDelta | ToolCall | ToolCallError) -> None:
+        draft = self._call_draft(ev.index)
+        if isinstance(ev, ToolCallStarted):
+            draft.started(ev)
+        elif isinstance(ev, ToolCallDelta):
+            draft.add_arguments(ev.arguments)
+        else:
+            draft.done(ev)
+            if draft is self._open_call:
+                self._open_call = None
 
     def on_round(self, ev: RoundEvent, first_token: int) -> None:
         """A round of this reply ended; its tokens start at `first_token` (1-based)."""
@@ -478,6 +610,9 @@ class ReplyView(Vertical):
     def finish(self, done: TurnDone) -> None:
         self.done = done
         self.tokens.end_stream()
+        for draft in self.call_drafts:
+            draft.end()
+        self._open_call = None
         stats = done.stats
         if stats.stop_reason == "error":
             self.error = done.error or "generation failed"

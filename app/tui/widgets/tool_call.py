@@ -1,5 +1,9 @@
 """One tool call in the conversation: its name, server and arguments in full, its state (waiting for
-the user, running, done, denied, failed) and, once it ran, its result collapsed under a toggle."""
+the user, running, done, denied, failed) and, once it ran, its result collapsed under a toggle.
+
+What a server sends (a result, an error) is shown as plain characters: never read as markup, and its
+control characters (a terminal's escape sequences among them) shown as their symbols, not sent to the
+terminal."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Static
+
+from app.tui.widgets.conversation import displayable
 
 CSS = """
 ToolCallView {
@@ -55,8 +61,8 @@ class ToolCallView(Vertical):
     def compose(self) -> ComposeResult:
         where = f" ({self.server})" if self.server else ""
         yield Static(f"tool call: {self.tool_name}{where}", id="tool-head", markup=False)
-        yield Static(arguments_text(self.arguments), id="tool-args", markup=False)
-        yield Static(self.state_text, id="tool-state", markup=False)
+        yield Static(displayable(arguments_text(self.arguments)), id="tool-args", markup=False)
+        yield Static(displayable(self.state_text), id="tool-state", markup=False)
         if self.result_text is not None:
             yield _result_box(self.result_text)
 
@@ -64,7 +70,7 @@ class ToolCallView(Vertical):
         self.state_text = text
         self.set_class(failed, "-failed")
         for state in self.query("#tool-state").results(Static):  # none while it is composed or torn down
-            state.update(text)
+            state.update(displayable(text))
 
     def show_result(self, text: str) -> None:
         """The result, collapsed: one line says how long it is; Enter or a click opens it."""
@@ -76,4 +82,4 @@ class ToolCallView(Vertical):
 def _result_box(text: str) -> Collapsible:
     lines = text.count("\n") + 1
     title = f"result: {len(text)} characters" + (f", {lines} lines" if lines > 1 else "")
-    return Collapsible(Static(text, markup=False, id="tool-result"), title=title, collapsed=True)
+    return Collapsible(Static(displayable(text), markup=False, id="tool-result"), title=title, collapsed=True)
