@@ -2,9 +2,9 @@
 
     python tests/support/mcp_test_server.py [MODE]
 
-MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, crash), "garbage" (writes non-JSON on stdout and never
-answers), "hang" (reads stdin, never answers), "exit" (says why on stderr and exits 3 at once),
-"slow-start SECONDS" (waits, then serves as "ok").
+MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, crash),
+"garbage" (writes non-JSON on stdout and never answers), "hang" (reads stdin, never answers), "exit" (says
+why on stderr and exits 3 at once), "slow-start SECONDS" (waits, then serves as "ok").
 
     python tests/support/mcp_test_server.py http PORT TOKEN
 

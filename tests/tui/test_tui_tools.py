@@ -367,7 +367,7 @@ async def test_a_hostile_result_is_shown_as_characters_never_as_markup_or_escape
     """Nothing from a tool result is executed (issue 26, security): a result holding Rich markup and a
     terminal's escape sequences is shown as plain characters, its ESC as the control picture ␛."""
     hostile = "\x1b[2J\x1b]0;pwned\x07[bold red]loud[/] [@click=app.quit]click[/]"
-    call = "<|tool_call>call:say{text:<|\"|>" + hostile + "<|\"|>}<tool_call|>"
+    call = '<|tool_call>call:say{text:<|"|>' + hostile + '<|"|>}<tool_call|>'
     app = make_app(replies=["Checking." + call, "ok"], tools_hub=hub)
     async with app.run_test(size=(100, 40)) as pilot:
         await send(pilot, "say hi")
