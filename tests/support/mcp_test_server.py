@@ -2,7 +2,7 @@
 
     python tests/support/mcp_test_server.py [MODE]
 
-MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, crash),
+MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, getenv, crash),
 "garbage" (writes non-JSON on stdout and never answers), "hang" (reads stdin, never answers), "exit" (says
 why on stderr and exits 3 at once), "slow-start SECONDS" (waits, then serves as "ok").
 
@@ -41,6 +41,10 @@ def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
     def slow(seconds: float) -> str:
         time.sleep(seconds)
         return "awake"
+
+    @server.tool(description="A variable of the server's environment")
+    def getenv(name: str) -> str:
+        return os.environ.get(name, "(unset)")
 
     @server.tool(description="Exit the server process mid-call")
     def crash() -> str:

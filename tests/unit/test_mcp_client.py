@@ -36,7 +36,7 @@ def settle(hub: McpHub, names: list[str]) -> None:
 @pytest.fixture(scope="module")
 def hub():
     configs = [
-        server("ok", timeout_s=3.0),
+        server("ok", timeout_s=3.0, env={"GEMMA_CHAT_TEST_SETTING": "from config.toml"}),
         server("crashy"),
         server("exit", "exit"),
         McpServerConfig("missing", command="no-such-mcp-server-here"),
@@ -52,7 +52,14 @@ def hub():
 
 def test_a_server_lists_its_tools_in_the_openai_shape(hub):
     state = hub.state("ok")
-    assert state.status == "ready" and [t.name for t in state.tools] == ["echo", "say", "add", "slow", "crash"]
+    assert state.status == "ready" and [t.name for t in state.tools] == [
+        "echo",
+        "say",
+        "add",
+        "slow",
+        "getenv",
+        "crash",
+    ]
     add = hub.find("add")
     assert add is not None and add.server == "ok"
     spec = add.openai()["function"]
@@ -63,6 +70,16 @@ def test_a_call_returns_its_result_as_text_for_the_model(hub):
     add, echo = hub.find("add"), hub.find("echo")
     assert json.loads(hub.call(add, {"a": 2, "b": 40}).result(30).text) == {"sum": 42}
     assert "echo: héllo {x}" in hub.call(echo, {"text": "héllo {x}"}).result(30).text
+
+
+def test_a_stdio_server_gets_the_env_its_config_gives_it(hub):
+    getenv = hub.find("getenv")
+    assert json.loads(hub.call(getenv, {"name": "GEMMA_CHAT_TEST_SETTING"}).result(30).text) == {
+        "result": "from config.toml"
+    }
+    assert (
+        json.loads(hub.call(getenv, {"name": "PATH"}).result(30).text)["result"] != "(unset)"
+    )  # added to, not replaced
 
 
 def test_a_bad_argument_is_the_tools_error_not_the_servers(hub):
@@ -158,7 +175,14 @@ def test_a_streamable_http_server_with_headers_lists_and_runs_its_tools(http_ser
         settle(h, ["web", "nokey"])
         web = h.state("web")
         assert web.status == "ready", web.error
-        assert web.where == http_server and [t.name for t in web.tools] == ["echo", "say", "add", "slow", "crash"]
+        assert web.where == http_server and [t.name for t in web.tools] == [
+            "echo",
+            "say",
+            "add",
+            "slow",
+            "getenv",
+            "crash",
+        ]
         assert json.loads(h.call(h.find("add"), {"a": 20, "b": 22}).result(30).text) == {"sum": 42}
         failed = h.state("nokey")
         assert failed.status == "failed" and "401" in failed.error and "\n" not in failed.error, failed.error
