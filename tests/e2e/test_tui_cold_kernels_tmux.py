@@ -64,6 +64,48 @@ def test_first_reply_without_kernels_is_prompt_and_a_lost_terminal_ends_it(term_
     assert any("core.engine.warmup" in c for c in procs.values()), f"no kernel-building child among {procs}"
 
 
+REPLY = re.compile(r"(\d+) tokens · ([\d.]+) tok/s · TTFT ([\d.]+) s")
+STALL_LIMIT_S = 1.0  # the issue's target for a later first-of-a-kind prompt
+
+
+def reply_seconds(t, question: str, n_before: int) -> tuple[float, float]:
+    """Send `question`: (its TTFT, its whole time: TTFT + tokens / decode rate), as the app reports them."""
+    t.keys(question, literal=True)
+    t.keys("Enter")
+    t.wait(lambda: len(REPLY.findall(t.text())) > n_before, f"the reply to {question!r}", 120)
+    tokens, rate, ttft = REPLY.findall(t.text())[-1]
+    return float(ttft), float(ttft) + int(tokens) / max(float(rate), 1e-9)
+
+
+def test_later_first_of_a_kind_prompts_on_a_cold_machine_do_not_stall(term_env, tmp_path):  # noqa: F811
+    """Issue 23 §1: after the first reply, no first-of-a-kind prompt stalls more than a second on a machine
+    without kernels: a second turn (a longer context), and the first reply after a block-size change (new
+    verify shapes), which must cost about what the same reply costs once its kernels exist."""
+    pytest.importorskip("core.engine")
+    cold = tmp_path / "kernels"
+    t = _session(term_env, {"GEMMA_CHAT_KERNEL_DIR": str(cold)}, [], size=(120, 36), compiled=True)
+    try:
+        t.wait(lambda: "Enter: use it" in t.text(), "the welcome screen with the demo selected", 60)
+        t.keys("Enter")
+        t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
+        reply_seconds(t, "Hello", 0)
+        second, _ = reply_seconds(t, "What is gemma-chat?", 1)
+        assert second < STALL_LIMIT_S, f"second turn TTFT {second:.2f} s"
+        t.keys("Tab")  # the conversation takes the focus: + is the block size key there, not text
+        for _ in range(3):
+            t.keys("+", literal=True)
+        t.wait(lambda: "(manual)" in t.text(), "a manual block size", 10)
+        question = "What is speculative decoding?"
+        ttft, first_time = reply_seconds(t, question, 2)
+        _, warm_time = reply_seconds(t, question, 3)
+    finally:
+        t.kill()
+    assert ttft < STALL_LIMIT_S, f"TTFT {ttft:.2f} s after the block size changed"
+    assert first_time - warm_time < STALL_LIMIT_S, (
+        f"the first reply at a new block size took {first_time:.2f} s, the same reply after it {warm_time:.2f} s"
+    )
+
+
 def child_states(t) -> list[str]:
     """The process state (R, S, T: stopped, ...) of each kernel-building child the app started."""
     pane = int(t._run("display-message", "-p", "-t", "chat", "#{pane_pid}").stdout.strip())
