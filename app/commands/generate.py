@@ -234,7 +234,7 @@ class _Output:
             self.out.write(json.dumps({"stats": stats}) + "\n")
             self.out.flush()
         else:
-            if self._mid_line or not done.tool_calls:
+            if self._mid_line or not (done.tool_calls or done.tool_errors):  # a JSON line ended the line
                 self.out.write("\n")
             self.out.flush()
             print(_summary(stats), file=sys.stderr)

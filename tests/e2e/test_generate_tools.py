@@ -105,6 +105,87 @@ def test_plain_shows_the_call_as_json_on_its_own_line(capsys, tools_file, script
     assert "stop: tool_calls" in err
 
 
+BAD_CALL = '<|tool_call>call:get_current_time{timezone:<|"|>Europe/Paris}<tool_call|>'
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_malformed_call_is_a_tool_call_error_line_with_the_raw_text(
+    capsys, monkeypatch, tools_file, tokenizer, as_json
+):
+    from support.scripted_calls import script_reply
+
+    start = len(encode_chat(tokenizer, [{"role": "user", "content": ASK}], tools=TOOLS).ids)
+    reply = tokenizer._tokenizer.encode("On it." + BAD_CALL + "<|tool_response>", add_special_tokens=False)
+    script_reply(monkeypatch, start, reply)
+    rc = main(["generate", *PAIR, "--tools", str(tools_file), "--prompt", ASK, *(["--json"] if as_json else [])])
+    out = capsys.readouterr().out
+    assert rc == 0
+    if not as_json:  # the answer's text, then the error as JSON on a line of its own
+        text, error_line, rest = out.split("\n", 2)
+        assert text == "On it." and rest == ""
+        out = error_line
+    lines = _lines(out)
+    [error] = [x["tool_call_error"] for x in lines if "tool_call_error" in x]
+    assert error["index"] == 0 and error["raw"] == BAD_CALL
+    assert error["message"].startswith("the model produced a malformed tool call")
+    assert not any("tool_call" in x for x in lines)  # nothing was taken for a call
+    if as_json:
+        assert "".join(x["text"] for x in lines if "id" in x) == "On it."
+
+
+class _FakeHub:
+    """What generate uses of core.user.mcp_client.McpHub, with one ready server's tools."""
+
+    def __init__(self, tools: list) -> None:
+        self._tools = tools
+        self.closed = False
+
+    def tools(self) -> list:
+        return self._tools
+
+    def find(self, name: str):
+        return next((t for t in self._tools if t.name == name), None)
+
+    def state(self, name: str):
+        from core.user.mcp_client import ServerState
+
+        return ServerState(name, "fake", "ready", tools=tuple(self._tools))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_tools_file_and_mcp_together_offer_both_sets(capsys, monkeypatch, tools_file, tokenizer):
+    from core.user.mcp_client import McpTool
+
+    convert = McpTool("time", "convert_time", "Convert a time between timezones", {"type": "object"})
+    hub = _FakeHub([convert])
+    monkeypatch.setattr("app.commands.generate_tools.start_hub", lambda config, note, wait_s=30.0: hub)
+    args = ["generate", *PAIR, "--tools", str(tools_file), "--mcp", "--prompt", ASK, "--json", "--max-tokens", "2"]
+    rc = main(args)
+    lines = _lines(capsys.readouterr().out)
+    assert rc == 0, lines
+    user = [{"role": "user", "content": ASK}]
+    both = len(encode_chat(tokenizer, user, tools=[*TOOLS, convert.openai()]).ids)
+    assert both > len(encode_chat(tokenizer, user, tools=TOOLS).ids)
+    assert lines[-1]["stats"]["prompt_tokens"] == both  # the file's tool, then the server's, in the prompt
+    assert hub.closed
+    # either set's tool can be the forced call (the pack's model then babbles its arguments: a call or an error)
+    for name in ("get_current_time", "convert_time"):
+        rc = main([*args[:-1], "48", "--tool-choice", name])
+        lines = _lines(capsys.readouterr().out)
+        assert rc == 0, lines
+        calls = [x["tool_call"]["name"] for x in lines if "tool_call" in x]
+        calls += [x["tool_call_error"]["raw"] for x in lines if "tool_call_error" in x]
+        [call] = calls
+        assert call == name or call.startswith(f"<|tool_call>call:{name}{{"), call
+    # a name in both is refused: which one would run?
+    hub = _FakeHub([McpTool("time", "get_current_time", "", {"type": "object"})])
+    rc = main(args)
+    assert rc == 1 and "MCP server time also has: rename one" in _lines(capsys.readouterr().out)[0]["error"]
+    assert hub.closed
+
+
 def test_bad_tools_files_are_refused_before_loading(capsys, tmp_path):
     cases = [
         ("{not json", "is not valid JSON"),

@@ -116,6 +116,45 @@ def test_completions_take_a_plain_prompt_streamed_or_whole(url: str) -> None:
     assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
+def test_streamed_completion_logprobs_concatenate_to_the_whole_ones(url: str) -> None:
+    kwargs = {"model": "e-style", "prompt": "The list", "max_tokens": 12, "logprobs": 3, "temperature": 0}
+    kwargs["extra_body"] = {"ignore_eos": True, "block_size": 4}
+    c = client(url)
+    whole = c.completions.create(**kwargs)
+    chunks = list(c.completions.create(stream=True, **kwargs))
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) >= 8 and "".join(lp.tokens) == whole.choices[0].text
+    parts = [ch.choices[0].logprobs for ch in chunks if ch.choices[0].logprobs]
+    assert len(parts) >= 2  # several chunks carry logprobs: the offsets must go on across them
+    assert "".join(ch.choices[0].text for ch in chunks) == whole.choices[0].text
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [x for p in parts for x in p.token_logprobs] == pytest.approx(lp.token_logprobs, abs=1e-5)
+    tops = [top for p in parts for top in p.top_logprobs]
+    assert [list(top) for top in tops] == [list(top) for top in lp.top_logprobs]
+    assert [v for top in tops for v in top.values()] == pytest.approx(
+        [v for top in lp.top_logprobs for v in top.values()], abs=1e-5
+    )
+    # text_offset counts from the start of the whole reply, not of each chunk
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_completion_include_usage_sends_the_usage_as_a_last_chunk_without_choices(url: str) -> None:
+    kwargs = {"model": "e-style", "prompt": "The list", "max_tokens": 8, "temperature": 0}
+    c = client(url)
+    whole = c.completions.create(**kwargs)
+    chunks = list(c.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    last = chunks[-1]
+    assert last.object == "text_completion" and last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == 8 == whole.usage.completion_tokens
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens > 0
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 8
+    assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-2].choices[0].finish_reason == "length"
+    assert "".join(ch.choices[0].text for ch in chunks[:-1]) == whole.choices[0].text
+    plain = list(c.completions.create(stream=True, **kwargs))
+    assert plain[-1].choices[0].finish_reason == "length" and plain[-1].usage.completion_tokens == 8
+
+
 def test_include_usage_sends_the_usage_as_a_last_chunk_without_choices(url: str) -> None:
     chunks = list(
         client(url).chat.completions.create(
