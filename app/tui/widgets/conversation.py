@@ -699,6 +699,8 @@ class ReplyView(Vertical):
         v = self.variants[index]
         self.variant_index = index
         self.show_answer(v.tokens, v.text, v.thinking)
+        for draft in self.call_drafts:  # the calls this view streamed are the newest variant's
+            draft.display = index == len(self.variants) - 1
         self.record = v.record
         n = len(self.variants)
         self.set_header(v.header + (f"  ◀ {index + 1}/{n} ▶" if n > 1 else ""))
