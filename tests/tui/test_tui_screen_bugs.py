@@ -199,6 +199,30 @@ async def test_typing_after_a_click_in_the_conversation_goes_to_the_prompt():
         assert [c.name for c in engine.calls if c.name.startswith("set_")] == []
 
 
+async def test_keys_typed_fast_after_the_conversation_took_the_focus_all_reach_the_prompt():
+    """With the conversation focused (Tab), its plain-key shortcuts act, but once a key is text the keys
+    right behind it (typed fast, pasted: on their way before the focus moves) are text too: "What a day"
+    keeps its a and d instead of toggling auto and the drafter."""
+    from textual import events
+
+    app = make_app()
+    engine = app.engine
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot, app)
+        app.chat.conversation.focus()
+        await pilot.pause()
+        for ch in "What a day":  # all at once, as a terminal delivers them
+            app.post_message(events.Key("space" if ch == " " else ch, ch))
+        await pilot.pause()
+        assert app.chat.prompt.text == "What a day"
+        assert [c.name for c in engine.calls if c.name.startswith("set_")] == []
+        app.chat.conversation.focus()  # focused again: its shortcuts act again
+        await pilot.pause()
+        await pilot.press("a")
+        assert [c.name for c in engine.calls if c.name.startswith("set_")] != []
+        assert app.chat.prompt.text == "What a day"
+
+
 # -- Up/Down: a global input history ----------------------------------------------------------------
 
 

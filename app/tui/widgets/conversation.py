@@ -121,12 +121,19 @@ class Conversation(VerticalScroll):
         super().__init__(**kwargs)
         self.shortcuts = shortcuts
         self._type_into = type_into
+        # a key went to the prompt: the user is typing, and the keys already on their way (a fast typist's,
+        # a paste's) reach this widget before the focus moves: they are text too, shortcut letters included
+        self._typing = False
 
     def on_key(self, event: events.Key) -> None:
-        if event.is_printable and event.character and event.key not in self.shortcuts:
+        if event.is_printable and event.character and (self._typing or event.key not in self.shortcuts):
             event.stop()
             event.prevent_default()
+            self._typing = True
             self._type_into(event.character)
+
+    def on_focus(self, event: events.Focus) -> None:
+        self._typing = False
 
 
 class UserMessage(Static):
