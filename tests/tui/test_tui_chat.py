@@ -413,6 +413,12 @@ async def test_palette_commands():
         await palette("regen")
         await until(pilot, lambda: len(engine.chats) == 2 and app.chat.last_reply is not None)
         assert app.chat.last_reply.plain == "two"
+        # what the palette says regenerate does (issue 23 §4: it said "drops the last reply") is what it does
+        from core.user.keymap import ACTIONS
+
+        [regen] = [a for a in ACTIONS if a.name == "regenerate"]
+        assert regen.palette is not None and "kept" in regen.palette[1] and "drop" not in regen.palette[1]
+        assert [v.text for v in app.chat.last_reply.variants] == ["one", "two"]
 
 
 async def test_quit_mid_generation_is_prompt():
