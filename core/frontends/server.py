@@ -17,7 +17,7 @@ disconnects, while waiting or while its turn runs, cancels its own turn only (`c
 engine stops it within one round).
 
 The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" object per chunk:
-  {"tokens": [{"id", "text", "from_draft", "round"}], "rounds": [RoundEvent fields], "prefill": {...}}
+  {"tokens": [{"id", "text", "from_draft", "round"[, "call_text"]}], "rounds": [RoundEvent fields], "prefill": {...}}
 (a round's summary may ride on the chunk of the next round's tokens: order events by round)
 and on the last chunk (finish_reason set) "usage" and {"stats": TurnStats.as_dict()}. OpenAI clients
 ignore the extension; `core.engine.remote.RemoteEngine` rebuilds the engine's events from it.
@@ -789,7 +789,10 @@ def _flat(ev: RoundEvent | PrefillDone) -> dict:
 
 
 def _token_json(t: TokenEvent) -> dict:
-    return {"id": t.id, "text": t.text, "from_draft": t.from_draft, "round": t.round}
+    token = {"id": t.id, "text": t.text, "from_draft": t.from_draft, "round": t.round}
+    if t.call_text:  # a tool call's token: a `--connect` chat shows the call as written, in its colours
+        token["call_text"] = t.call_text
+    return token
 
 
 def _usage(done: TurnDone, completion_tokens: int) -> dict:

@@ -17,6 +17,7 @@ from support.fake_engine import PairingSpec as FakeSpec
 from support.tools import GET_CURRENT_TIME
 
 from core.frontends.server import BackgroundServer, ServerConfig, create_app
+from core.settings import GenerationSettings
 
 openai = pytest.importorskip("openai")
 
@@ -76,6 +77,26 @@ def test_streamed_call_deltas_rebuild_the_call():
     assert all(c["name"] == "get_current_time" and c["id"].startswith("call_") for c in calls.values())
     assert calls[0]["id"] != calls[1]["id"]
     assert finishes[-1] == "tool_calls" and all(f is None for f in finishes[:-1])
+
+
+def test_a_connected_engine_gets_each_call_tokens_text_and_origin():
+    """gemma-chat's own extension carries a call's tokens with their call text and origin, so a chat over
+    `--connect` shows the call as the model writes it, in its colours, as a local one does."""
+    from core.engine.remote import RemoteEngine
+    from core.events import TokenEvent
+
+    with served(["Checking." + CALL_PARIS]) as (_, client):
+        url = str(client.base_url).removesuffix("/v1/")
+        remote = RemoteEngine(url)
+        remote.load(None, None).result(timeout=30)
+        events: list = []
+        done = remote.chat(ASK, GenerationSettings(), events.append, tools=[GET_CURRENT_TIME]).result(60)
+        remote.close()
+    assert done.error is None and done.stats.stop_reason == "tool_calls"
+    got = [(e.call_text, e.from_draft) for e in events if isinstance(e, TokenEvent) and e.call_text]
+    assert "".join(c for c, _ in got) == 'call:get_current_time{timezone:"Europe/Paris"}'
+    assert {d for _, d in got} == {True, False}  # the fake drafted some of the call's tokens: origins kept
+    assert [e.text for e in events if isinstance(e, TokenEvent) and e.call_text] == [""] * len(got)
 
 
 @pytest.mark.parametrize("stream", [False, True])
