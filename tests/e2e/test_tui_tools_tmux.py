@@ -81,11 +81,11 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         ZoneInfo(zone)  # a real zone
         t.keys("n")  # the dialog covers the reply: deny first, then look at the call as written
         t.wait(lambda: "denied: the model is told so" in t.text(), "the call to be denied", 10)
-        written = f'call:get_current_time{{timezone:"{zone}"}}'
-        t.wait(lambda: written in t.text(), "the call as the demo wrote it", 10)
-        params = _sgr_params(t.escapes(), written)
-        assert any(DRAFT(p) for p in params) and any(TARGET(p) for p in params), params
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the denied call", 60)
+        written = f'call:get_current_time{{timezone:"{zone}"}}'
+        screen = t.escapes()  # settled: the answer has finished streaming
+        params = _sgr_params(screen, written)
+        assert any(DRAFT(p) for p in params) and any(TARGET(p) for p in params), screen
         t.keys("What time is it in Tokyo?", literal=True)
         t.keys("Enter")
         t.wait(lambda: t.text().count("Run get_current_time from MCP server 'time'?") == 1, "the prompt again", 60)

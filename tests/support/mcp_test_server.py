@@ -2,9 +2,10 @@
 
     python tests/support/mcp_test_server.py [MODE]
 
-MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, getenv, crash),
-"garbage" (writes non-JSON on stdout and never answers), "hang" (reads stdin, never answers), "exit" (says
-why on stderr and exits 3 at once), "slow-start SECONDS" (waits, then serves as "ok").
+MODE: "ok" (default: tools echo, say (plain text content, no structured copy), add, slow, getenv, babble
+(garbage on stdout mid-call), crash), "garbage" (writes non-JSON on stdout and never answers), "hang" (reads
+stdin, never answers), "exit" (says why on stderr and exits 3 at once), "slow-start SECONDS" (waits, then
+serves as "ok").
 
     python tests/support/mcp_test_server.py http PORT TOKEN
 
@@ -45,6 +46,11 @@ def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
     @server.tool(description="A variable of the server's environment")
     def getenv(name: str) -> str:
         return os.environ.get(name, "(unset)")
+
+    @server.tool(description="Write garbage on the protocol's stream mid-call, then answer")
+    def babble() -> str:
+        os.write(1, b"Loading plugins... <html>not json</html>\n{broken json\n\x1b[31mred\n")
+        return "after the noise"
 
     @server.tool(description="Exit the server process mid-call")
     def crash() -> str:

@@ -58,6 +58,7 @@ def test_a_server_lists_its_tools_in_the_openai_shape(hub):
         "add",
         "slow",
         "getenv",
+        "babble",
         "crash",
     ]
     add = hub.find("add")
@@ -80,6 +81,15 @@ def test_a_stdio_server_gets_the_env_its_config_gives_it(hub):
     assert (
         json.loads(hub.call(getenv, {"name": "PATH"}).result(30).text)["result"] != "(unset)"
     )  # added to, not replaced
+
+
+def test_garbage_on_a_servers_stream_mid_call_costs_nothing(hub):
+    """A server that writes non-protocol lines on stdout while it answers (a chatty library, a stray
+    print): the lines are skipped, the call gets its result and the server stays ready for the next."""
+    babble = hub.find("babble")
+    assert json.loads(hub.call(babble, {}).result(30).text) == {"result": "after the noise"}
+    assert hub.state("ok").status == "ready"
+    assert "echo: again" in hub.call(hub.find("echo"), {"text": "again"}).result(30).text
 
 
 def test_a_bad_argument_is_the_tools_error_not_the_servers(hub):
@@ -181,6 +191,7 @@ def test_a_streamable_http_server_with_headers_lists_and_runs_its_tools(http_ser
             "add",
             "slow",
             "getenv",
+            "babble",
             "crash",
         ]
         assert json.loads(h.call(h.find("add"), {"a": 20, "b": 22}).result(30).text) == {"sum": 42}
