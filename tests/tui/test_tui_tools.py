@@ -411,7 +411,7 @@ async def test_the_tools_screen_shows_a_servers_tool_names_as_characters():
 
 
 async def test_a_trusted_servers_tools_run_without_asking(monkeypatch):
-    """`trusted = true` in config.toml: its calls run at once (no approval dialog), and the call says so."""
+    """`trusted = true` in config.toml: its calls run at once, with no approval dialog, and the model goes on."""
     asked: list[str] = []
     real_init = ToolApprovalScreen.__init__
 
