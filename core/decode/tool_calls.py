@@ -508,8 +508,6 @@ class ToolCallParser:
         self.last_call_text = ""
         if self._call is not None:
             self._in_call(token_id, text, out, events)
-            if token_id not in (m.call_end, m.call_start) and token_id not in m.response:
-                self.last_call_text = '"' if token_id == m.quote else text
         elif token_id == m.call_start:
             self._release(out)
             self._open(MARKER_TEXT["call_start"], "", out)
@@ -598,6 +596,7 @@ class ToolCallParser:
             pass  # the stop (or noise): the call ends with the reply
         else:
             call.text += QUOTE if token_id == m.quote else text
+            self.last_call_text = '"' if token_id == m.quote else text
             self._stream(events)
 
     def _stream(self, events: list[Event]) -> None:

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+TOOL_NAMES = ("echo", "say", "add", "slow", "getenv", "babble", "crash")  # as "ok" lists them, in order
+
 
 def serve(transport: str = "stdio", port: int = 0, token: str = "") -> None:
     from mcp.server import MCPServer

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pilot import make_app, ready, until
+from support.mcp_test_server import TOOL_NAMES
 
 from app.tui.screens.tools import ToolApprovalScreen, ToolsScreen
 from app.tui.widgets.tool_call import ToolCallView
@@ -87,7 +88,7 @@ async def test_allowed_call_runs_shows_its_result_and_the_model_continues(hub):
         assert call["function"]["name"] == "echo" and json.loads(call["function"]["arguments"]) == {"text": "hi there"}
         assert app.chat.history[3]["tool_call_id"] == call["id"]
         [tools] = [t for t in app.engine.tools if t][:1]  # the turn offered the hub's tools
-        assert {t["function"]["name"] for t in tools} == {"echo", "say", "add", "slow", "getenv", "babble", "crash"}
+        assert {t["function"]["name"] for t in tools} == set(TOOL_NAMES)
 
 
 async def test_deny_tells_the_model_and_always_stops_asking(hub):
@@ -464,15 +465,7 @@ async def test_a_message_sent_while_a_server_starts_waits_for_its_tools():
             await until(pilot, lambda: len(replies_text(app)) == 1 and not app.chat.generating, timeout=60)
             assert _starting_line(app) is None
             [tools] = app.engine.tools
-            assert {t["function"]["name"] for t in tools or ()} == {
-                "echo",
-                "say",
-                "add",
-                "slow",
-                "getenv",
-                "babble",
-                "crash",
-            }
+            assert {t["function"]["name"] for t in tools or ()} == set(TOOL_NAMES)
     finally:
         h.close()
 

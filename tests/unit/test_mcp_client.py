@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.mcp_test_server import TOOL_NAMES
 
 from core.user.mcp_client import McpError, McpHub
 from core.user.mcp_config import McpServerConfig, find_command
@@ -52,15 +53,7 @@ def hub():
 
 def test_a_server_lists_its_tools_in_the_openai_shape(hub):
     state = hub.state("ok")
-    assert state.status == "ready" and [t.name for t in state.tools] == [
-        "echo",
-        "say",
-        "add",
-        "slow",
-        "getenv",
-        "babble",
-        "crash",
-    ]
+    assert state.status == "ready" and [t.name for t in state.tools] == list(TOOL_NAMES)
     add = hub.find("add")
     assert add is not None and add.server == "ok"
     spec = add.openai()["function"]
@@ -185,15 +178,7 @@ def test_a_streamable_http_server_with_headers_lists_and_runs_its_tools(http_ser
         settle(h, ["web", "nokey"])
         web = h.state("web")
         assert web.status == "ready", web.error
-        assert web.where == http_server and [t.name for t in web.tools] == [
-            "echo",
-            "say",
-            "add",
-            "slow",
-            "getenv",
-            "babble",
-            "crash",
-        ]
+        assert web.where == http_server and [t.name for t in web.tools] == list(TOOL_NAMES)
         assert json.loads(h.call(h.find("add"), {"a": 20, "b": 22}).result(30).text) == {"sum": 42}
         failed = h.state("nokey")
         assert failed.status == "failed" and "401" in failed.error and "\n" not in failed.error, failed.error

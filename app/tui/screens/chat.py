@@ -486,9 +486,8 @@ class ChatScreen(Screen[None]):
                 **(reply.record or {}),
                 TOOL_ERRORS: [{"message": e.message, "raw": e.raw} for e in done.tool_errors],
             }
-        answer = self.chat_log.reply_done(reply)
-        if done.tool_errors:
             self.notify(done.tool_errors[0].message[:300], severity="warning", timeout=8, markup=False)
+        answer = self.chat_log.reply_done(reply)
         calls = done.tool_calls if done.stats.stop_reason == "tool_calls" else ()
         if calls and self.tools.run(calls, partial(self._tools_done, reply)):
             if answer.strip():  # text before the calls is a message of its own (the template puts content last)

@@ -467,9 +467,7 @@ class CallDraft(Static):
     def failed_call(cls, message: str, raw: str) -> CallDraft:
         """A saved reply's call that could not be decoded: what was wrong, and the model's text of it."""
         draft = cls(None)
-        draft.state, draft.failed, draft.body = f"✗ {message}", True, Text(displayable(raw))
-        draft.add_class("-failed")
-        draft._show()
+        draft.done(ToolCallError(0, message, raw))
         return draft
 
     def add_tokens(self, tokens: list[TokenEvent]) -> None:
