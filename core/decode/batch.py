@@ -20,11 +20,13 @@ round for the rows that decode), so the running streams do not stall for a whole
 rows decode, a step prefills, in join order, the larger of
 - about PREFILL_SHARE of a measured round's time (tokens = round seconds x measured prefill tokens/s,
   PREFILL_MIN_CHUNK..PREFILL_CHUNK), and
-- 1/JOIN_STEPS of the joining prompt (so its first token comes within its prefill + JOIN_STEPS - 1
+- the joining prompt's rest, where that takes at most JOIN_ONE_STEP_S at the measured prefill rate (a
+  pause a reader does not notice: the newcomer then waits for no round of the others at all), else
+  1/JOIN_STEPS of the joining prompt (so its first token comes within its prefill + JOIN_STEPS - 1
   rounds), but never more than JOIN_MAX_STALL_S of prefill at the measured rate.
-The second keeps the newcomer's wait short and stalls the running streams for only JOIN_STEPS gaps
-(a stream's p95 gap does not see them); the stall cap keeps a very long prompt from freezing them:
-it then takes more steps. With no row decoding, prompts prefill at full speed (chunks of
+The second keeps the newcomer's wait short and stalls the running streams for only one or JOIN_STEPS
+gaps (a stream's p95 gap does not see them); the stall cap keeps a very long prompt from freezing
+them: it then takes more steps. With no row decoding, prompts prefill at full speed (chunks of
 PREFILL_CHUNK, as alone). A row whose prefill ends joins that step's round.
 
 Prefix reuse (core.decode.prefix_cache): a finished text row's cache goes into a small LRU; a new text
@@ -82,7 +84,8 @@ if TYPE_CHECKING:
 
 PREFILL_SHARE = 0.5  # while rows decode: prefill per step, as a fraction of one round's time
 PREFILL_MIN_CHUNK = 16  # tokens: never less per step, so a long prompt still gets through
-JOIN_STEPS = 2  # while rows decode, a joining prompt prefills in this many steps (unless capped below)
+JOIN_ONE_STEP_S = 0.2  # while rows decode, a joining prompt this quick to prefill runs in one step
+JOIN_STEPS = 2  # ... a longer one in this many steps (unless capped below)
 JOIN_MAX_STALL_S = 1.0  # ... where a step's prefill takes no longer than this at the measured rate
 _EMA = 0.3  # weight of the newest measurement of a round's time and of the prefill rate
 
@@ -95,9 +98,12 @@ class PrefillJob:
     done: int = 0  # prompt tokens run so far (of prompt.ids)
     seconds: float = 0.0  # time spent in its chunks
 
-    @property
-    def per_step(self) -> int:
-        """Tokens per step that prefill the whole prompt in JOIN_STEPS steps."""
+    def per_step(self, tokens_per_s: float | None) -> int:
+        """Tokens per step while rows decode: the rest of the prompt where it takes at most JOIN_ONE_STEP_S at
+        `tokens_per_s` (the measured prefill rate), else enough to prefill the whole prompt in JOIN_STEPS steps."""
+        rest = len(self.prompt.ids) - self.done
+        if tokens_per_s is not None and rest <= JOIN_ONE_STEP_S * tokens_per_s:
+            return rest
         return -(-len(self.prompt.ids) // JOIN_STEPS)
 
 
@@ -245,8 +251,8 @@ class BatchDecoder:
             share = int(self.round_s * self.prefill_tps * PREFILL_SHARE)
             share -= share % PREFILL_MIN_CHUNK  # few distinct chunk shapes
             share = max(PREFILL_MIN_CHUNK, min(PREFILL_CHUNK, share))
-        joining = [r.prefill.per_step for r in self.rows if r.prefill is not None and r.reason is None]
-        newcomer = max(joining, default=0)
+        joining = [r.prefill for r in self.rows if r.prefill is not None and r.reason is None]
+        newcomer = max((job.per_step(self.prefill_tps) for job in joining), default=0)
         if self.prefill_tps is not None:
             newcomer = min(newcomer, int(JOIN_MAX_STALL_S * self.prefill_tps))
         return max(share, newcomer)

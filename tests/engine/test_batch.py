@@ -297,6 +297,26 @@ def test_the_join_budget_takes_a_share_of_the_prompt_within_the_stall_cap() -> N
     assert bd._prefill_budget(False) is None
 
 
+def test_a_prompt_quick_to_prefill_joins_in_one_step() -> None:
+    """A joining prompt whose prefill takes at most JOIN_ONE_STEP_S at the measured rate runs whole in the next
+    step (its first token waits for no round of the others); a longer one is split; with no rate measured yet,
+    it is split too."""
+    spec = demo_spec()
+    tg = load_target(spec.target)
+    bd = BatchDecoder(tg, None, lambda: None, STOP)
+    bd.join(Prompt(list(range(3, 303))), GenerationSettings(), lambda e: None, Controls(1))
+    bd.round_s = 0.01  # a round's own share is the floor (16 tokens)
+    bd.prefill_tps = 300 / batch_mod.JOIN_ONE_STEP_S  # exactly JOIN_ONE_STEP_S for all 300
+    assert bd._prefill_budget(True) == 300
+    bd.prefill_tps = 299 / batch_mod.JOIN_ONE_STEP_S  # a little slower: two steps
+    assert bd._prefill_budget(True) == 300 // batch_mod.JOIN_STEPS
+    bd.prefill_tps = None
+    assert bd._prefill_budget(True) == max(4 * batch_mod.PREFILL_MIN_CHUNK, 300 // batch_mod.JOIN_STEPS)
+    bd.prefill_tps = 200 / batch_mod.JOIN_ONE_STEP_S  # half of it in already: the other half fits in one step
+    bd.rows[0].prefill.done = 150  # type: ignore[union-attr]
+    assert bd._prefill_budget(True) == 150
+
+
 def test_a_continued_conversation_prefills_only_its_new_tokens(fam: tuple) -> None:
     """Turn 2 resends turn 1's prompt and reply with more tokens: it starts from turn 1's cache (the reused
     count is exact) and decodes exactly what it decodes from scratch; a request that shares only a prefix
