@@ -38,7 +38,7 @@ from app.tui.widgets.conversation import (
 from app.tui.widgets.tool_call import ToolCallView
 from core.decode.prompt import ThinkingMarkers, split_thinking
 from core.settings import GenerationSettings
-from core.user.store import TOOL_CALLS, TOOL_ERRORS, TOOL_RESULTS, Chat, decode_origins, encode_origins
+from core.user.store import CALL_DRAFTS, TOOL_CALLS, TOOL_ERRORS, TOOL_RESULTS, Chat, decode_origins, encode_origins
 
 if TYPE_CHECKING:
     from core.engine.contract import PairingSpec
@@ -619,9 +619,19 @@ def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStri
             widgets.append(
                 RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
             )
-            widgets += restored_call_errors(m.stats or {})
+            widgets += restored_call_drafts(m.stats or {})
             widgets += restored_tool_calls(m.stats or {})
     return widgets
+
+
+def restored_call_drafts(record: dict[str, Any]) -> list[CallDraft]:
+    """A saved reply's calls as the live chat showed them while the model wrote them (its record's
+    CALL_DRAFTS: in their tokens' colours, decoded or malformed); a reply saved before those were kept
+    shows only its malformed calls (TOOL_ERRORS)."""
+    saved = [d for d in record.get(CALL_DRAFTS) or () if isinstance(d, dict)]
+    if not saved:
+        return restored_call_errors(record)
+    return [draft for draft in map(CallDraft.restored, saved) if draft is not None]
 
 
 def restored_call_errors(record: dict[str, Any]) -> list[CallDraft]:

@@ -44,6 +44,10 @@ ROLES = ("system", "user", "assistant")
 # model saw is rebuilt from them (Chat.engine_messages), exports list them.
 TOOL_CALLS, TOOL_RESULTS = "tool_calls", "tool_results"
 TOOL_ERRORS = "tool_errors"  # calls the model wrote that could not be decoded: [{"message", "raw"}]
+# Each call as the reply showed it while the model wrote it (app.tui.widgets.conversation.CallDraft), so a
+# reopened chat draws it again in its tokens' colours: [{"name", "text", "origins", "state", "failed",
+# "from_tokens"}], origins as encode_origins() runs over "text".
+CALL_DRAFTS = "call_drafts"
 
 # --- schema -------------------------------------------------------------------------------------
 # Kept verbatim: a fresh database is built as v1 and migrated up, so the migration path runs on

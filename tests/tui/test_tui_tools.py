@@ -223,6 +223,8 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         await pilot.press("n")
         await until(pilot, lambda: len(replies_text(app)) == 3 and not app.chat.generating, timeout=20)
         history = list(app.chat.history)
+        written = [(d.tool_name, d.body.plain, origin_code(d.body), d.state) for d in drafts(app)]
+        assert [name for name, *_ in written] == ["echo", "add"]
     recorder.flush()
     recorder.close()
     with Store(db) as store:
@@ -241,9 +243,21 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         assert (denied.tool_name, denied.arguments) == ("add", {"a": 2, "b": 40})
         assert denied.state_text == "the user denied this call" and denied.result_text is None
         assert not denied.query(Collapsible) and not denied.has_class("-failed")
-        # in order: the first reply, its call, the second reply (the denied call), that call, the answer
+        # in order: the first reply, its call (as written, then its box), the second reply (the denied
+        # call), that call, the answer
         order = [type(w).__name__ for w in again.chat.conversation.children if type(w).__name__ != "UserMessage"]
-        assert order[-5:] == ["RestoredReply", "ToolCallView", "RestoredReply", "ToolCallView", "RestoredReply"]
+        assert order[-7:] == [
+            "RestoredReply",
+            "CallDraft",
+            "ToolCallView",
+            "RestoredReply",
+            "CallDraft",
+            "ToolCallView",
+            "RestoredReply",
+        ]
+        # each call as it was written, in the same colours as in the live chat
+        assert [(d.tool_name, d.body.plain, origin_code(d.body), d.state) for d in drafts(again)] == written
+        assert all("d" in code and "t" in code for _, _, code, _ in written)
         assert "echo: hi there" not in replies_text(again)[0]  # the call is a widget, not the reply's text
         assert again.chat.history == history
         again.history.close()
@@ -253,6 +267,14 @@ def drafts(app) -> list:
     from app.tui.widgets.conversation import CallDraft
 
     return list(app.chat.conversation.query(CallDraft))
+
+
+def origin_code(text) -> str:
+    """A Text's origin colours as stored ("d9t3d14": characters per run)."""
+    from app.tui.widgets.conversation import origin_runs
+    from core.user.store import encode_origins
+
+    return encode_origins(origin_runs(text))
 
 
 def origins(text) -> set[str]:
@@ -314,8 +336,22 @@ async def test_a_malformed_call_is_shown_with_its_text_saved_reopened_and_export
         await again.chat.open_chat(summary.id)
         await pilot.pause()
         [shown] = drafts(again)
-        assert shown.failed and shown.state == draft.state and shown.body.plain == bad
+        assert shown.failed and shown.has_class("-failed") and shown.state == draft.state
+        assert shown.body.plain == draft.body.plain and origin_code(shown.body) == origin_code(draft.body)
         again.history.close()
+
+
+async def test_a_reply_saved_before_call_drafts_were_kept_still_shows_its_malformed_call():
+    """An older record has TOOL_ERRORS only (no CALL_DRAFTS): the reopened reply shows the malformed call's
+    message and the model's raw text."""
+    from app.tui.history import restored_call_drafts
+    from core.user.store import TOOL_ERRORS
+
+    raw = "<|tool_call>call:echo{text:}<tool_call|>"
+    async with make_app().run_test(size=(100, 40)):
+        [shown] = restored_call_drafts({TOOL_ERRORS: [{"message": "malformed: a value is missing", "raw": raw}]})
+        assert shown.failed and shown.state == "✗ malformed: a value is missing" and shown.body.plain == raw
+        assert restored_call_drafts({}) == []
 
 
 async def test_a_call_from_a_server_without_call_tokens_shows_its_arguments(hub):

@@ -69,7 +69,7 @@ from core.events import (
 )
 from core.settings import GenerationSettings
 from core.user import keymap
-from core.user.store import TOOL_ERRORS
+from core.user.store import CALL_DRAFTS, TOOL_ERRORS
 
 if TYPE_CHECKING:
     from textual.widget import Widget
@@ -486,7 +486,8 @@ class ChatScreen(Screen[None]):
                 **(reply.record or {}),
                 TOOL_ERRORS: [{"message": e.message, "raw": e.raw} for e in done.tool_errors],
             }
-            self.notify(done.tool_errors[0].message[:300], severity="warning", timeout=8, markup=False)
+        if reply.call_drafts:  # as written, in their tokens' colours: a reopened chat draws them again
+            reply.record = {**(reply.record or {}), CALL_DRAFTS: [d.saved() for d in reply.call_drafts]}
         answer = self.chat_log.reply_done(reply)
         calls = done.tool_calls if done.stats.stop_reason == "tool_calls" else ()
         if calls and self.tools.run(calls, partial(self._tools_done, reply)):

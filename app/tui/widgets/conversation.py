@@ -39,6 +39,7 @@ from core.events import (
     TurnStats,
 )
 from core.user.export import DRAFTER_SWITCHES, stats_line, switches_text
+from core.user.store import decode_origins, encode_origins
 
 DRAFT_COLOR = "#56B4E9"
 TARGET_COLOR = "#E69F00"
@@ -469,6 +470,38 @@ class CallDraft(Static):
         draft = cls(None)
         draft.done(ToolCallError(0, message, raw))
         return draft
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any]) -> CallDraft | None:
+        """A saved reply's call as it was shown (`saved()`); None when the entry is not one."""
+        text = saved.get("text")
+        if not isinstance(text, str):
+            return None
+        draft = cls(None)
+        draft.tool_name = saved["name"] if isinstance(saved.get("name"), str) else None
+        draft.from_tokens = saved.get("from_tokens") is True
+        draft.failed = saved.get("failed") is True
+        state = saved.get("state")
+        draft.state = "(not finished)" if not isinstance(state, str) or state == WRITING else state
+        text = displayable(text)
+        if draft.from_tokens:
+            draft.body = text_with_origins(text, decode_origins(saved.get("origins"), len(text)))
+        else:  # a server's argument JSON (origin unknown), or a malformed call's raw text
+            draft.body = Text(text, style="" if draft.failed else UNKNOWN_STYLE)
+        draft.set_class(draft.failed, "-failed")
+        draft._show()
+        return draft
+
+    def saved(self) -> dict[str, Any]:
+        """The call as the reply's record keeps it (core.user.store.CALL_DRAFTS)."""
+        return {
+            "name": self.tool_name,
+            "text": self.body.plain,
+            "origins": encode_origins(origin_runs(self.body)),
+            "state": self.state,
+            "failed": self.failed,
+            "from_tokens": self.from_tokens,
+        }
 
     def add_tokens(self, tokens: list[TokenEvent]) -> None:
         for tok in tokens:
