@@ -506,6 +506,9 @@ class RestoredReply(ReplyView):
         if self.restored_origins is None and self.restored_text:
             line = f"{line} · token colours not recorded" if line else "token colours not recorded"
         self.set_summary(line or "(from history)")
+        self.call_drafts = restored_call_drafts(self.record or {})
+        if self.call_drafts:  # where the live reply showed them: under its text, above its summary
+            self.mount(*self.call_drafts, before=self.summary)
 
     @property
     def streaming(self) -> bool:
@@ -597,11 +600,11 @@ def user_texts(history: list[dict[str, Any]]) -> list[str]:
     return [message_parts(m["content"])[0] for m in history if m["role"] == "user"]
 
 
-def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip | ToolCallView | CallDraft]:
+def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStrip | ToolCallView]:
     """A stored chat's messages as the conversation shows them (a user message's images by name, its
     audio clips as in the live chat: name, length and waveform, read from the file; a reply's tool
     calls under it as in the live chat: name, arguments, what happened, the result collapsed)."""
-    widgets: list[UserMessage | RestoredReply | AudioStrip | ToolCallView | CallDraft] = []
+    widgets: list[UserMessage | RestoredReply | AudioStrip | ToolCallView] = []
     for m in chat.messages:
         if m.role == "user":
             text = m.content
@@ -619,7 +622,6 @@ def restored_widgets(chat: Chat) -> list[UserMessage | RestoredReply | AudioStri
             widgets.append(
                 RestoredReply(m.content, thinking=m.thinking, stats=m.stats, stopped=m.stopped, origins=m.origins)
             )
-            widgets += restored_call_drafts(m.stats or {})
             widgets += restored_tool_calls(m.stats or {})
     return widgets
 

@@ -243,20 +243,15 @@ async def test_a_reopened_chat_redraws_its_tool_calls(hub, tmp_path):
         assert (denied.tool_name, denied.arguments) == ("add", {"a": 2, "b": 40})
         assert denied.state_text == "the user denied this call" and denied.result_text is None
         assert not denied.query(Collapsible) and not denied.has_class("-failed")
-        # in order: the first reply, its call (as written, then its box), the second reply (the denied
-        # call), that call, the answer
-        order = [type(w).__name__ for w in again.chat.conversation.children if type(w).__name__ != "UserMessage"]
-        assert order[-7:] == [
-            "RestoredReply",
-            "CallDraft",
-            "ToolCallView",
-            "RestoredReply",
-            "CallDraft",
-            "ToolCallView",
-            "RestoredReply",
-        ]
-        # each call as it was written, in the same colours as in the live chat
+        # in order: the first reply, its call, the second reply (the denied call), that call, the answer
+        order = [w for w in again.chat.conversation.children if type(w).__name__ != "UserMessage"]
+        names = [type(w).__name__ for w in order[-5:]]
+        assert names == ["RestoredReply", "ToolCallView", "RestoredReply", "ToolCallView", "RestoredReply"]
+        # each call as it was written, in the same colours as in the live chat, inside its reply (above
+        # the reply's summary line, as the live chat shows it)
         assert [(d.tool_name, d.body.plain, origin_code(d.body), d.state) for d in drafts(again)] == written
+        for reply, draft in zip((order[-5], order[-3]), drafts(again)):
+            assert draft.parent is reply and reply.children.index(draft) < reply.children.index(reply.summary)
         assert all("d" in code and "t" in code for _, _, code, _ in written)
         assert "echo: hi there" not in replies_text(again)[0]  # the call is a widget, not the reply's text
         assert again.chat.history == history
