@@ -26,15 +26,20 @@ def _time_servers() -> list[str]:
     return run.stdout.split()
 
 
+def _wait_for_time_server(t) -> None:
+    """Open the tools screen (F12), wait until the time server is up, close it again."""
+    t.keys("F12")
+    t.wait(lambda: re.search(r"time\s+ready\s+get_current_time", t.text()), "the time server to be ready", 90)
+    t.keys("Escape")
+    t.wait(lambda: "Tool servers (MCP)" not in t.text(), "the tools screen to close", 10)
+
+
 def test_a_scripted_reply_calls_the_time_server_after_approval(term_env):
     before = set(_time_servers())
     t = _session(term_env, {}, ["--mcp", "--delay", "0.02"], fake=True)
     try:
         t.wait(lambda: "ready" in t.text(), "the fake engine to load", 30)
-        t.keys("F12")  # the tools screen: wait for the time server to be up
-        t.wait(lambda: re.search(r"time\s+ready\s+get_current_time", t.text()), "the time server to be ready", 90)
-        t.keys("Escape")
-        t.wait(lambda: "Tool servers (MCP)" not in t.text(), "the tools screen to close", 10)
+        _wait_for_time_server(t)
         t.keys("What time is it in Paris?", literal=True)
         t.keys("Enter")
         t.wait(lambda: "Run get_current_time from MCP server 'time'?" in t.text(), "the approval prompt", 20)
@@ -70,10 +75,7 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
     t = _session(term_env, {}, ["--demo"], size=(100, 36))
     try:
         t.wait(lambda: shows_ready(t.text()), "the demo to load", 90)
-        t.keys("F12")
-        t.wait(lambda: re.search(r"time\s+ready\s+get_current_time", t.text()), "the time server to be ready", 90)
-        t.keys("Escape")
-        t.wait(lambda: "Tool servers (MCP)" not in t.text(), "the tools screen to close", 10)
+        _wait_for_time_server(t)
         t.keys("What time is it in Tokyo?", literal=True)
         t.keys("Enter")
         t.wait(lambda: "Run get_current_time from MCP server 'time'?" in t.text(), "the approval prompt", 60)

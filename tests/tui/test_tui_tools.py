@@ -66,6 +66,11 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def answered(pilot, app) -> None:
+    """Wait until the model has answered after its call: two replies, nothing generating."""
+    await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+
+
 async def approval(pilot) -> ToolApprovalScreen:
     await until(pilot, lambda: isinstance(pilot.app.screen, ToolApprovalScreen), timeout=10)
     return pilot.app.screen
@@ -78,7 +83,7 @@ async def test_allowed_call_runs_shows_its_result_and_the_model_continues(hub):
         dialog = await approval(pilot)
         assert dialog.tool_name == "echo" and dialog.arguments == {"text": "hi there"}
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         [view] = views(app)
         assert view.state_text == "done" and "echo: hi there" in (view.result_text or "")
         assert "echo: hi there" in replies_text(app)[1]  # the model got the result
@@ -97,7 +102,7 @@ async def test_deny_tells_the_model_and_always_stops_asking(hub):
         await send(pilot, "one")
         await approval(pilot)
         await pilot.press("n")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         assert "the user denied this call" in replies_text(app)[1] and views(app)[0].result_text is None
         await send(pilot, "two")
         await approval(pilot)
@@ -129,7 +134,7 @@ async def test_a_call_past_its_timeout_is_one_line_and_the_chat_goes_on(hub):
         await send(pilot, "slow")
         await approval(pilot)
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         [view] = views(app)
         assert view.state_text == "t: slow did not answer within 2 s" and view.has_class("-failed")
         assert "did not answer within 2 s" in replies_text(app)[1]
@@ -170,7 +175,7 @@ async def test_a_server_that_dies_mid_call_is_one_line_and_the_chat_goes_on(hub)
         await send(pilot, "crash")
         await approval(pilot)
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         [view] = views(app)
         assert view.state_text.startswith("t: crash failed") and "\n" not in view.state_text
         assert hub.state("t").status == "failed"
@@ -192,7 +197,7 @@ async def test_the_calls_and_results_are_saved_with_the_reply(hub, tmp_path):
         await send(pilot, "say hi")
         await approval(pilot)
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         history = list(app.chat.history)
     recorder.flush()
     recorder.close()
@@ -293,7 +298,7 @@ async def test_a_call_shows_in_its_reply_as_written_each_token_in_its_origins_co
         assert "call:echo" not in replies_text(app)[0]  # not in the reply's text
         assert draft.parent is app.chat.conversation.query("ReplyView").first()
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         assert len(drafts(app)) == 1  # the answer wrote no call
 
 
@@ -405,7 +410,7 @@ async def test_a_hostile_result_is_shown_as_characters_never_as_markup_or_escape
         await send(pilot, "say hi")
         await approval(pilot)
         await pilot.press("y")
-        await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+        await answered(pilot, app)
         [view] = views(app)
         assert view.state_text == "done" and "\x1b" in (view.result_text or "")  # the server did send it
         result = view.query_one("#tool-result")
@@ -516,7 +521,7 @@ async def test_esc_or_a_server_too_slow_sends_without_its_tools_and_says_so(monk
             assert app.engine.tools == [None]
             monkeypatch.setattr(chat_tools, "STARTING_WAIT_S", 1.0)
             await send(pilot, "second")
-            await until(pilot, lambda: len(replies_text(app)) == 2 and not app.chat.generating, timeout=20)
+            await answered(pilot, app)
             shown = [str(w.render()) for w in app.chat.conversation.query(".tools-starting")]
             assert "tools not available yet: slow still starting (waited 1 s)" in shown[-1]
             assert app.engine.tools == [None, None]
