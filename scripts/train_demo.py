@@ -514,6 +514,22 @@ def start_unscaled(params: dict) -> None:
             params[k] = np.ones_like(params[k])
 
 
+def soften_attention(params: dict) -> int:
+    """Start every q_norm / k_norm weight at head_dim ** -0.25 instead of the factory's 1.0; returns how
+    many were set. Gemma 4 scales attention logits by 1.0 and RMS-normalises q and k, so with norm weights
+    of 1 a logit is a sum of head_dim unit products: spread ~sqrt(head_dim) (8 at 64 wide), a softmax so
+    saturated that its gradients barely move which key a head attends to, and retrieval by content (copying
+    the asked city into a tool call, a tool result's time into the answer) forms late: on pure copy data at
+    these shapes (scripts/induction_check.py) it begins about step 700 from 1.0 and about step 350 from
+    head_dim ** -0.25, where a logit's spread is ~1 and training sharpens it from there."""
+    n = 0
+    for k in params:
+        if k.endswith("q_norm.weight") or k.endswith("k_norm.weight"):
+            params[k] = np.full_like(params[k], params[k].shape[-1] ** -0.25)
+            n += 1
+    return n
+
+
 def token_ordering(examples, vocab: int) -> np.ndarray:
     """Token ids by how often the model generates them (then by corpus frequency), most frequent first,
     so the centroid head's clusters are the 64 most generated tokens, the next 64, ...: the likely
@@ -723,6 +739,7 @@ def main(argv=None) -> int:
         pt = {k: np.array(v) for k, v in tree_flatten(lm.parameters())}
         if previous is None:
             start_unscaled(pt)
+            log(f"target: {soften_attention(pt)} q/k norms start at head_dim ** -0.25")
         n_params = sum(v.size for v in pt.values())
         log(f"target: {n_params / 1e6:.2f} M text parameters")
         prefix = "language_model." if lm is not loaded.model else ""
@@ -752,6 +769,7 @@ def main(argv=None) -> int:
         pd = {k: np.array(v) for k, v in tree_flatten(dr.parameters()) if k != "token_ordering"}
         if not any(st.get("drafter_steps") for st in (previous or {}).get("stages", [])):
             start_unscaled(pd)  # the drafter is still the factory's random one
+            log(f"drafter: {soften_attention(pd)} q norms start at head_dim ** -0.25")
         n_dparams = sum(v.size for v in pd.values())
         log(f"drafter: {n_dparams / 1e6:.2f} M parameters")
         stage = "drafter-on-policy" if args.on_policy else "drafter"
