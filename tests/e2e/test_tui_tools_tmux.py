@@ -68,8 +68,8 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
     it writes it (`call:get_current_time{timezone:"..."}`, drafted tokens in the drafter's colour, the
     target's own in its colour), the approval prompt names the call, the real server answers it (its result
     shows, collapsed) and the
-    demo goes on. Which zone the demo names is the model's (issue 26 §5: not yet the one asked); it is a
-    real IANA zone."""
+    demo goes on with the time it was given, in the zone of the city asked about (issue 26 §5)."""
+    from datetime import datetime, timedelta
     from zoneinfo import ZoneInfo
 
     t = _session(term_env, {}, ["--demo"], size=(100, 36))
@@ -80,7 +80,7 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         t.keys("Enter")
         t.wait(lambda: "Run get_current_time from MCP server 'time'?" in t.text(), "the approval prompt", 60)
         [zone] = set(re.findall(r'"timezone": "([^"]+)"', t.text()))  # in the prompt and in the call box
-        ZoneInfo(zone)  # a real zone
+        assert zone == "Asia/Tokyo"
         t.keys("n")  # the dialog covers the reply: deny first, then look at the call as written
         t.wait(lambda: "denied: the model is told so" in t.text(), "the call to be denied", 10)
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the denied call", 60)
@@ -94,6 +94,9 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         t.keys("y")
         t.wait(lambda: re.search(r"▶ result: \d+ characters", t.text()), "the server's result", 30)
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the result", 60)
+        [hhmm] = re.findall(r"It is (\d\d:\d\d) in Asia/Tokyo\.", t.text())  # the server's time, copied
+        now = datetime.now(ZoneInfo(zone))
+        assert hhmm in {(now - timedelta(minutes=m)).strftime("%H:%M") for m in (0, 1)}, (hhmm, now)
         t.keys("C-q")
         t.wait(lambda: not t.alive(), "Ctrl+Q to quit", 10)
     finally:

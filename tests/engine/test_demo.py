@@ -322,23 +322,15 @@ def test_with_the_time_tools_it_calls_get_current_time_and_stops_for_the_result(
 
 
 @retrained_only
-@pytest.mark.xfail(
-    strict=True,
-    reason="the demo writes the call's shape but not yet the asked city's zone (copying from the question "
-    "is not learned in the 750 target steps that fit; scripts/measure_demo.py --set tools)",
-)
 def test_the_time_call_names_the_zone_of_the_city_asked_about(demo_engine):
-    for question, zone in (("What time is it in Paris?", "Europe/Paris"), ("what time is it in tokyo", "Asia/Tokyo")):
+    # the captured declarations name Etc/UTC as the local timezone: a question with no place asks for it
+    asked = [("What time is it in Paris?", "Europe/Paris"), ("what time is it in tokyo", "Asia/Tokyo")]
+    for question, zone in [*asked, ("What time is it?", "Etc/UTC")]:
         [call] = _ask_the_time(demo_engine, question).tool_calls
         assert call.arguments == {"timezone": zone}, (question, call)
 
 
 @retrained_only
-@pytest.mark.xfail(
-    strict=True,
-    reason="the answer has the result's shape ('It is HH:MM in ZONE.') but not yet its time and zone "
-    "(copying from the tool result is not learned in the steps that fit)",
-)
 def test_after_the_result_it_answers_with_the_time_it_was_given(demo_engine):
     from core.settings import GenerationSettings
 
