@@ -132,6 +132,39 @@ def _openai_tools() -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_the_demo_served_calls_the_time_tool_for_the_city_asked_and_answers_with_the_result(server, stream):
+    """Issue 26 §5 through `serve`: mcp-server-time's tools as OpenAI `tools`, "What time is it in Tokyo?" gets
+    a `get_current_time` call for Asia/Tokyo; with the server's result as the tool message (its JSON text, as
+    an MCP client forwards it) the answer is that result's time and zone."""
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    body = {"model": "demo", "messages": ask, "tools": _openai_tools(), "temperature": 0, "max_tokens": 48}
+    if stream:
+        chunks = list(client(server).chat.completions.create(**body, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        [delta] = [t for c in chunks for t in (c.choices[0].delta.tool_calls or ())]
+        name, arguments = delta.function.name, delta.function.arguments
+    else:
+        reply = client(server).chat.completions.create(**body)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        [call] = reply.choices[0].message.tool_calls
+        name, arguments = call.function.name, call.function.arguments
+    assert name == "get_current_time" and json.loads(arguments) == {"timezone": "Asia/Tokyo"}
+    result = {"timezone": "Asia/Tokyo", "datetime": "2026-12-02T07:33:12+09:00", "day_of_week": "Wednesday"}
+    history = [
+        *ask,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": json.dumps({**result, "is_dst": False}, indent=2)},
+    ]
+    after = client(server).chat.completions.create(**{**body, "messages": history})
+    assert after.choices[0].finish_reason == "stop"
+    assert after.choices[0].message.content.strip() == "It is 07:33 in Asia/Tokyo."
+
+
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_current_time"}}])
 def test_tool_choice_forces_a_call_even_where_the_demo_would_answer_in_prose(server, stream, choice):
     """The demo answers "What is speculative decoding?" in prose (test above); told it must call a tool
