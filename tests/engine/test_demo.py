@@ -192,8 +192,8 @@ def _topic_reply(key: str) -> str:
 
 
 def _retrained() -> bool:
-    """The retrained demo (multi-turn, off-topic reply, time tools) ships with the canonical template. Its
-    weights wait on branch demo2-weights: its drafter, 245 steps, drafts about half as well as this one."""
+    """The retrained demos (multi-turn, off-topic reply, time tools: "E", then wave 6 in scripts/train_demo.py)
+    ship with the canonical template; the first trained demo had the factory's simplified one."""
     return "<|tool_call>" in (demo.DEMO_DIR / "target" / "chat_template.jinja").read_text(encoding="utf-8")
 
 
