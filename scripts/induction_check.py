@@ -60,7 +60,9 @@ FIRST_COPIED = 100  # runs are drawn from ids FIRST_COPIED .. vocab - 1 (no spec
 
 def copy_batch(rng: np.random.Generator, vocab: int, rows: int = 8, length: int = 128):
     """(inputs [B, T], targets [B, T], weights [B, T]): runs of 4-15 random ids, each written twice;
-    weight 1 on the second copy's tokens and its END (what only the first copy predicts)."""
+    weight 1 on the second copy's tokens after its first, and on its END: what only the first copy predicts
+    (the second copy's first token needs a head that finds where the last run began; the figures above
+    leave it out)."""
     x = np.zeros((rows, length), np.int32)
     y = np.zeros((rows, length), np.int32)
     w = np.zeros((rows, length), np.float32)
@@ -68,9 +70,8 @@ def copy_batch(rng: np.random.Generator, vocab: int, rows: int = 8, length: int 
         ids, weights = [2], [0.0]  # <bos>
         while len(ids) <= length:
             run = [int(t) for t in rng.integers(FIRST_COPIED, vocab, int(rng.integers(4, 16)))]
-            # the second copy's first token is predictable only once SEP says a copy starts: weigh it too
             ids += run + [SEP] + run + [END]
-            weights += [0.0] * len(run) + [0.0] + [1.0] * len(run) + [1.0]
+            weights += [0.0] * len(run) + [0.0] + [0.0] + [1.0] * (len(run) - 1) + [1.0]
         x[b], y[b], w[b] = ids[:length], ids[1 : length + 1], weights[1 : length + 1]
     return x, y, w
 
