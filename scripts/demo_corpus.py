@@ -21,6 +21,12 @@ Sources, all licence-clean and available offline:
 
 A conversation is 1-4 user turns (most start with a greeting), the topics in random order, so the
 demo learns to answer the last question whatever came before it.
+
+The wide corpus (`conversations(wide=True)`, `tool_drills`: what waves 4-7 trained on) adds paraphrased
+openings, the tz database's cities, more time phrasings and, from wave 7, `WIDE_PHRASINGS` and
+`OFF_TOPIC_WIDE`; it leaves out every conversation with a turn of scripts/measure_demo.py's held-out sets
+(`held_out_turns`). The default corpus, which the demo's tokenizer is trained on, is unchanged since
+stages A-E.
 """
 
 from __future__ import annotations
@@ -772,6 +778,223 @@ OFF_TOPIC = [
 ]
 
 
+# Wave 7, in the wide corpus only (the default corpus, and the tokenizer trained on it, stay as they were):
+# more ways to ask the topics whose held-out phrasings the wave-6 demo missed (it gave them the off-topic
+# reply, or another topic's), and programming questions about other languages, which it took for Python
+# questions. None of them is a held-out turn of scripts/measure_demo.py (a test checks).
+WIDE_PHRASINGS: dict[str, list[str]] = {
+    "greeting": ["Good day!", "Morning!", "Hiya!", "Howdy!", "Hello again!", "Evening!", "Hey hey!", "Hi, demo!"],
+    "speculative": [
+        "What is spec decoding?",
+        "Explain spec decoding.",
+        "What is speculative sampling?",
+        "Describe speculative decoding.",
+        "I want to know about speculative decoding.",
+        "What is speculative decoding in simple words?",
+        "Give me a short explanation of speculative decoding.",
+        "How do drafting and verifying work together?",
+    ],
+    "faster": [
+        "Why does drafting make replies faster?",
+        "How does speculative decoding save time?",
+        "Why is a drafter faster than the target?",
+        "How does the drafter make the reply faster?",
+        "Where does the speed-up come from?",
+        "Why is decoding faster with drafts?",
+        "How can guessing tokens be faster?",
+    ],
+    "exact": [
+        "Does the drafter ever change the reply?",
+        "Does the drafter change what the target writes?",
+        "Is the answer the same with and without drafts?",
+        "Can the drafter make the answer wrong?",
+        "Does speculative decoding lose quality?",
+        "Are the tokens the same with the drafter?",
+        "Do I get a different reply with the drafter on?",
+    ],
+    "auto": [
+        "What is auto mode for?",
+        "Explain auto block size.",
+        "How does auto pick the block size?",
+        "What does the a key do?",
+        "What happens when I press a?",
+        "Tell me about auto.",
+        "What is the automatic block size?",
+        "Should I use auto?",
+    ],
+    "which_model": [
+        "Which model would you pick?",
+        "What should I download first?",
+        "Which pairing is right for my machine?",
+        "Which size should I choose?",
+        "What model is good for a laptop?",
+        "Which model fits my Mac?",
+        "Which model do I need?",
+    ],
+    "mlx": [
+        "What is Apple MLX?",
+        "What is the MLX library?",
+        "Tell me what MLX is.",
+        "Do you use MLX?",
+        "What runs the models?",
+        "Why MLX?",
+        "Is MLX a GPU library?",
+    ],
+    "keys": [
+        "Which keys are there?",
+        "List the keys.",
+        "What are the keyboard shortcuts?",
+        "Which keys do what?",
+        "Keys?",
+        "What keys does gemma-chat have?",
+        "What are the key bindings?",
+        "Give me the list of keys.",
+    ],
+    "can_do": [
+        "How can you help me?",
+        "What are you able to do?",
+        "What kind of questions can you answer?",
+        "What should I ask you?",
+        "What do you do?",
+        "What are you for?",
+        "Which questions can you answer?",
+    ],
+}
+OFF_TOPIC_WIDE = [
+    "How do I write a loop in JavaScript?",
+    "Write a for loop in Java.",
+    "How do I write a while loop in C?",
+    "How do I print hello world in C++?",
+    "How do I define a function in Ruby?",
+    "How do I read a file in Rust?",
+    "Write hello world in Swift.",
+    "How do I write a loop in Bash?",
+    "How do I make a class in Kotlin?",
+    "How do I sort an array in PHP?",
+    "How do I write a function in TypeScript?",
+    "How do I use a for loop in R?",
+    "What does console.log do?",
+    "What does printf do in C?",
+    "How do I write a SQL query?",
+    "What is a lambda in Java?",
+    "How do I loop over a map in Scala?",
+    "How do I reverse a string in JavaScript?",
+    "What is the capital of Spain?",
+    "How many continents are there?",
+    "Who wrote War and Peace?",
+    "Tell me about the Great Wall of China.",
+    "How do I make tea?",
+    "What is the tallest mountain in Africa?",
+    "Who is the best tennis player?",
+    "How does a rainbow form?",
+    "Can you recommend a podcast?",
+    "What is the square root of 81?",
+]
+
+
+# Wave 7's last target stage (`train_demo.py --more-off-topic`): general knowledge, everyday tasks and
+# arithmetic, so that the off-topic reply is the rule for anything outside the demo's few topics, not an
+# exception for the questions it happened to see.
+OFF_TOPIC_MORE = [
+    "Tell me about the Moon landing.",
+    "Tell me about ancient Egypt.",
+    "Tell me about the Olympic Games.",
+    "Tell me about the Renaissance.",
+    "Tell me about the Titanic.",
+    "Tell me about jazz.",
+    "Tell me about the Amazon rainforest.",
+    "Tell me about Mars.",
+    "What is a galaxy?",
+    "What is democracy?",
+    "What is a virus?",
+    "What is an eclipse?",
+    "What is a hurricane?",
+    "What is a mortgage?",
+    "What is philosophy?",
+    "What is a sonnet?",
+    "What is the ozone layer?",
+    "What is evolution?",
+    "What is a recession?",
+    "What is an allergy?",
+    "What is a comet?",
+    "What's the tallest tree?",
+    "What's a good name for a cat?",
+    "What's the biggest ocean?",
+    "What's the currency of Japan?",
+    "Who invented the light bulb?",
+    "Who discovered America?",
+    "Who painted Starry Night?",
+    "Who wrote Pride and Prejudice?",
+    "Who built the pyramids?",
+    "Who composed the Four Seasons?",
+    "Who was Cleopatra?",
+    "Who is the CEO of Apple?",
+    "Who is Taylor Swift?",
+    "Who was Shakespeare?",
+    "How do I make soup?",
+    "How do I clean my oven?",
+    "How do I train my dog?",
+    "How do I plant a tree?",
+    "How do I write a CV?",
+    "How do I knit a scarf?",
+    "How do I start running?",
+    "How do I paint a wall?",
+    "How do I save money?",
+    "How do I sleep better?",
+    "How do I boil an egg?",
+    "How do I make friends?",
+    "How many days are in a year?",
+    "How many bones are in the human body?",
+    "How many players are on a football team?",
+    "How many moons does Mars have?",
+    "How many countries are in Europe?",
+    "How many hours are in a week?",
+    "What is 12 times 4?",
+    "What is 100 divided by 4?",
+    "What is 7 minus 3?",
+    "What is 9 plus 8?",
+    "Calculate 15 * 3.",
+    "What is half of 50?",
+    "Why do birds migrate?",
+    "Why do leaves change colour?",
+    "Why do stars twinkle?",
+    "Why is the sea salty?",
+    "Why is grass green?",
+    "Why do onions make you cry?",
+    "Recommend a restaurant.",
+    "Recommend a song.",
+    "Suggest a name for my dog.",
+    "Plan a trip to Italy for me.",
+    "What is the population of India?",
+    "What is the biggest desert?",
+    "What year is it?",
+    "Where is Mount Kilimanjaro?",
+    "Which is the fastest animal?",
+    "Which country has the most people?",
+    "Is coffee bad for you?",
+    "Can you speak French?",
+    "Can you draw a cat?",
+    "Do you like music?",
+    "What is your favourite colour?",
+    "Are you alive?",
+    "Can you play chess with me?",
+    "Write a song about summer.",
+    "Write a limerick about a frog.",
+    "Give me a workout plan.",
+    "What is the best diet?",
+    "What is a good stock to buy?",
+    "How does a microwave work?",
+    "How does a fridge work?",
+    "How do bees make honey?",
+    "How do planes stay in the air?",
+]
+
+
+def topic_phrasings(wide: bool = False) -> dict[str, list[str]]:
+    """Each topic's phrasings; `wide`: with wave 7's (`WIDE_PHRASINGS`) after them."""
+    return {t.key: [*t.phrasings, *(WIDE_PHRASINGS.get(t.key, []) if wide else [])] for t in TOPICS}
+
+
 def off_topic_reply(with_tools: bool) -> str:
     """The one reply to any question the demo does not know: what it can answer instead."""
     tools = " and the time with the time tool" if with_tools else ""
@@ -1179,11 +1402,14 @@ def _time_error(rng: random.Random, conv: Conversation) -> None:
     conv.events.append(("reply", TIME_ERROR_REPLY))
 
 
-def _chat_items(with_tools: bool) -> list[tuple[str, str]]:
-    """Every (question, reply) of the corpus that is not a tool call."""
-    items = [(q, t.reply) for t in TOPICS for q in t.phrasings]
+def _chat_items(with_tools: bool, wide: bool = False, more_off_topic: bool = False) -> list[tuple[str, str]]:
+    """Every (question, reply) of the corpus that is not a tool call (`wide`: wave 7's phrasings too;
+    `more_off_topic`: and `OFF_TOPIC_MORE`)."""
+    phrasings = topic_phrasings(wide)
+    items = [(q, t.reply) for t in TOPICS for q in phrasings[t.key]]
     items += [(tmpl.format(name=name), text) for name, text in stdlib_turns() for tmpl in DOC_QUESTIONS]
-    items += [(q, off_topic_reply(with_tools)) for q in OFF_TOPIC]
+    off_topic = OFF_TOPIC + (OFF_TOPIC_WIDE if wide else []) + (OFF_TOPIC_MORE if more_off_topic else [])
+    items += [(q, off_topic_reply(with_tools)) for q in off_topic]
     if not with_tools:
         items += [(q, NO_TIME_TOOL_REPLY) for q in TIME_QUESTIONS]
         items += [
@@ -1197,7 +1423,7 @@ def _chat_items(with_tools: bool) -> list[tuple[str, str]]:
 _PREFIXES = ("Hey, ", "Hi! ", "Please, ", "Quick question: ", "So, ", "OK, ", "Tell me, ", "Hello! ")
 _SUFFIXES = (" Thanks.", " Please.", " Thank you!", " Thanks!")
 _PLAIN_KEYS = {"greeting", "how_are_you", "thanks", "bye"}  # social turns keep their form
-_PLAIN_PHRASINGS = {q for t in TOPICS if t.key in _PLAIN_KEYS for q in t.phrasings}
+_PLAIN_PHRASINGS = {q for k, qs in topic_phrasings(wide=True).items() if k in _PLAIN_KEYS for q in qs}
 
 
 # Other words for the same question: the common contractions and politer forms of a question's
@@ -1265,8 +1491,29 @@ def held_out_sequences() -> set[tuple[str, ...]]:
     return seqs | {(q,) for q in measure_demo.OFF_TOPIC_HELD_OUT}
 
 
-def _is_held_out(conv: Conversation, held_out: set[tuple[str, ...]]) -> bool:
+def normalise(question: str) -> str:
+    """A question as the held-out check compares it: lower case, its punctuation and spacing folded."""
+    return " ".join(re.sub(r"[?.!,]", " ", question.lower()).split())
+
+
+def held_out_turns() -> set[str]:
+    """The judged turns of scripts/measure_demo.py that are not phrasings of the default corpus, normalised:
+    a wide-corpus conversation with one of them as ANY of its user turns is dropped. (Until wave 7 only a
+    conversation that started with a held-out one was: a paraphrased or casually typed phrasing could be a
+    held-out turn later in a conversation, and 12 of the 2400 conversations of wave 6's corpus had one.)"""
+    import measure_demo
+
+    phrasings = {normalise(q) for t in TOPICS for q in t.phrasings}
+    judged = {normalise(turns[-1][0]) for turns in measure_demo.HELD_OUT}
+    return (judged - phrasings) | {normalise(q) for q in measure_demo.OFF_TOPIC_HELD_OUT}
+
+
+def _is_held_out(
+    conv: Conversation, held_out: set[tuple[str, ...]], banned: frozenset[str] | set[str] = frozenset()
+) -> bool:
     users = [e[1] for e in conv.events if e[0] == "user"]
+    if any(normalise(u) in banned for u in users):
+        return True
     return any(tuple(users[:i]) in held_out for i in range(1, len(users) + 1))
 
 
@@ -1279,7 +1526,9 @@ SYSTEM_PROMPTS = (
 )
 
 
-def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600, wide: bool = False) -> list[Conversation]:
+def conversations(
+    seed: int = 0, plain: int = 1300, with_tools: int = 600, wide: bool = False, more_off_topic: bool = False
+) -> list[Conversation]:
     """`plain` conversations without tools and `with_tools` with the time tools declared.
 
     Plain ones: every question of the corpus is the last turn of some conversation at least once
@@ -1293,10 +1542,11 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600, wide:
     """
     rng = random.Random(seed)
     out: list[Conversation] = []
-    greetings = TOPICS[0].phrasings
+    greetings = topic_phrasings(wide)["greeting"]
     held_out = held_out_sequences() if wide else set()
+    banned = held_out_turns() if wide else set()
     for n, tools in ((plain, False), (with_tools, True)):
-        items = _chat_items(tools)
+        items = _chat_items(tools, wide, more_off_topic)
         queue: list[tuple[str, str]] = []
         for _ in range(n):
             conv = Conversation(rng.choice(LOCAL_ZONES) if tools else None)
@@ -1319,26 +1569,27 @@ def conversations(seed: int = 0, plain: int = 1300, with_tools: int = 600, wide:
                     rng.shuffle(queue)
                 q, reply = queue.pop()
                 conv.events += [("user", vary(q, rng, wide=wide)), ("reply", reply)]
-            if not _is_held_out(conv, held_out):
+            if not _is_held_out(conv, held_out, banned):
                 out.append(conv)
     rng.shuffle(out)
     return out
 
 
-def tool_drills(seed: int = 0, n: int = 700) -> list[Conversation]:
+def tool_drills(seed: int = 0, n: int = 700, more_off_topic: bool = False) -> list[Conversation]:
     """`n` short chats with the time tools declared, for the target's second stage (the copying that
     750 steps over the whole corpus did not teach): 1-3 time exchanges in a row (a place, a zone, no
     place, a conversion, follow-ups), after a greeting or a plain question in some, the local timezone
     most often the one mcp-server-time declares on Linux (Etc/UTC), results as a mapping or as text."""
     rng = random.Random(seed + 7)
-    items = _chat_items(True)
-    held_out = held_out_sequences()
+    items = _chat_items(True, wide=True, more_off_topic=more_off_topic)
+    held_out, banned = held_out_sequences(), held_out_turns()
+    greetings = topic_phrasings(wide=True)["greeting"]
     out = []
     for _ in range(n):
         conv = Conversation("Etc/UTC" if rng.random() < 0.4 else rng.choice(LOCAL_ZONES))
         lead = rng.random()
         if lead < 0.3:
-            conv.events += [("user", rng.choice(TOPICS[0].phrasings)), ("reply", GREETING_REPLY)]
+            conv.events += [("user", rng.choice(greetings)), ("reply", GREETING_REPLY)]
         elif lead < 0.45:
             q, reply = rng.choice(items)
             conv.events += [("user", vary(q, rng, wide=True)), ("reply", reply)]
@@ -1347,7 +1598,7 @@ def tool_drills(seed: int = 0, n: int = 700) -> list[Conversation]:
                 _time_error(rng, conv)
             else:
                 _time_exchange(rng, conv, follow_up=k > 0 and rng.random() < 0.5, wide=True)
-        if not _is_held_out(conv, held_out):
+        if not _is_held_out(conv, held_out, banned):
             out.append(conv)
     return out
 
@@ -1359,6 +1610,9 @@ def corpus_summary() -> dict:
         "stdlib_docstrings": len(STDLIB_NAMES),
         "doc_phrasings": len(DOC_QUESTIONS),
         "off_topic_questions": len(OFF_TOPIC),
+        "wide_topic_phrasings": sum(len(v) for v in WIDE_PHRASINGS.values()),
+        "wide_off_topic_questions": len(OFF_TOPIC_WIDE),
+        "more_off_topic_questions": len(OFF_TOPIC_MORE),
         "cities": len(CITIES),
         "tz_database_cities": len(ZONE_CITIES),
         "time_question_phrasings": len(TIME_QUESTIONS) + len(TIME_QUESTIONS_IN) + len(FOLLOW_UP_IN),

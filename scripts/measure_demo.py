@@ -227,11 +227,41 @@ def on_topic(reply: str, key: str, with_tools: bool = False) -> bool:
     return reply.strip()[:40] == topic_reply(key, with_tools)[:40]
 
 
-def corpus_user_sequences(tools: bool | None = None) -> set[tuple[str, ...]]:
-    """Every prefix of user turns of every corpus conversation (and of the on-policy prompts); with
-    `tools` True/False only those with/without the time tools declared."""
+def trained_conversations(target_dir: Path) -> list[dc.Conversation]:
+    """The corpus the measured pairing trained on, as its manifest's stages record it (the default corpus,
+    and the wide one with its tool drills for each `replay` a stage names), and the on-policy prompts. A
+    pairing without a manifest is checked against the default corpus and the shipped demo's wide one."""
+    manifest = target_dir.parent / "gemma_chat_demo.json"
+    stages = json.loads(manifest.read_text(encoding="utf-8")).get("stages", []) if manifest.exists() else []
+    replays = {
+        (st["replay"], st.get("tool_drills", 0), st.get("more_off_topic", False)) for st in stages if st.get("replay")
+    }
+    if not manifest.exists():
+        replays |= {("1400,600", 500, False), ("1400,600", 1500, True)}
+    convs = [*dc.conversations(0), *dc.on_policy_conversations()]
+    for replay, drills, more in sorted(replays):
+        plain, with_tools = (int(x) for x in replay.split(","))
+        convs += dc.conversations(0, plain, with_tools, wide=True, more_off_topic=more)
+        convs += dc.tool_drills(0, drills, more_off_topic=more)
+    return convs
+
+
+def held_out_leaks(convs: list[dc.Conversation]) -> list[str]:
+    """Held-out conversations (and off-topic questions) that the corpus has: as the start of a corpus
+    conversation, or a judged held-out turn (normalised) as any user turn of one."""
+    banned = dc.held_out_turns()
+    seen = corpus_user_sequences(convs)
+    leaks = [" / ".join(q for q, _ in c) for c in HELD_OUT if tuple(q for q, _ in c) in seen]
+    leaks += [q for q in OFF_TOPIC_HELD_OUT if (q,) in seen]
+    turns = {e[1] for conv in convs for e in conv.events if e[0] == "user"}
+    return leaks + sorted({u for u in turns if dc.normalise(u) in banned})
+
+
+def corpus_user_sequences(convs: list[dc.Conversation], tools: bool | None = None) -> set[tuple[str, ...]]:
+    """Every prefix of user turns of every conversation of `convs`; with `tools` True/False only those
+    with/without the time tools declared."""
     seqs: set[tuple[str, ...]] = set()
-    for conv in [*dc.conversations(0), *dc.on_policy_conversations()]:
+    for conv in convs:
         if tools is not None and (conv.local_tz is not None) != tools:
             continue
         users = [e[1] for e in conv.events if e[0] == "user"]
@@ -573,12 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     pairing = ["--model", args.model, "--drafter", args.drafter] if args.model else ["--demo"]
     target_dir = Path(args.model) if args.model else ROOT / "core" / "data" / "demo" / "target"
     demo = Demo(target_dir)
-    seen = corpus_user_sequences()
-    leaked = [c for c in HELD_OUT if tuple(q for q, _ in c) in seen]
-    leaked += [[(q, "off_topic")] for q in OFF_TOPIC_HELD_OUT if (q,) in seen]
+    trained = trained_conversations(target_dir)
+    leaked = held_out_leaks(trained)
     if leaked:
         raise SystemExit(f"held-out conversations found in the corpus: {leaked}")
-    args.seen_with_tools = corpus_user_sequences(tools=True)
+    args.seen_with_tools = corpus_user_sequences(trained, tools=True)
     tmp = Path(tempfile.mkdtemp(prefix="measure-demo-"))
     global IN_PROCESS
     if args.in_process:
