@@ -148,6 +148,28 @@ OFF_TOPIC_HELD_OUT = [
     "What is Bitcoin?",
     "What's 5 + 5?",
     "Who is the king of England?",
+    # a second twenty, written after wave 7's demo was trained (wave 6's demo: 19/20, the Perl loop got the
+    # Python loop's reply)
+    "What is the capital of Canada?",
+    "Who wrote The Odyssey?",
+    "How do I bake a cake?",
+    "What is the speed of sound?",
+    "Explain photosynthesis to a child.",
+    "Who is Lionel Messi?",
+    "How do I learn Japanese?",
+    "What is the best car brand?",
+    "How do I write a loop in Perl?",
+    "What does pandas.DataFrame do?",
+    "Tell me about the Colosseum.",
+    "Write a poem about the moon.",
+    "How many wheels does a bicycle have?",
+    "What is the population of Brazil?",
+    "Why do we yawn?",
+    "Recommend a video game.",
+    "How do I repair a leaking tap?",
+    "What is Ethereum?",
+    "What's 7 * 6?",
+    "Who is the queen of Denmark?",
 ]
 
 # Tool cases: (user turns before, the question, the expected call as (name, args) with "{local}" for the

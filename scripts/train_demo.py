@@ -4,7 +4,55 @@
     .venv/bin/python scripts/train_demo.py --continue-drafter A --drafter-steps N --out B     (stage 2: drafter)
     .venv/bin/python scripts/train_demo.py --continue-drafter B --on-policy --drafter-steps N --lr L --out OUT
 
-The shipped weights (wave 6, 2026-12-06) came from these runs, on an otherwise idle 2-core machine:
+The shipped weights (wave 7, 2026-12-07) came from these runs, two at a time on an otherwise idle 2-core
+machine (one OpenBLAS thread each; seconds as the manifest records them):
+    --replay 1400,600 --tool-drills 500 --target-steps 1200 --drafter-steps 0 --lr 4e-3 --out T
+                                                           2455 s: wave 6's first stage on wave 7's wide corpus
+                                                           (demo_corpus.WIDE_PHRASINGS and OFF_TOPIC_WIDE, every
+                                                           held-out turn kept out of every conversation)
+    --continue-target T --replay 1400,600 --tool-drills 1500 --target-steps 300 --lr 1e-3 --drafter-steps 0
+                                                           --out TF   (619 s)
+    --continue-drafter TF --replay 1400,600 --tool-drills 500 --drafter-steps 400 --lr 3e-3 --out TFD   (536 s)
+    --continue-drafter TFD --on-policy --replay 1400,600 --tool-drills 500 --drafter-steps 300 --lr 2e-3
+                                                           --out TFD2   (488 s)
+    --continue-target TFD2 --replay 1400,600 --tool-drills 1500 --more-off-topic --target-steps 250 --lr 1e-3
+                                                           --drafter-steps 0 --out TF2   (529 s)
+    --continue-target TF2 --replay 1600,600 --tool-drills 2000 --more-off-topic --target-steps 200 --lr 7e-4
+                                                           --drafter-steps 0 --out TF3   (416 s)
+    --continue-drafter TF3 --on-policy --replay 1600,600 --tool-drills 2000 --more-off-topic --drafter-steps 300
+                                                           --lr 2e-3 --out TF3D   (393 s), copied to core/data/demo
+  Measured (measure_demo.py --set all --repeats 1 --in-process; each target with the drafter it had then):
+      target (drafter)   held-out on topic   off-topic reply   time tools   suite's demo checks
+      T (random)         56/58 = 97 %        19/20             21/38        -
+      TF (random)        53/58 = 91 %        19/20             30/38        10/11 ("what time is it in tokyo"
+                                                                                  -> Asia/Shanghai)
+      TF2 (TFD2's)       55/58 = 95 %        19/20             31/38        11/11
+      TF3 (TFD2's)       53/58 = 91 %        20/20             32/38        11/11
+      TF3 (TF3D), shipped: on topic 9/9 of the speed set, 53/58 held out, 20/20, 32/38, 11/11; tokens from
+      accepted drafts 75.7 % on the speed set, 75.6 % held out, 81.8 % off-topic, 70.0 % with tools.
+  20 more off-topic questions written afterwards, none in the corpus ("Who wrote The Odyssey?", "How do I write
+  a loop in Perl?", "What's 7 * 6?", ...: the second twenty of measure_demo.py's OFF_TOPIC_HELD_OUT): TF3
+  20/20, TF2 20/20, wave 6 19/20 (the Perl loop got the Python loop's reply). The time-tool misses: "How
+  late is it in Moscow?" and "What's the hour in Dubai?" get the off-topic reply, the two conversions name
+  the source zone twice, and the two zones kept out of the corpus are misspelled (wave 6 got the first four
+  right).
+  Wave 6 (the demo this replaced) read 46/58 = 79 %, 19/20 and 37/40, but 12 of its corpus's 2400
+  conversations had one of the held-out turns (a paraphrased opening such as "What's a drafter?", or a later
+  turn: the corpus then dropped only conversations that STARTED like a held-out one), so its held-out figure
+  was not quite held out. Wave 7's corpus drops any conversation with a held-out turn anywhere, compared
+  with case and punctuation folded (demo_corpus.held_out_turns; measure_demo.py refuses to measure a
+  pairing whose recorded corpus has one). What moved held-out from 79 % to 91-97 % is WIDE_PHRASINGS: 67
+  more phrasings of the nine topics wave 6 missed (why drafting is faster, exactness, auto, model choice,
+  MLX, keys, greetings, what it can do, speculative decoding). Two ways to the off-topic reply were tried
+  in parallel: C, a from-scratch target on a corpus with the 91 OFF_TOPIC_MORE questions in it (same
+  recipe, --replay 1600,600), read 52/58, 19/20 and 26/39 (even Paris's call named Europe/London: from
+  scratch, how well the copying forms varies from run to run, as T's 21/38 shows too); a first run
+  continued from wave 6 itself (300 steps at 1e-3 on wave 7's corpus) read 52/58 but 17/20 and inherited
+  wave 6's leaked turns, so neither shipped.
+  Every off-topic miss along the way was a different question (French lessons, dreams, the Eiffel Tower):
+  the 20/20 holds for these 20, not for every question a user can ask.
+
+Wave 6 (shipped 2026-12-06 until wave 7) came from these runs, on an otherwise idle 2-core machine:
     --replay 1300,600 --tool-drills 500 --target-steps 1200 --drafter-steps 0 --lr 4e-3 --out T
                                                            2330 s (1.9 s a step), loss 8.1 -> 0.02-0.2 by
                                                            batch; the q/k norms start at head_dim ** -0.25
@@ -712,6 +760,11 @@ def parse_args(argv):
         metavar="PLAIN,TOOLS",
         help="train on demo_corpus.conversations(plain=PLAIN, with_tools=TOOLS, wide=True) and --tool-drills drills",
     )
+    ap.add_argument(
+        "--more-off-topic",
+        action="store_true",
+        help="with --replay: demo_corpus.OFF_TOPIC_MORE's questions too (wave 7's last target stage)",
+    )
     ap.add_argument("--resume", action="store_true", help="continue a stopped stage from its saved state")
     ap.add_argument("--save-every", type=int, default=50, metavar="N")
     ap.add_argument("--state", metavar="DIR", help="where a stage saves its state (default: a folder in the temp dir)")
@@ -753,8 +806,9 @@ def main(argv=None) -> int:
         convs = demo_corpus.conversations(SEED)
         if args.replay:  # part of the corpus (so the rest is not forgotten) and the tool drills
             plain, with_tools = (int(x) for x in args.replay.split(","))
-            convs = demo_corpus.conversations(SEED, plain, with_tools, wide=True)
-            convs += demo_corpus.tool_drills(SEED, args.tool_drills)
+            more = args.more_off_topic
+            convs = demo_corpus.conversations(SEED, plain, with_tools, wide=True, more_off_topic=more)
+            convs += demo_corpus.tool_drills(SEED, args.tool_drills, more_off_topic=more)
         examples = encode_corpus(tokenizer, template, convs, args.max_len, log)
         n_tokens = sum(len(ids) for ids, _ in examples)
         log(f"corpus: {demo_corpus.corpus_summary()}")
@@ -823,6 +877,7 @@ def main(argv=None) -> int:
             "lr": args.lr,
             "seconds": elapsed,
             **({"replay": args.replay, "tool_drills": args.tool_drills} if args.replay else {}),
+            **({"more_off_topic": True} if args.replay and args.more_off_topic else {}),
         }
         manifest = {
             "label": LABEL,
