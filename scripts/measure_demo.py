@@ -1,6 +1,6 @@
 """Measure the demo pairing the way a new user meets it: greedy, timed from outside, on prompts it was not trained on.
 
-    .venv/bin/python scripts/measure_demo.py [--set speed|held-out|off-topic|tools|all] [--repeats 3]
+    .venv/bin/python scripts/measure_demo.py [--set speed|held-out|off-topic|tools|off-topic-tools|all] [--repeats 3]
         [--model DIR --drafter DIR] [--mcp /path/to/mcp-server-time] [--max-tokens 160] [--in-process]
 
 Every prompt runs `gemma-chat generate --json` (drafter on, auto block size: the default) and
@@ -19,6 +19,8 @@ The sets:
   template and fed as `--no-template` (the CLI cannot declare tools); the call the demo writes is
   parsed, run (by the real server with `--mcp CMD`, else computed in its shape from the clock), its
   result appended as the template renders it, and the answer generated.
+- `off-topic-tools`: the off-topic questions with the time tools declared, as the app declares them by
+  default: the off-topic reply is right, a time call is not.
 
 How a reply is judged (mechanical, no judgement calls):
 - on topic: its first 40 characters equal the first 40 of the expected topic's corpus reply (the
@@ -548,7 +550,8 @@ def run_tool_case(demo: Demo, pairing, events, expected, call_tool, args, tmp, l
     return [row, {**res2, "prompt": "  -> answer to its result", "ok": ok, "text": answer}]
 
 
-def tool_rows(demo: Demo, pairing, args, tmp) -> list[dict]:
+def tool_rows(demo: Demo, pairing, args, tmp, off_topic: bool = False) -> list[dict]:
+    """The tool cases and follow-ups, or (`off_topic`) the off-topic questions, with the time tools declared."""
     server = McpTime(args.mcp) if args.mcp else None
     local_tz = LOCAL_TZ
     if server is not None:  # the real server's declarations name its local timezone
@@ -566,9 +569,10 @@ def tool_rows(demo: Demo, pairing, args, tmp) -> list[dict]:
 
     rows = []
     try:
-        for question, expected in TOOL_CASES:
+        cases = [(q, "off_topic") for q in OFF_TOPIC_HELD_OUT] if off_topic else TOOL_CASES
+        for question, expected in cases:
             rows += run_tool_case(demo, pairing, [("user", question)], expected, call_tool, args, tmp, local_tz)
-        for (q1, a1), (q2, a2) in TOOL_FOLLOW_UPS:
+        for (q1, a1), (q2, a2) in [] if off_topic else TOOL_FOLLOW_UPS:
             r1 = call_tool("get_current_time", a1)
             before = [("user", q1), ("call", "get_current_time", a1), ("result", "get_current_time", r1, False)]
             before.append(("reply", dc.time_answer(r1) if isinstance(r1, dict) else dc.TIME_ERROR_REPLY))
@@ -610,7 +614,9 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=["speed", "held-out", "off-topic", "tools", "all"], default="all")
+    ap.add_argument(
+        "--set", choices=["speed", "held-out", "off-topic", "tools", "off-topic-tools", "all"], default="all"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--model", help="target directory (default: the shipped demo)")
@@ -635,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_process:
         sys.path.insert(0, str(ROOT))
         IN_PROCESS = InProcess(pairing)
-    sets = ["speed", "held-out", "off-topic", "tools"] if args.set == "all" else [args.set]
+    sets = ["speed", "held-out", "off-topic", "tools", "off-topic-tools"] if args.set == "all" else [args.set]
     for name in sets:
         rows = []
         if name == "speed":
@@ -658,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = reply_text(demo, r["ids"])
                 rows.append({**r, "prompt": q, "ok": on_topic(text, "off_topic"), "text": text})
         else:
-            rows = tool_rows(demo, pairing, args, tmp)
+            rows = tool_rows(demo, pairing, args, tmp, off_topic=name == "off-topic-tools")
         print_table(name, rows)
     return 0
 

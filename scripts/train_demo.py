@@ -32,7 +32,10 @@ machine (one OpenBLAS thread each; seconds as the manifest records them):
       accepted drafts 75.7 % on the speed set, 75.6 % held out, 81.8 % off-topic, 70.0 % with tools.
   20 more off-topic questions written afterwards, none in the corpus ("Who wrote The Odyssey?", "How do I write
   a loop in Perl?", "What's 7 * 6?", ...: the second twenty of measure_demo.py's OFF_TOPIC_HELD_OUT): TF3
-  20/20, TF2 20/20, wave 6 19/20 (the Perl loop got the Python loop's reply). The time-tool misses: "How
+  20/20, TF2 20/20, wave 6 19/20 (the Perl loop got the Python loop's reply). The same 40 with the time tools
+  declared, as the app declares them by default (measure_demo.py --set off-topic-tools): 36/40, the other 4
+  a time call for a made-up zone ("Tell me about the Eiffel Tower." -> Pacific/fateer); wave 6 32/40 (5
+  time calls, 3 Python replies). The time-tool misses: "How
   late is it in Moscow?" and "What's the hour in Dubai?" get the off-topic reply, the two conversions name
   the source zone twice, and the two zones kept out of the corpus are misspelled (wave 6 got the first four
   right).
