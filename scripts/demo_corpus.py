@@ -24,9 +24,9 @@ demo learns to answer the last question whatever came before it.
 
 The wide corpus (`conversations(wide=True)`, `tool_drills`: what waves 4-7 trained on) adds paraphrased
 openings, the tz database's cities, more time phrasings and, from wave 7, `WIDE_PHRASINGS` and
-`OFF_TOPIC_WIDE`; it leaves out every conversation with a turn of scripts/measure_demo.py's held-out sets
-(`held_out_turns`). The default corpus, which the demo's tokenizer is trained on, is unchanged since
-stages A-E.
+`OFF_TOPIC_WIDE` (and `OFF_TOPIC_MORE` with `more_off_topic`); it leaves out every conversation with a
+turn of scripts/measure_demo.py's held-out sets (`held_out_turns`). The default corpus, which the demo's
+tokenizer is trained on, is unchanged since stages A-E.
 """
 
 from __future__ import annotations
@@ -1536,9 +1536,10 @@ def conversations(
     in most, a third of the questions typed casually (`vary`), one in twenty after a system prompt.
     With tools: 2-4 user turns, about 60 % of them asking the time (a place, a zone, no place, a
     conversion, a follow-up "And in Tokyo?"), the others the plain questions.
-    `wide`: wave 3's corpus (paraphrased openings, the tz database's cities, more time phrasings), with
-    any conversation that starts like a held-out one of scripts/measure_demo.py dropped. The shipped
-    weights were trained on the default corpus.
+    `wide`: the wide corpus (paraphrased openings, the tz database's cities, more time phrasings, wave 7's
+    `WIDE_PHRASINGS` and `OFF_TOPIC_WIDE`), with any conversation that has a held-out turn of
+    scripts/measure_demo.py dropped; the shipped weights (waves 6 and 7) trained on it. `more_off_topic`:
+    `OFF_TOPIC_MORE` too (wave 7's last target stage).
     """
     rng = random.Random(seed)
     out: list[Conversation] = []

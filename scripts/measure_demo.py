@@ -261,7 +261,7 @@ def trained_conversations(target_dir: Path) -> list[dc.Conversation]:
         (st["replay"], st.get("tool_drills", 0), st.get("more_off_topic", False)) for st in stages if st.get("replay")
     }
     if not manifest.exists():
-        replays |= {("1400,600", 500, False), ("1400,600", 1500, True)}
+        replays |= {("1400,600", 500, False), ("1400,600", 1500, True), ("1600,600", 2000, True)}
     convs = [*dc.conversations(0), *dc.on_policy_conversations()]
     for replay, drills, more in sorted(replays):
         plain, with_tools = (int(x) for x in replay.split(","))
