@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 from tmux_session import _colour, _session, _sgr_params, shows_ready
 from tmux_session import term_env as term_env  # noqa: F401 (a fixture, used by name)
 
+from app.tui.screens.tools import ToolApprovalScreen
 from core.user.mcp_config import find_command
 
 pytestmark = pytest.mark.skipif(
@@ -44,6 +46,7 @@ def test_a_scripted_reply_calls_the_time_server_after_approval(term_env):
         t.keys("Enter")
         t.wait(lambda: "Run get_current_time from MCP server 'time'?" in t.text(), "the approval prompt", 20)
         assert '"timezone": "Europe/Paris"' in t.text()  # the arguments, in full, before it runs
+        time.sleep(ToolApprovalScreen.ARM_SECONDS + 0.3)  # its keys answer after a moment
         t.keys("y")
         t.wait(lambda: "The time server says:" in t.text() and "is_dst" in t.text(), "the reply after the result", 30)
         t.wait(lambda: shows_ready(t.text()), "the reply to finish", 10)
@@ -81,6 +84,7 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         t.wait(lambda: "Run get_current_time from MCP server 'time'?" in t.text(), "the approval prompt", 60)
         [zone] = set(re.findall(r'"timezone": "([^"]+)"', t.text()))  # in the prompt and in the call box
         assert zone == "Asia/Tokyo"
+        time.sleep(ToolApprovalScreen.ARM_SECONDS + 0.3)  # its keys answer after a moment
         t.keys("n")  # the dialog covers the reply: deny first, then look at the call as written
         t.wait(lambda: "denied: the model is told so" in t.text(), "the call to be denied", 10)
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the denied call", 60)
@@ -91,6 +95,7 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         t.keys("What time is it in Tokyo?", literal=True)
         t.keys("Enter")
         t.wait(lambda: t.text().count("Run get_current_time from MCP server 'time'?") == 1, "the prompt again", 60)
+        time.sleep(ToolApprovalScreen.ARM_SECONDS + 0.3)  # its keys answer after a moment
         t.keys("y")
         t.wait(lambda: re.search(r"▶ result: \d+ characters", t.text()), "the server's result", 30)
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the result", 60)

@@ -72,8 +72,37 @@ async def answered(pilot, app) -> None:
 
 
 async def approval(pilot) -> ToolApprovalScreen:
+    """The dialog, once its keys answer (ToolApprovalScreen.ARM_SECONDS after it opens)."""
     await until(pilot, lambda: isinstance(pilot.app.screen, ToolApprovalScreen), timeout=10)
+    await until(pilot, lambda: pilot.app.screen.armed, timeout=10)
     return pilot.app.screen
+
+
+async def test_keys_typed_as_the_dialog_opens_do_not_answer_it(hub, monkeypatch):
+    # the dialog opens while the model writes, often mid-word: the "a" of "What's" must not allow the tool
+    # for good, nor Enter allow it once; Esc, the safe answer, is taken at once
+    monkeypatch.setattr(ToolApprovalScreen, "ARM_SECONDS", 30.0)
+    app = make_app(replies=[ECHO, ANSWER], tools_hub=hub)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "one")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ToolApprovalScreen), timeout=10)
+        dialog = app.screen
+        for key in ("a", "enter", "y", "n"):
+            await pilot.press(key)
+        await pilot.pause()
+        assert app.screen is dialog and not any(v.result_text for v in views(app))  # still asking, nothing ran
+        monkeypatch.setattr(ToolApprovalScreen, "ARM_SECONDS", 0.0)
+        await pilot.press("n")
+        await answered(pilot, app)
+        assert "the user denied this call" in replies_text(app)[1]
+    monkeypatch.setattr(ToolApprovalScreen, "ARM_SECONDS", 30.0)
+    app = make_app(replies=[ECHO], tools_hub=hub)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await send(pilot, "x")
+        await until(pilot, lambda: isinstance(pilot.app.screen, ToolApprovalScreen), timeout=10)
+        await pilot.press("escape")  # taken at once
+        await until(pilot, lambda: not app.chat.tools.active)
+        assert "stopped by the user" in app.chat.history[-1]["content"]
 
 
 async def test_allowed_call_runs_shows_its_result_and_the_model_continues(hub):

@@ -4,6 +4,8 @@ or off. Both read core.user.mcp_client's plain values; neither talks to a server
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -20,7 +22,13 @@ ALLOW, ALWAYS, DENY, STOP = "allow", "always", "deny", "stop"
 
 
 class ToolApprovalScreen(ModalScreen[str]):
-    """Dismisses with ALLOW, ALWAYS, DENY (the model is told) or STOP (Esc: no more calls, no reply)."""
+    """Dismisses with ALLOW, ALWAYS, DENY (the model is told) or STOP (Esc: no more calls, no reply).
+
+    The dialog opens while the model writes, often while the user types the next message: for its first
+    `ARM_SECONDS` the answer keys are swallowed, not taken, so that the "a" of "What's" cannot allow a tool
+    for good (nor Enter allow it once). Esc (the safe answer) works at once."""
+
+    ARM_SECONDS = 0.6
 
     CSS_PATH = str(style_path("tools.tcss"))
     BINDINGS = [
@@ -33,6 +41,15 @@ class ToolApprovalScreen(ModalScreen[str]):
     def __init__(self, name: str, server: str, arguments: dict) -> None:
         super().__init__()
         self.tool_name, self.server, self.arguments = name, server, arguments
+        self.shown_at = time.monotonic()
+
+    def on_mount(self) -> None:
+        self.shown_at = time.monotonic()
+
+    @property
+    def armed(self) -> bool:
+        """Whether a key now is an answer (see the class docstring)."""
+        return time.monotonic() - self.shown_at >= self.ARM_SECONDS
 
     def compose(self) -> ComposeResult:
         with Vertical(id="approval-box"):
@@ -51,6 +68,8 @@ class ToolApprovalScreen(ModalScreen[str]):
         self.dismiss(str(event.button.id))
 
     def action_answer(self, answer: str) -> None:
+        if answer != STOP and not self.armed:
+            return  # typed for the prompt as the dialog opened: not an answer
         self.dismiss(answer)
 
 
