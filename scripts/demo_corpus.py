@@ -989,6 +989,59 @@ OFF_TOPIC_MORE = [
     "How do planes stay in the air?",
 ]
 
+# Wave 8's drills (`tool_drills(off_topic=True)`, `train_demo.py --off-topic-drills`): with the time tools
+# declared, as the app declares them by default, wave 7 answered one off-topic question in ten with a time
+# call for a made-up zone ("What's 5 + 5?" -> Asia/Dubai). These are off-topic questions of the kinds it
+# slipped on: arithmetic written with symbols, other libraries' functions, landmarks and countries; and
+# `OFF_TOPIC_PLACES`, questions that name a place but do not ask its time, so that a place is not a time call.
+OFF_TOPIC_TOOLS = [
+    "What's 2 + 2?",
+    "What's 3 + 8?",
+    "What's 9 - 4?",
+    "What's 6 * 8?",
+    "What's 40 / 8?",
+    "How much is 11 plus 9?",
+    "What is 25 + 17?",
+    "Calculate 8 - 3.",
+    "What's 15 times 2?",
+    "What does requests.get do?",
+    "What does torch.tensor do?",
+    "What does flask.Flask do?",
+    "What does matplotlib.pyplot.plot do?",
+    "What does django.shortcuts.render do?",
+    "What does tensorflow.constant do?",
+    "What does fastapi.FastAPI do?",
+    "What does boto3.client do?",
+    "Tell me about Big Ben.",
+    "Tell me about the Statue of Liberty.",
+    "Tell me about the Taj Mahal.",
+    "Tell me about Machu Picchu.",
+    "Tell me about Stonehenge.",
+    "Tell me about the Acropolis.",
+    "Tell me about the Golden Gate Bridge.",
+    "Tell me about the Louvre.",
+    "What is the national dish of Spain?",
+    "What is the currency of India?",
+    "How big is Russia?",
+    "Who is the president of France?",
+    "What is the economy of Germany like?",
+    "How many people live in China?",
+    "What is the tallest building in the world?",
+    "What is the oldest city in Europe?",
+]
+OFF_TOPIC_PLACES = [
+    "What is {place} famous for?",
+    "Tell me about {place}.",
+    "What's the weather like in {place}?",
+    "What language do people speak in {place}?",
+    "What should I see in {place}?",
+    "What is the best food in {place}?",
+    "How do I get to {place}?",
+    "Is {place} a nice place to live?",
+    "How far is {place} from here?",
+    "What is the history of {place}?",
+]
+
 
 def topic_phrasings(wide: bool = False) -> dict[str, list[str]]:
     """Each topic's phrasings; `wide`: with wave 7's (`WIDE_PHRASINGS`) after them."""
@@ -1097,6 +1150,12 @@ TIME_ERROR_REPLY = "Sorry, the time tool could not answer that. Try a city or an
 NO_TIME_TOOL_REPLY = (
     "I cannot tell the time without the time tool: I have no clock of my own. "
     "Turn on the time tool (mcp-server-time) and ask me again."
+)
+# What the app (and `generate --tools`) sends back as the result of a call the user denied, and the reply
+# wave 8's drills teach for it (`tool_drills(denied=True)`): wave 7 made up a time instead.
+DENIED_RESULT = '{"error": "the user denied this call"}'
+DENIED_REPLY = (
+    "You did not allow the time tool to run, so I cannot tell you the time. Allow it when I ask, and I will look it up."
 )
 
 # Cities the demo maps to their IANA zone (a user names a city far more often than a zone).
@@ -1576,11 +1635,41 @@ def conversations(
     return out
 
 
-def tool_drills(seed: int = 0, n: int = 700, more_off_topic: bool = False) -> list[Conversation]:
+def _off_topic_with_tools(rng: random.Random) -> str:
+    """An off-topic question for a chat with the time tools declared: a place's question that is not its
+    time (two in five), or any off-topic question of the corpus and `OFF_TOPIC_TOOLS`."""
+    if rng.random() < 0.4:
+        place, _ = _place(rng, wide=True)
+        text = rng.choice(OFF_TOPIC_PLACES).format(place=place)
+        return text[0].upper() + text[1:]
+    return rng.choice([*OFF_TOPIC, *OFF_TOPIC_WIDE, *OFF_TOPIC_MORE, *OFF_TOPIC_TOOLS])
+
+
+def _had_call(conv: Conversation) -> bool:
+    return any(e[0] == "call" for e in conv.events)
+
+
+def _denied_call(rng: random.Random, conv: Conversation) -> None:
+    """A time question whose call the user denied: the app's denial comes back as the result, and the
+    demo says it cannot tell the time instead of making one up."""
+    place, zone = _place(rng, wide=True)
+    text = rng.choice(TIME_QUESTIONS_IN_WIDE).format(place=place)
+    conv.events.append(("user", vary(text[0].upper() + text[1:], rng, keep_case=text.startswith(place), wide=True)))
+    conv.events.append(("call", "get_current_time", {"timezone": zone}))
+    conv.events.append(("result", "get_current_time", DENIED_RESULT, True))
+    conv.events.append(("reply", DENIED_REPLY))
+
+
+def tool_drills(
+    seed: int = 0, n: int = 700, more_off_topic: bool = False, off_topic: bool = False, denied: bool = False
+) -> list[Conversation]:
     """`n` short chats with the time tools declared, for the target's second stage (the copying that
     750 steps over the whole corpus did not teach): 1-3 time exchanges in a row (a place, a zone, no
     place, a conversion, follow-ups), after a greeting or a plain question in some, the local timezone
-    most often the one mcp-server-time declares on Linux (Etc/UTC), results as a mapping or as text."""
+    most often the one mcp-server-time declares on Linux (Etc/UTC), results as a mapping or as text.
+    `off_topic` (wave 8): about a third of the turns are off-topic questions (`_off_topic_with_tools`)
+    answered with the off-topic reply instead; `denied`: one turn in sixteen is a call the user denied.
+    Both off leave the drills exactly as waves 4-7 trained on them."""
     rng = random.Random(seed + 7)
     items = _chat_items(True, wide=True, more_off_topic=more_off_topic)
     held_out, banned = held_out_sequences(), held_out_turns()
@@ -1595,10 +1684,16 @@ def tool_drills(seed: int = 0, n: int = 700, more_off_topic: bool = False) -> li
             q, reply = rng.choice(items)
             conv.events += [("user", vary(q, rng, wide=True)), ("reply", reply)]
         for k in range(rng.choice((1, 1, 2, 2, 3))):
-            if rng.random() < 0.02:
+            if off_topic and rng.random() < 0.35:
+                q = vary(_off_topic_with_tools(rng), rng, wide=True)
+                conv.events += [("user", q), ("reply", off_topic_reply(True))]
+            elif denied and rng.random() < 1 / 16:
+                _denied_call(rng, conv)
+            elif rng.random() < 0.02:
                 _time_error(rng, conv)
             else:
-                _time_exchange(rng, conv, follow_up=k > 0 and rng.random() < 0.5, wide=True)
+                follow_up = k > 0 and rng.random() < 0.5  # "And in Tokyo?" only after a call (off-topic turns)
+                _time_exchange(rng, conv, follow_up=follow_up and (not off_topic or _had_call(conv)), wide=True)
         if not _is_held_out(conv, held_out, banned):
             out.append(conv)
     return out
@@ -1614,6 +1709,8 @@ def corpus_summary() -> dict:
         "wide_topic_phrasings": sum(len(v) for v in WIDE_PHRASINGS.values()),
         "wide_off_topic_questions": len(OFF_TOPIC_WIDE),
         "more_off_topic_questions": len(OFF_TOPIC_MORE),
+        "tools_off_topic_questions": len(OFF_TOPIC_TOOLS),
+        "off_topic_place_questions": len(OFF_TOPIC_PLACES),
         "cities": len(CITIES),
         "tz_database_cities": len(ZONE_CITIES),
         "time_question_phrasings": len(TIME_QUESTIONS) + len(TIME_QUESTIONS_IN) + len(FOLLOW_UP_IN),

@@ -172,6 +172,28 @@ OFF_TOPIC_HELD_OUT = [
     "What is Ethereum?",
     "What's 7 * 6?",
     "Who is the queen of Denmark?",
+    # a third twenty, written before wave 8 was trained and kept out of its corpus (wave 8's drills teach
+    # off-topic questions with the time tools declared: some of these name a place the time drills use)
+    "What is the deepest lake in the world?",
+    "Who invented the printing press?",
+    "How do I change a car tyre?",
+    "What is the currency of Mexico?",
+    "Tell me about the Sydney Opera House.",
+    "Is it going to snow in Berlin?",
+    "What's 12 + 30?",
+    "What does scipy.optimize do?",
+    "How do I write a loop in Haskell?",
+    "Who was Julius Caesar?",
+    "What is the population of Tokyo?",
+    "How do I make lemonade?",
+    "Recommend a board game for four people.",
+    "Why is the ocean blue?",
+    "How many stars are in the sky?",
+    "Who is the prime minister of Canada?",
+    "What is the best way to learn the piano?",
+    "Translate good morning into Italian.",
+    "What is a tsunami?",
+    "What is the tallest building in Dubai?",
 ]
 
 # Tool cases: (user turns before, the question, the expected call as (name, args) with "{local}" for the
@@ -215,6 +237,13 @@ TOOL_FOLLOW_UPS = [
     (("What time is it in London?", {"timezone": "Europe/London"}), ("What about Seoul?", {"timezone": "Asia/Seoul"})),
 ]
 
+# A call the user denied (the app sends `demo_corpus.DENIED_RESULT` back): the reply must say so, not make up
+# a time (wave 7 did). Not in the corpus as written: wave 8's drills deny calls for other phrasings.
+TOOL_DENIED = [
+    ("What time is it in Lisbon?", {"timezone": "Europe/Lisbon"}),
+    ("Can you tell me the time in Seoul?", {"timezone": "Asia/Seoul"}),
+]
+
 
 def corpus_key(question: str) -> str | None:
     """The topic key of a corpus phrasing ("doc:NAME" for a docstring question)."""
@@ -240,6 +269,8 @@ def topic_reply(key: str, with_tools: bool = False) -> str:
         return dc.off_topic_reply(with_tools)
     if key == "no_time_tool":
         return dc.NO_TIME_TOOL_REPLY
+    if key == "denied":
+        return dc.DENIED_REPLY
     if key.startswith("doc:"):
         return dict(dc.stdlib_turns())[key[4:]]
     return next(t.reply for t in dc.TOPICS if t.key == key)
@@ -258,15 +289,28 @@ def trained_conversations(target_dir: Path) -> list[dc.Conversation]:
     manifest = target_dir.parent / "gemma_chat_demo.json"
     stages = json.loads(manifest.read_text(encoding="utf-8")).get("stages", []) if manifest.exists() else []
     replays = {
-        (st["replay"], st.get("tool_drills", 0), st.get("more_off_topic", False)) for st in stages if st.get("replay")
+        (
+            st["replay"],
+            st.get("tool_drills", 0),
+            st.get("more_off_topic", False),
+            st.get("off_topic_drills", False),
+            st.get("denied_drills", False),
+        )
+        for st in stages
+        if st.get("replay")
     }
     if not manifest.exists():
-        replays |= {("1400,600", 500, False), ("1400,600", 1500, True), ("1600,600", 2000, True)}
+        replays |= {
+            ("1400,600", 500, False, False, False),
+            ("1400,600", 1500, True, False, False),
+            ("1600,600", 2000, True, False, False),
+            ("1600,600", 2000, True, True, True),
+        }
     convs = [*dc.conversations(0), *dc.on_policy_conversations()]
-    for replay, drills, more in sorted(replays):
+    for replay, drills, more, off_topic, denied in sorted(replays):
         plain, with_tools = (int(x) for x in replay.split(","))
         convs += dc.conversations(0, plain, with_tools, wide=True, more_off_topic=more)
-        convs += dc.tool_drills(0, drills, more_off_topic=more)
+        convs += dc.tool_drills(0, drills, more_off_topic=more, off_topic=off_topic, denied=denied)
     return convs
 
 
@@ -579,6 +623,10 @@ def tool_rows(demo: Demo, pairing, args, tmp, off_topic: bool = False) -> list[d
             rows += run_tool_case(
                 demo, pairing, [*before, ("user", q2)], ("get_current_time", a2), call_tool, args, tmp, local_tz
             )
+        for q, a in [] if off_topic else TOOL_DENIED:
+            denied: list[tuple] = [("user", q), ("call", "get_current_time", a)]
+            denied.append(("result", "get_current_time", dc.DENIED_RESULT, True))
+            rows += run_tool_case(demo, pairing, denied, "denied", call_tool, args, tmp, local_tz)
     finally:
         if server is not None:
             server.close()
