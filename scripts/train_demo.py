@@ -4,7 +4,29 @@
     .venv/bin/python scripts/train_demo.py --continue-drafter A --drafter-steps N --out B     (stage 2: drafter)
     .venv/bin/python scripts/train_demo.py --continue-drafter B --on-policy --drafter-steps N --lr L --out OUT
 
-The shipped weights (wave 7, 2026-12-07) came from these runs, two at a time on an otherwise idle 2-core
+The shipped weights (wave 8, 2026-12-07) are wave 7's (below) trained two stages further, on wave 7's
+corpus plus wave 8's drills (demo_corpus.tool_drills(off_topic=True, denied=True): a third of the drills'
+turns off-topic questions with the time tools declared, OFF_TOPIC_TOOLS and OFF_TOPIC_PLACES among them,
+and one turn in sixteen a call the user denied, answered with DENIED_REPLY):
+    --continue-target core/data/demo --replay 1600,600 --tool-drills 2000 --more-off-topic --off-topic-drills
+        --denied-drills --target-steps 200 --drafter-steps 0 --lr 7e-4 --out A   (409 s)
+    --continue-drafter A --on-policy (the same corpus flags) --drafter-steps 300 --lr 2e-3 --out AD   (615 s),
+        copied to core/data/demo
+  Nine stages in all, about 1 h 50 min of one core. Why: with the time tools declared, as the app declares
+  them by default, wave 7 answered 4 of its 40 off-topic questions with a time call for a made-up zone
+  ("What's 5 + 5?" -> Asia/Dubai), and after a denied call it made up a time. Measured with
+  measure_demo.py --repeats 1 --in-process (a third twenty off-topic questions, written before these runs
+  and kept out of the corpus, added to OFF_TOPIC_HELD_OUT):
+      pairing                    held-out   off-topic   off-topic, tools   time tools (+2 denied)   checks
+      wave 7 (shipped before)    53/58      40/40       36/40              32/38 (denied: not measured)
+      A (wave 7's drafter)       54/58      60/60       60/60              31/38 + 2/2              15/15
+      B: 300 steps at 1e-3       53/58      60/60       60/60              31/38 + 2/2              15/15
+  B's on-policy drafter (BD) drafted only 35.5 % of the tokens of the off-topic replies with tools (AD 75.4 %),
+  so A shipped. The time-tool misses are wave 7's: "How late is it in Moscow?" and "What's the hour in
+  Dubai?" get the off-topic reply, the two conversions name one zone twice, the two zones kept out of the
+  corpus are misspelled, and after Sofia's misspelled zone's error it does not give TIME_ERROR_REPLY.
+
+Wave 7 (shipped 2026-12-07 until wave 8) came from these runs, two at a time on an otherwise idle 2-core
 machine (one OpenBLAS thread each; seconds as the manifest records them):
     --replay 1400,600 --tool-drills 500 --target-steps 1200 --drafter-steps 0 --lr 4e-3 --out T
                                                            2455 s: wave 6's first stage on wave 7's wide corpus
@@ -20,7 +42,7 @@ machine (one OpenBLAS thread each; seconds as the manifest records them):
     --continue-target TF2 --replay 1600,600 --tool-drills 2000 --more-off-topic --target-steps 200 --lr 7e-4
                                                            --drafter-steps 0 --out TF3   (416 s)
     --continue-drafter TF3 --on-policy --replay 1600,600 --tool-drills 2000 --more-off-topic --drafter-steps 300
-                                                           --lr 2e-3 --out TF3D   (393 s), copied to core/data/demo
+                                                           --lr 2e-3 --out TF3D   (393 s), wave 7
   Measured (measure_demo.py --set all --repeats 1 --in-process; each target with the drafter it had then):
       target (drafter)   held-out on topic   off-topic reply   time tools   suite's demo checks
       T (random)         56/58 = 97 %        19/20             21/38        -
@@ -28,7 +50,7 @@ machine (one OpenBLAS thread each; seconds as the manifest records them):
                                                                                   -> Asia/Shanghai)
       TF2 (TFD2's)       55/58 = 95 %        19/20             31/38        11/11
       TF3 (TFD2's)       53/58 = 91 %        20/20             32/38        11/11
-      TF3 (TF3D), shipped: on topic 9/9 of the speed set, 53/58 held out, 20/20, 32/38, 11/11; tokens from
+      TF3 (TF3D), wave 7: on topic 9/9 of the speed set, 53/58 held out, 20/20, 32/38, 11/11; tokens from
       accepted drafts 75.7 % on the speed set, 75.6 % held out, 81.8 % off-topic, 70.0 % with tools.
   20 more off-topic questions written afterwards, none in the corpus ("Who wrote The Odyssey?", "How do I write
   a loop in Perl?", "What's 7 * 6?", ...: the second twenty of measure_demo.py's OFF_TOPIC_HELD_OUT): TF3
@@ -768,6 +790,16 @@ def parse_args(argv):
         action="store_true",
         help="with --replay: demo_corpus.OFF_TOPIC_MORE's questions too (wave 7's last target stage)",
     )
+    ap.add_argument(
+        "--off-topic-drills",
+        action="store_true",
+        help="with --replay: a third of the drills' turns are off-topic questions (wave 8)",
+    )
+    ap.add_argument(
+        "--denied-drills",
+        action="store_true",
+        help="with --replay: some drills' calls are denied by the user (wave 8)",
+    )
     ap.add_argument("--resume", action="store_true", help="continue a stopped stage from its saved state")
     ap.add_argument("--save-every", type=int, default=50, metavar="N")
     ap.add_argument("--state", metavar="DIR", help="where a stage saves its state (default: a folder in the temp dir)")
@@ -811,7 +843,9 @@ def main(argv=None) -> int:
             plain, with_tools = (int(x) for x in args.replay.split(","))
             more = args.more_off_topic
             convs = demo_corpus.conversations(SEED, plain, with_tools, wide=True, more_off_topic=more)
-            convs += demo_corpus.tool_drills(SEED, args.tool_drills, more_off_topic=more)
+            convs += demo_corpus.tool_drills(
+                SEED, args.tool_drills, more_off_topic=more, off_topic=args.off_topic_drills, denied=args.denied_drills
+            )
         examples = encode_corpus(tokenizer, template, convs, args.max_len, log)
         n_tokens = sum(len(ids) for ids, _ in examples)
         log(f"corpus: {demo_corpus.corpus_summary()}")
@@ -881,6 +915,8 @@ def main(argv=None) -> int:
             "seconds": elapsed,
             **({"replay": args.replay, "tool_drills": args.tool_drills} if args.replay else {}),
             **({"more_off_topic": True} if args.replay and args.more_off_topic else {}),
+            **({"off_topic_drills": True} if args.replay and args.off_topic_drills else {}),
+            **({"denied_drills": True} if args.replay and args.denied_drills else {}),
         }
         manifest = {
             "label": LABEL,

@@ -69,8 +69,8 @@ TARGET = _colour(0xE6, 0x9F, 0x00)
 def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(term_env):
     """The offline demo, asked the time with the default time server running: its reply shows the call as
     it writes it (`call:get_current_time{timezone:"..."}`, drafted tokens in the drafter's colour, the
-    target's own in its colour), the approval prompt names the call, the real server answers it (its result
-    shows, collapsed) and the
+    target's own in its colour), the approval prompt names the call, a denied call gets "You did not allow
+    the time tool…" (not a made-up time), the real server answers it (its result shows, collapsed) and the
     demo goes on with the time it was given, in the zone of the city asked about (issue 26 §5)."""
     from datetime import datetime, timedelta
     from zoneinfo import ZoneInfo
@@ -88,6 +88,7 @@ def test_the_demo_writes_a_time_call_in_colour_and_the_time_server_answers_it(te
         t.keys("n")  # the dialog covers the reply: deny first, then look at the call as written
         t.wait(lambda: "denied: the model is told so" in t.text(), "the call to be denied", 10)
         t.wait(lambda: shows_ready(t.text()), "the demo's answer after the denied call", 60)
+        assert "You did not allow the time tool" in " ".join(t.text().split())  # not a made-up time (wave 7)
         written = f'call:get_current_time{{timezone:"{zone}"}}'
         screen = t.escapes()  # settled: the answer has finished streaming
         params = _sgr_params(screen, written)

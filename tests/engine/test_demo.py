@@ -364,6 +364,37 @@ def test_after_the_result_it_answers_with_the_time_it_was_given(demo_engine):
 
 
 @retrained_only
+def test_with_the_time_tools_declared_an_off_topic_question_gets_the_off_topic_reply(demo_engine):
+    # the app declares the time tools by default: wave 7 answered these (held out: not in the corpus) with a
+    # time call for a made-up zone ("What's 5 + 5?" -> Asia/Dubai)
+    reply = _corpus().off_topic_reply(with_tools=True)
+    for question in ("What's 5 + 5?", "Tell me about the Eiffel Tower.", "What does pandas.DataFrame do?"):
+        done = _ask_the_time(demo_engine, question)
+        assert not done.tool_calls and done.text.strip() == reply, (question, done.text)
+
+
+@retrained_only
+def test_after_a_denied_call_it_says_it_cannot_tell_the_time(demo_engine):
+    # the chat sends a denied call back as an error result (app/tui/screens/chat_tools.py); wave 7 made up a
+    # time after it
+    from app.tui.screens import chat_tools
+    from core.settings import GenerationSettings
+
+    denied = chat_tools._error(chat_tools.DENIED)
+    assert denied == _corpus().DENIED_RESULT  # what the corpus trained on
+    tools, _ = _time_tools()
+    call = {"name": "get_current_time", "arguments": json.dumps({"timezone": "Europe/Lisbon"})}
+    ask = [
+        {"role": "user", "content": "What time is it in Lisbon?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": denied},
+    ]
+    done = demo_engine.chat(ask, GenerationSettings(max_tokens=64), None, tools=tools).result(600)
+    assert done.error is None and not done.tool_calls, done
+    assert done.text.strip() == _corpus().DENIED_REPLY
+
+
+@retrained_only
 def test_without_the_time_tool_a_time_question_gets_a_polite_refusal(demo_engine):
     text = _chat(demo_engine, [{"role": "user", "content": "What time is it in Paris?"}]).text.strip()
     assert text == _corpus().NO_TIME_TOOL_REPLY
@@ -386,6 +417,7 @@ def test_no_corpus_conversation_has_a_held_out_turn():
         banned = dc.held_out_turns()
         assert dc.normalise("What's MLX?") in banned and dc.normalise("How do I write a loop in Go?") in banned
         wide = [q for qs in dc.WIDE_PHRASINGS.values() for q in qs] + dc.OFF_TOPIC_WIDE + dc.OFF_TOPIC_MORE
+        wide += dc.OFF_TOPIC_TOOLS
         assert not [q for q in wide if dc.normalise(q) in banned]
         casual = dc.Conversation(None, [("user", "Hi"), ("reply", dc.GREETING_REPLY), ("user", "what's mlx")])
         assert dc._is_held_out(casual, set(), banned)  # the check that drops it from the corpus
