@@ -18,11 +18,16 @@ and one turn in sixteen a call the user denied, answered with DENIED_REPLY):
   measure_demo.py --repeats 1 --in-process (a third twenty off-topic questions, written before these runs
   and kept out of the corpus, added to OFF_TOPIC_HELD_OUT):
       pairing                    held-out   off-topic   off-topic, tools   time tools (+2 denied)   checks
-      wave 7 (shipped before)    53/58      40/40       36/40              32/38 (denied: not measured)
+      wave 7 (shipped before)    53/58      40/40       54/60 (36/40)      32/38 (denied: not measured)
       A (wave 7's drafter)       54/58      60/60       60/60              31/38 + 2/2              15/15
       B: 300 steps at 1e-3       53/58      60/60       60/60              31/38 + 2/2              15/15
   B's on-policy drafter (BD) drafted only 35.5 % of the tokens of the off-topic replies with tools (AD 75.4 %),
-  so A shipped. The time-tool misses are wave 7's: "How late is it in Moscow?" and "What's the hour in
+  so A shipped. AD, shipped (measure_demo.py --set all, a fresh auto-block cache): on topic 9/9 of the speed
+  set, 54/58 held out, 60/60 off-topic with and without the tools, 33/40 tools; tokens from accepted drafts
+  78.2 % speed set, 77.0 % held out, 78.5 % off-topic, 74.2 % tools, 72.4 % off-topic with tools. Twenty
+  more off-topic questions typed afterwards (none in the corpus or measure_demo.py): 20/20 without and with the
+  tools (wave 7: 20/20, 18/20: "What's the weather in Tokyo?" and "What's 100 - 37?" became time calls).
+  The time-tool misses are wave 7's: "How late is it in Moscow?" and "What's the hour in
   Dubai?" get the off-topic reply, the two conversions name one zone twice, the two zones kept out of the
   corpus are misspelled, and after Sofia's misspelled zone's error it does not give TIME_ERROR_REPLY.
 
