@@ -23,8 +23,10 @@ Costs (of this machine, measured)
   against the target's: a 4-bit drafter is cheaper). Only clean times count (see `observe`); plain
   steps are timed now and then while drafting, and three of them before the first drafting round.
 - Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
-  last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), and now
-  and then a neighbouring size, so one slow moment cannot leave a size untried for ever.
+  last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), but that
+  cap never parks the controller where a larger size could pay (on the demo on a CPU only blocks of 6+
+  paid, and every second reply parked at its first round), and now and then a neighbouring size, so one
+  slow moment cannot leave a size untried for ever.
 
 Parked (K = 1 wins)
 - Every round is the plain step and the controller does O(1) work per round. After `probe_wait` plain
@@ -318,6 +320,15 @@ class AutoBlock:
         ks = range(c.k_min, max(c.k_min, reach) + 1)
         rates = {k: self.rate(k, acc) for k in ks}
         best = max(ks, key=lambda k: (rates[k], -k))
+        if best == 1 and reach < c.k_max:
+            # the ramp must not park the controller where only a block beyond its cap can pay (a verify's
+            # fixed cost, a busy machine): parked, a reply the drafter knows well waits dozens of rounds
+            # for a probe. A block at the smallest size that could pay is judged like any other.
+            pay = self._smallest_that_could_pay()
+            if pay is not None and pay > reach:
+                ks = range(c.k_min, pay + 1)
+                rates.update({k: self.rate(k, acc) for k in ks if k not in rates})
+                best = max(ks, key=lambda k: (rates[k], -k))
         if best == 1 and self._current not in (None, 1) and len(rates) > 1:
             # leaving drafting stops all news about acceptance: do it only when plain clearly wins
             drafting = max(k for k in ks if k > 1 and rates[k] == max(rates[j] for j in ks if j > 1))

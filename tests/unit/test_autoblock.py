@@ -372,3 +372,27 @@ def test_block_costs_survive_a_session_and_a_bad_file_costs_only_a_cold_start(tm
     blocked = tmp_path / "file"
     blocked.write_text("")
     save_costs(blocked / "sub" / "c.json", {2: 1.1})  # cannot write there: no error, nothing kept
+
+
+def test_a_new_turn_drafts_on_where_only_a_block_beyond_the_ramp_pays():
+    # measured on the demo (CPU, verify's fixed cost; a kernel tile made 6 cheaper than 3): blocks up to the
+    # ramp's start (3) lose to a plain step, 6 wins by far. Every second reply used to park at its first
+    # round ("drafts don't pay (1st kept 100 %...)") and wait ~50 rounds for a probe: no drafts at all
+    ratios = {1: 1.0, 2: 2.28, 3: 3.23, 4: 3.96, 5: 4.65, 6: 3.07, 7: 5.15, 8: 5.57}
+    ctl = AutoBlock()
+    ctl.prime({k: r for k, r in ratios.items() if k > 1})
+    ctl.prime_acceptance({"greedy": [0.99] * 7})
+    rng = random.Random(0)
+    per_turn = []
+    for _ in range(4):
+        ctl.begin_turn()
+        chosen, emitted = [], 0
+        while emitted < 41:  # a 41-token reply, every draft kept but now and then a deep one
+            k = ctl.decide().block_size
+            n = k - 1 if rng.random() < 0.8 else max(0, k - 2)
+            ctl.observe(k, n, round_s=0.007 * ratios[k] * rng.uniform(0.97, 1.03))
+            chosen.append(k)
+            emitted += n + 1
+        per_turn.append(chosen)
+    for chosen in per_turn:
+        assert chosen[0] > 1 and sum(k > 1 for k in chosen) >= 0.8 * len(chosen), per_turn
