@@ -18,7 +18,8 @@ The sets:
 - `tools`: the time tools declared (mcp-server-time's own declarations), rendered with the demo's chat
   template and fed as `--no-template` (the CLI cannot declare tools); the call the demo writes is
   parsed, run (by the real server with `--mcp CMD`, else computed in its shape from the clock), its
-  result appended as the template renders it, and the answer generated.
+  result appended as the template renders it, and the answer generated. Two more cases deny the call
+  (`demo_corpus.DENIED_RESULT`, as the app sends it back) and expect `demo_corpus.DENIED_REPLY`.
 - `off-topic-tools`: the off-topic questions with the time tools declared, as the app declares them by
   default: the off-topic reply is right, a time call is not.
 
