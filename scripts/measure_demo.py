@@ -239,7 +239,7 @@ TOOL_FOLLOW_UPS = [
 ]
 
 # A call the user denied (the app sends `demo_corpus.DENIED_RESULT` back): the reply must say so, not make up
-# a time (wave 7 did). Not in the corpus as written: wave 8's drills deny calls for other phrasings.
+# a time (wave 7 did). Neither question is denied in wave 8's drills as written (they deny 131 others).
 TOOL_DENIED = [
     ("What time is it in Lisbon?", {"timezone": "Europe/Lisbon"}),
     ("Can you tell me the time in Seoul?", {"timezone": "Asia/Seoul"}),
