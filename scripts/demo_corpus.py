@@ -1618,7 +1618,7 @@ def conversations(
                 turns -= 1
             for _ in range(turns):
                 if tools and rng.random() < 0.6:
-                    had_time = any(e[0] == "call" for e in conv.events)
+                    had_time = _had_call(conv)
                     if rng.random() < 0.03:
                         _time_error(rng, conv)
                     else:

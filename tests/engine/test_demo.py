@@ -192,7 +192,7 @@ def _topic_reply(key: str) -> str:
 
 
 def _retrained() -> bool:
-    """The retrained demos (multi-turn, off-topic reply, time tools: "E", then waves 6 and 7 in scripts/train_demo.py)
+    """The retrained demos (multi-turn, off-topic reply, time tools: "E", then waves 6-8 in scripts/train_demo.py)
     ship with the canonical template; the first trained demo had the factory's simplified one."""
     return "<|tool_call>" in (demo.DEMO_DIR / "target" / "chat_template.jinja").read_text(encoding="utf-8")
 

@@ -12,7 +12,7 @@ Issue 22's targets and where they stand (`scripts/replay_autoblock.py` prints th
 below sit just under today's figures). The main set's demo traces were recorded again with the demo
 shipped then ("E" in scripts/train_demo.py) and the drafter's per-draft probabilities (2026-12-03; until
 then they were of the demo before it: its second-turn replies were 2 tokens long); the pack's traces did
-not change. The demos shipped since (wave 6 on 2026-12-06, wave 7 on 2026-12-07) are not in them: the
+not change. The demos shipped since (wave 6 on 2026-12-06, waves 7 and 8 on 2026-12-07) are not in them: the
 traces stay a record of real replies, and the floors below are the controller's on them.
 - auto >= 0.98x plain decoding on every trace and cost model: the median trace is 0.99-1.31x per cost
   model; the worst reply is 0.94x (drafter-expensive, where a draft step costs 0.6 of a plain step and
