@@ -69,8 +69,12 @@ def test_eight_threads_get_their_solo_answers_with_draft_marks(server: ServeProc
         assert t["finish"] in ("stop", "length")
     marks = [m for t in together for m in t["from_draft"]]
     assert any(marks) and not all(marks)  # drafted tokens and the target's own, marked per token
-    # stats are per request: each its own rounds and acceptance
-    assert len({(t["stats"]["rounds"], t["stats"]["accepted"]) for t in together}) > 1
+    # stats are per request: each its own rounds and acceptance, as its own tokens' marks count them (the
+    # batch's totals would not match; a demo that drafts every reply alike gives every request the same
+    # rounds, so comparing requests with each other proves nothing)
+    for t in together:
+        assert t["stats"]["accepted"] == sum(t["from_draft"]), t["stats"]
+        assert 1 <= t["stats"]["rounds"] <= t["stats"]["decode_tokens"], t["stats"]
     health = client(server)._client.get(server.url + "/health").json()
     assert health["parallel"] == 4 and health["running"] == 0 and health["waiting"] == 0
 
