@@ -22,6 +22,10 @@ Costs (of this machine, measured)
   1 + (draft_cost + verify_slope) (K - 1), draft_cost the caller's hint (the drafter's bytes and layers
   against the target's: a 4-bit drafter is cheaper). Only clean times count (see `observe`); plain
   steps are timed now and then while drafting, and three of them before the first drafting round.
+- Kept between sessions (`save_costs`): a session primed with them drafts from its first round, its
+  ratios taken against a T(1) guessed from the primed costs until a plain step is timed. Those compare
+  the sizes but echo the primed costs back, so they are not kept: only ratios to a timed plain step
+  are (else a busy moment's costs would pass from session to session, never measured again).
 - Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
   last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), but that
   cap never parks the controller where a larger size could pay (on the demo on a CPU only blocks of 6+
@@ -34,7 +38,8 @@ Parked (K = 1 wins)
   kept. The wait is set from the probe's measured extra cost so probes take about `probe_budget` of the
   parked time; it doubles after every probe that does not bring drafting back, probes go on at once
   while they are accepted, and a new turn probes in its first rounds. When even a drafter that is always
-  right could not pay at the measured costs, it does not probe at all.
+  right could not pay at the measured costs, it does not probe at all; where only kept costs say so,
+  one round of 2 checks them once a session, and kept costs it finds stale are forgotten.
 
 Pure Python, deterministic: the same observations give the same choices. scripts/replay_autoblock.py
 replays it on recorded acceptance traces under several cost models.
@@ -116,6 +121,7 @@ class AutoBlockConfig:
     plain_timing_every: int = 64  # while drafting, a plain round if none was timed for this many rounds
     hysteresis: float = 0.02  # relative gain needed to move away from the current K
     park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
+    stale_margin: float = 0.25  # a check of kept costs this much under them: they are stale
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -135,12 +141,24 @@ class _Cost:
     count: int = 0
     last: int = 0  # the controller's round count at the last update
     recent: list[float] = field(default_factory=list)
+    guessed: list[bool] = field(default_factory=list)  # per sample of `recent`: a ratio to a guessed T(1)
+    primed: float | None = None  # the cost an earlier session kept
+    own: int = 0  # samples from this session's rounds
 
-    def add(self, x: float, window: int, now: int) -> None:
+    def add(self, x: float, window: int, now: int, guessed: bool = False) -> None:
         self.recent = (self.recent + [x])[-window:]
+        self.guessed = (self.guessed + [guessed])[-window:]
         self.value = statistics.median(self.recent)
         self.count += 1
+        self.own += 1
         self.last = now
+
+    def kept(self) -> float | None:
+        """The cost to keep for the next session: the median of the samples timed against a plain step, else
+        the one an earlier session kept. A ratio to a T(1) guessed from the primed costs echoes them back;
+        kept as measured, a busy moment's costs would pass from session to session, never measured again."""
+        timed = [x for x, g in zip(self.recent, self.guessed) if not g]
+        return statistics.median(timed) if timed else self.primed
 
 
 @dataclass
@@ -240,6 +258,10 @@ class AutoBlock:
     _zero_run: int = 0  # drafting rounds in a row whose first draft was rejected
     _never: bool = False  # at the measured costs even a drafter that is always right could not pay
     _probe_size: int | None = None
+    _check_size: int | None = None  # kept costs alone say drafts can't pay: one round of this size checks them
+    _check_at: int = 0  # ... once the session has run this many rounds
+    _checks: int = 0  # checks so far (a first round of a size also builds its kernels and is not timed)
+    _checking: bool = False  # the last choice was a check
     _run_from: float = 0.0
     _parked_words: str = ""
     _parked_acc: tuple[float, ...] = ()
@@ -370,6 +392,7 @@ class AutoBlock:
         # two sizes, four rounds in all (or an earlier session's costs): one slow moment cannot rule drafting out
         self._never = self._probe_size is None and len(timed) >= 2 and sum(timed) >= 4
         if self._never:
+            self._schedule_check()
             return c.probe_every_max
         k = self._probe_size or max(2, min(c.probe_k, c.k_max))
         # waits w, 2w, 4w, ...: probe m costs `extra` after about w 2^m parked rounds, so the first
@@ -379,6 +402,20 @@ class AutoBlock:
         extra = max(self.cost_ratio(k) - 1.0, 0.0)
         base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget))) if k in settled else c.probe_every_min
         return min(base * 2**self._probe_fails, c.probe_every_max)
+
+    def _schedule_check(self) -> None:
+        """Costs an earlier session kept, not one of this session's rounds, say drafts can't pay: were they
+        timed in a busy moment, no later session would ever draft to find out. One round of the cheapest
+        drafting size checks them, once the session has run enough rounds that the check costs about four
+        times `probe_budget` of them, as a parked stretch's first probe does (a machine where drafting truly
+        can't pay loses that little, once a session)."""
+        c = self.config
+        if any(r.own for r in self._ratio.values()) or self._checks >= 3 or self._check_size is not None:
+            return
+        k = max(2, min(c.probe_k, c.k_max))
+        self._check_size = k
+        extra = max(self.cost_ratio(k) - 1.0, 0.0)
+        self._check_at = self.rounds + max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget)))
 
     def _smallest_that_could_pay(self) -> int | None:
         """The smallest block that would beat a plain step if every draft were accepted (k tokens for
@@ -404,7 +441,8 @@ class AutoBlock:
 
     def cost_snapshot(self) -> dict[int, float]:
         """T(K) / T(1) for every block size this controller has timed (to keep for the next session)."""
-        return {k: round(r.value, 4) for k, r in sorted(self._ratio.items()) if r.count}
+        kept = {k: r.kept() for k, r in sorted(self._ratio.items()) if r.count}
+        return {k: round(v, 4) for k, v in kept.items() if v is not None}
 
     def prime(self, ratios: dict[int, float], rounds: int | None = None) -> None:
         """Start from costs measured before (an earlier session on this machine, or a warm-up): each
@@ -418,6 +456,7 @@ class AutoBlock:
                 cost = _Cost()
                 for _ in range(weight):
                     cost.add(float(ratio), c.time_window, 0)
+                cost.primed, cost.own = float(ratio), 0
                 self._ratio[int(k)] = cost
         self._primed = bool(self._ratio)
 
@@ -477,6 +516,11 @@ class AutoBlock:
             self._parked_for += 1
             if self._parked_for % c.refresh_every == 0:
                 self._wait = self._probe_wait()  # T(1) moves with the machine's load
+            if self._check_size is not None and self._never and self.rounds >= self._check_at:
+                k, self._check_size = self._check_size, None
+                self._checks += 1
+                self._probing = self._checking = True
+                return AutoChoice(k, "probe", f"auto → {k}: checking the kept costs, which say drafts can't pay")
             if self._parked_for < self._wait:  # parked: O(1), nothing changed that could move the choice
                 return self._parked_choice()
             # what the drafting rounds before the parked stretch said grows stale: lean on the long run
@@ -574,6 +618,8 @@ class AutoBlock:
         if k < 1 or not all(0 <= n <= k - 1 for n in ns):
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
         self.rounds += 1
+        checking = self._checking and k > 1  # the check may be queued behind a plain step observed first
+        self._checking = self._checking and not checking
         if k > 1 and ns:
             most = max(ns)  # a batch's round is "all rejected" only when every row's first draft was
             if most == 0 and self._zero_run == 0:
@@ -602,7 +648,8 @@ class AutoBlock:
                 self._plain.add(round_s, c.time_window, self.rounds)
             else:
                 if not self._plain.count and not self._t1_guess:
-                    # no plain step timed yet (k_min > 1, or fixed sizes the user chose): guess T(1) from the prior
+                    # no plain step timed yet (a primed session drafts at once; k_min > 1, or fixed sizes the
+                    # user chose): guess T(1) from the costs believed so far, so that the sizes compare
                     self._t1_guess = round_s / self.cost_ratio(k)
                 t1 = self._plain.value if self._plain.count else self._t1_guess
                 if round_s / t1 < 0.85 and self._plain.count and not ahead:
@@ -612,7 +659,12 @@ class AutoBlock:
                     if round_s / t1 < 0.6:
                         return
                 ratio = max(round_s / t1, 1.0)  # verifying K tokens never costs less than one
-                self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds)
+                guessed = not self._plain.count  # it compares the sizes; what they cost is not known yet
+                if checking and k in self._ratio and ratio * (1.0 + c.stale_margin) < self._ratio[k].value:
+                    # the kept costs are stale (timed in a busy moment, or on a slower setup): start afresh
+                    self._ratio = {}
+                    self._primed = self._never = False
+                self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
 
     # -- words --------------------------------------------------------------------------
 

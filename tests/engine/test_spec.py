@@ -587,3 +587,36 @@ def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
     assert r1.token_ids == r2.token_ids == plain.token_ids  # greedy: the target's own output, primed or not
     path.write_text("{broken")
     assert Decoder(tg, dr, None, STOP, costs_path=path).auto.cost_snapshot() == {}  # a cold start, no error
+
+
+def test_kept_costs_that_say_drafts_cannot_pay_are_checked_in_the_session(tmp_path):
+    # an earlier session kept costs timed in a busy moment: every block dearer than its tokens. Believed
+    # for good, no later session would draft again; this one checks them with a round of 2 (its first
+    # also builds the kernels, untimed, so a second follows), and the output stays the target's own
+    tg = load_target(f"{PACK}/e-style-target")
+    dr = load_drafter(f"{PACK}/e-style-assistant")
+    prompts = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]
+    ids = next(iter(prompts.values()))["prompt_ids"]
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"version": 1, "ratios": {str(k): 1.3 * k for k in range(2, 9)}}))
+    settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
+
+    def run() -> tuple[list[int], list[RoundEvent]]:
+        events: list[RoundEvent] = []
+        r = decoder.run(
+            tg.make_cache(slack=3),
+            Prompt(ids),
+            settings,
+            lambda e: events.append(e) if isinstance(e, RoundEvent) else None,
+        )
+        return r.token_ids, events
+
+    decoder = Decoder(tg, dr, None, STOP, costs_path=path)
+    ids1, events = run()
+    checks = [e for e in events if "checking the kept costs" in e.note]
+    assert 1 <= len(checks) <= 3 and all(e.block_size == 2 for e in checks)
+    assert [e.block_size for e in events[:20]] == [1] * 20  # not before the session can afford it
+    ids2, events = run()  # the verdict is this session's own now (kept, or the costs forgotten as stale)
+    assert not [e for e in events if "checking the kept costs" in e.note]
+    plain = Decoder(tg, None, None, STOP).run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    assert ids1 == ids2 == plain.token_ids

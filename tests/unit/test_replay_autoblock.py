@@ -113,11 +113,21 @@ def test_a_session_that_starts_from_the_acceptance_an_earlier_one_kept(traces, r
     assert kept["overall_vs_clairvoyant"] >= 0.839 and kept["min_vs_plain_long"] >= 0.95
 
 
+def _drafting_rounds_per_session(rows) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (r.trace.pairing, r.trace.mode)
+        out[key] = out.get(key, 0) + sum(k > 1 for k in r.chosen)
+    return out
+
+
 def test_drafting_that_cannot_pay_is_left_alone(rows):
     # a real-size target on a CPU (verify K = K plain steps): with the costs an earlier session measured,
-    # auto is plain decoding from the first round of the first reply
+    # auto is plain decoding from the first round of the first reply, but for one round per session that
+    # checks those costs (kept from a busy moment, they would park every later session for good)
     big = [r for r in rows if r.model == "cpu-big"]
-    assert all(set(r.chosen) == {1} for r in big), [r.trace.name for r in big if set(r.chosen) != {1}]
+    assert set(_drafting_rounds_per_session(big).values()) == {1}
+    assert min(r.vs_plain for r in big) >= 0.98
 
 
 def test_a_known_machine_drafts_from_the_first_round_of_the_first_reply(rows, cold_rows):
@@ -154,7 +164,7 @@ def test_replies_no_change_was_tuned_on_score_as_the_main_set_does(traces, held_
         assert s["median_vs_plain"] >= 0.98, (model, s)
         assert s["min_vs_plain_long"] >= 0.93, (model, s)
         assert s["overall_vs_fixed"] >= 0.945, (model, s)
-    assert all(set(r.chosen) == {1} for r in held_out_rows if r.model == "cpu-big")
+    assert set(_drafting_rounds_per_session([r for r in held_out_rows if r.model == "cpu-big"]).values()) == {1}
     held_clair = replay.summary(held_out_rows)["overall_vs_clairvoyant"]
     assert held_clair >= 0.834 and abs(held_clair - replay.summary(rows)["overall_vs_clairvoyant"]) < 0.01
 
