@@ -566,11 +566,15 @@ def test_a_parked_controller_runs_plain_steps_and_probes_rarely(fam):
     assert r.stats.drafted == sum(max(k - 1, 0) for _, k, _ in ahead)
 
 
-def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
-    tg = load_target(f"{PACK}/e-style-target")
-    dr = load_drafter(f"{PACK}/e-style-assistant")
+def _e_style_pairing_and_prompt():
+    """The pack's e-style target and drafter, and its first reference prompt's ids."""
     prompts = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]
     ids = next(iter(prompts.values()))["prompt_ids"]
+    return load_target(f"{PACK}/e-style-target"), load_drafter(f"{PACK}/e-style-assistant"), ids
+
+
+def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
+    tg, dr, ids = _e_style_pairing_and_prompt()
     path = tmp_path / "costs.json"
     settings = GenerationSettings(max_tokens=24, block_size="auto", ignore_eos=True)
     first = Decoder(tg, dr, None, STOP, costs_path=path)
@@ -593,10 +597,7 @@ def test_kept_costs_that_say_drafts_cannot_pay_are_checked_in_the_session(tmp_pa
     # an earlier session kept costs timed in a busy moment: every block dearer than its tokens. Believed
     # for good, no later session would draft again; this one checks them with a round of 2 (its first
     # also builds the kernels, untimed, so a second follows), and the output stays the target's own
-    tg = load_target(f"{PACK}/e-style-target")
-    dr = load_drafter(f"{PACK}/e-style-assistant")
-    prompts = json.load(open("tests/data/pack/references/text/e-style.json"))["prompts"]
-    ids = next(iter(prompts.values()))["prompt_ids"]
+    tg, dr, ids = _e_style_pairing_and_prompt()
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"version": 1, "ratios": {str(k): 1.3 * k for k in range(2, 9)}}))
     settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
