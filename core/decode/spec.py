@@ -292,12 +292,33 @@ class Decoder:
             self._emit_token(turn, tok, False, emit, lp)
         if reason is None:
             reason = self._decode(turn, controls, emit)
+        self._keep_costs()
+        return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
+
+    def _keep_costs(self) -> None:
         if self.costs_path is not None and self.drafter is not None:
             kept = (self.auto.cost_snapshot(), self.auto.acceptance_snapshot())
             if kept != self._saved_costs:
                 save_costs(self.costs_path, *kept)
                 self._saved_costs = kept
-        return self._finish(stats, turn.emitted, turn.committed, reason, t0, t_first)
+
+    def use_costs(self, path: Path | None) -> None:
+        """Keep the block costs at `path` from now on. Compiled and uncompiled rounds cost differently in
+        kind (uncompiled, every op is dispatched on its own: on the demo a round of 8 costs about 2 plain
+        steps, compiled about 4.5), so the engine keeps the two apart and switches files when compilation
+        comes on mid-session. This session's costs so far go to the old file; the controller starts again
+        from the new file's costs, keeping what it has learnt of acceptance where that file has none."""
+        if path == self.costs_path:
+            return
+        self._keep_costs()
+        learnt = self.auto.acceptance_snapshot()
+        self.auto = AutoBlock(self.auto.config, draft_cost=self.auto.draft_cost)
+        self.costs_path, self._saved_costs = path, ({}, {})
+        if path is not None and self.drafter is not None:
+            self.auto.prime(load_costs(path))
+            learnt = load_acceptance(path) or learnt
+        self.auto.prime_acceptance(learnt)
+        self._timed_sizes = set()  # compiled, a size's first round traces its functions: not its cost
 
     def _check_prompt(self, cache: TargetCache, prompt: Prompt) -> None:
         if not prompt.ids:

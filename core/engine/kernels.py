@@ -96,6 +96,14 @@ class KernelPreparer:
     _traces: list[tuple[str, Callable[[], None]]] | None = field(default_factory=list)
 
     @property
+    def eager(self) -> bool:
+        """Whether requests run uncompiled now: no kernels for this pairing yet (or compilation switched off).
+        Rounds then cost differently in kind, so auto block size keeps their costs apart."""
+        if self.state in ("preparing", "eager", "failed"):
+            return True
+        return self.state == "off" and bool(os.environ.get(kernel_cache.DISABLE_ENV))
+
+    @property
     def busy(self) -> bool:
         """Work for the engine's idle time: a child to watch, or compiled functions still to trace."""
         return self.state == "preparing" or self._traces is None or bool(self._traces)

@@ -115,6 +115,7 @@ class Engine:
         self._deferred: list[_Request | None] = []  # taken from the queue by a batch, served after it
         self._kernel_mode = kernels
         self._kernels: KernelPreparer | None = None
+        self._costs_key: tuple[Path, Path | None, PairingSpec] | None = None  # the loaded pairing's block costs
         self._warm_cancel = threading.Event()  # set by every request: it cuts short a warm-up step at idle time
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -281,6 +282,7 @@ class Engine:
             kernels = self._kernels
             if kernels is not None:
                 kernels.poll()  # the kernels got ready meanwhile: this request runs compiled
+                self._keep_costs_apart()
                 if req.kind in ("chat", "complete"):
                     kernels.pause()  # a reply preempts the kernel-building child: the CPU is the reply's
             try:
@@ -408,7 +410,8 @@ class Engine:
                 drafter,
                 Detokenizer(tokenizer),
                 stops,
-                costs_path=_block_costs_path(target_dir, drafter_dir, spec),
+                # set once the kernels' state says whether rounds run compiled (`_keep_costs_apart`)
+                costs_path=None,
             ),
             cache=target.make_cache(),
             token_log=prompt_mod.TokenLog(),
@@ -419,6 +422,8 @@ class Engine:
         )
         self._info = info
         self._prepare_kernels(spec, target_dir, drafter_dir, on_event)
+        self._costs_key = (target_dir, drafter_dir, spec)
+        self._keep_costs_apart()
         _freeze_heap()
         progress("ready", 1.0, spec.name)
         return info
@@ -455,6 +460,14 @@ class Engine:
         assert st is not None
         self._kernels = preparer(self._kernel_mode, spec, target_dir, drafter_dir, on_event)
         self._kernels.start(memory.model_bytes(getattr(st.target, "model", None), st.drafter))
+
+    def _keep_costs_apart(self) -> None:
+        """Point auto block size at the block costs of the way rounds run now, compiled or not."""
+        st, key = self._state, self._costs_key
+        if st is None or key is None:
+            return
+        eager = self._kernels is not None and self._kernels.eager
+        st.decoder.use_costs(_block_costs_path(*key, eager=eager))
 
     def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
         """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same
@@ -829,9 +842,12 @@ def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:
         log.exception("event callback failed")
 
 
-def _block_costs_path(target_dir: Path, drafter_dir: Path | None, spec: PairingSpec) -> Path | None:
+def _block_costs_path(
+    target_dir: Path, drafter_dir: Path | None, spec: PairingSpec, eager: bool = False
+) -> Path | None:
     """Where auto block size keeps this pairing's block costs on this machine between sessions (the
-    cache dir: losing it costs one cold first reply)."""
+    cache dir: losing it costs one cold first reply); `eager`: of rounds run uncompiled (see
+    Decoder.use_costs), apart from compiled ones."""
     if drafter_dir is None:
         return None
     import platform
@@ -845,6 +861,8 @@ def _block_costs_path(target_dir: Path, drafter_dir: Path | None, spec: PairingS
     choice = blas.active()
     if choice is not None and choice.fast:  # a verify's cost differs in kind between the two BLAS
         parts.append("openblas")
+    if eager:
+        parts.append("uncompiled")
     key = hashlib.sha256("\n".join([*parts, platform.machine()]).encode()).hexdigest()[:16]
     return paths.cache_dir() / "autoblock" / f"{key}.json"
 

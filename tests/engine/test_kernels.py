@@ -113,6 +113,36 @@ def test_a_cold_pairing_answers_uncompiled_then_switches_to_compiled_kernels(col
         eng.close()
 
 
+def test_uncompiled_and_compiled_rounds_keep_their_block_costs_apart(cold, tmp_path, monkeypatch):
+    """Uncompiled, every op is dispatched on its own, so a round's cost against a plain step differs in kind
+    from a compiled one's (on the demo a round of 8 costs about 2 plain steps uncompiled, 4.5 compiled).
+    Kept in one file, each way's costs would mislead the other's sessions: auto block size keeps them apart
+    and switches when the kernels get ready, carrying over what it learnt of acceptance."""
+    _folder, release, calls, _ = cold
+    monkeypatch.setenv("GEMMA_CHAT_CACHE_DIR", str(tmp_path / "cache"))
+    kept = tmp_path / "cache" / "autoblock"
+    events: list[object] = []
+    settings = GenerationSettings(max_tokens=48)
+    question = [{"role": "user", "content": "Why is drafting faster?"}]
+    eng = Engine(kernels="background")
+    try:
+        eng.load(demo_spec(), events.append).result(60)
+        assert eng.chat(question, settings, lambda e: None).result(60).stats.accepted > 0
+        (uncompiled,) = list(kept.glob("*.json"))
+        before = uncompiled.read_text()
+        assert '"ratios"' in before and '"acceptance"' in before
+        release.touch()
+        until(lambda: any(isinstance(e, KernelProgress) and e.done for e in events))
+        assert eng.chat(question, settings, lambda e: None).result(60).stats.accepted > 0
+        assert calls[-1] == "enable"
+        files = sorted(kept.glob("*.json"))
+        assert len(files) == 2 and uncompiled.read_text() == before  # the compiled rounds went elsewhere
+        (compiled,) = [f for f in files if f != uncompiled]
+        assert '"acceptance"' in compiled.read_text()
+    finally:
+        eng.close()
+
+
 def test_the_target_alone_runs_on_the_kernels_its_pairing_built(cold):
     """`--no-draft` (the demo without its drafter) runs a subset of what its pairing's warm-up built: once
     the pairing is prepared, it runs compiled too, not uncompiled as on a machine without kernels."""
