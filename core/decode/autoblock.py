@@ -590,7 +590,12 @@ class AutoBlock:
         self._parked_acc = tuple(acc[:1])
 
     def _parked_choice(self) -> AutoChoice:
-        tail = "" if self._never else f"; trying again in {self._wait - self._parked_for} rounds"
+        if not self._never:
+            tail = f"; trying again in {self._wait - self._parked_for} rounds"
+        elif self._check_size is not None:  # only kept costs say so (`_schedule_check`)
+            tail = f"; costs kept from an earlier session, checking in {max(self._check_at - self.rounds, 1)} rounds"
+        else:
+            tail = ""
         return AutoChoice(1, "parked", self._parked_words + tail, self._parked_acc)
 
     def observe(

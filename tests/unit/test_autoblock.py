@@ -302,6 +302,8 @@ def test_kept_costs_that_say_drafts_cannot_pay_are_checked_and_forgotten_when_st
     # this quiet machine a round of 2 costs 1.1 plain steps and every draft is kept
     ctl = AutoBlock()
     ctl.prime({k: 1.2 * k for k in range(2, 9)})
+    note = ctl.decide().note  # parked at once, and it says when it checks
+    assert "can't pay" in note and "kept from an earlier session, checking in" in note, note
     chosen, tps = _simulate(ctl, 1.0, 300, seed=2)
     first = next(i for i, k in enumerate(chosen) if k > 1)
     assert 20 <= first <= 40  # the check, once the session has run enough rounds to afford it
