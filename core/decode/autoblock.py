@@ -591,9 +591,9 @@ class AutoBlock:
 
     def _parked_choice(self) -> AutoChoice:
         if not self._never:
-            tail = f"; trying again in {self._wait - self._parked_for} rounds"
+            tail = f"; trying again in {_rounds(self._wait - self._parked_for)}"
         elif self._check_size is not None:  # only kept costs say so (`_schedule_check`)
-            tail = f"; costs kept from an earlier session, checking in {max(self._check_at - self.rounds, 1)} rounds"
+            tail = f"; costs kept from an earlier session, checking in {_rounds(max(self._check_at - self.rounds, 1))}"
         else:
             tail = ""
         return AutoChoice(1, "parked", self._parked_words + tail, self._parked_acc)
@@ -686,6 +686,10 @@ class AutoBlock:
             gain = self.rate(k, acc) * self.round_time(1)
             note = f"auto → {k}: drafts pay, ~{gain:.1f}x plain; kept {kept} %"
         return AutoChoice(k, reason, note, tuple(shown))
+
+
+def _rounds(n: int) -> str:
+    return "1 round" if n == 1 else f"{n} rounds"
 
 
 def _weight(e: _Cost, config: AutoBlockConfig) -> float:
