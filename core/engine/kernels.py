@@ -98,7 +98,7 @@ class KernelPreparer:
     @property
     def eager(self) -> bool:
         """Whether requests run uncompiled now: no kernels for this pairing yet (or compilation switched off).
-        Rounds then cost differently in kind, so auto block size keeps their costs apart."""
+        Rounds then cost differently, so auto block size keeps their costs apart."""
         if self.state in ("preparing", "eager", "failed"):
             return True
         return self.state == "off" and bool(os.environ.get(kernel_cache.DISABLE_ENV))
