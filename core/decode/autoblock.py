@@ -258,8 +258,7 @@ class AutoBlock:
     _zero_run: int = 0  # drafting rounds in a row whose first draft was rejected
     _never: bool = False  # at the measured costs even a drafter that is always right could not pay
     _probe_size: int | None = None
-    _check_size: int | None = None  # kept costs alone say drafts can't pay: one round of this size checks them
-    _check_at: int = 0  # ... once the session has run this many rounds
+    _check_at: int | None = None  # kept costs alone say drafts can't pay: a round checks them at this round
     _checks: int = 0  # checks so far (a first round of a size also builds its kernels and is not timed)
     _checking: bool = False  # the last choice was a check
     _run_from: float = 0.0
@@ -394,7 +393,7 @@ class AutoBlock:
         if self._never:
             self._schedule_check()
             return c.probe_every_max
-        k = self._probe_size or max(2, min(c.probe_k, c.k_max))
+        k = self._probe_size or self._smallest_probe
         # waits w, 2w, 4w, ...: probe m costs `extra` after about w 2^m parked rounds, so the first
         # comes soon (parking on little evidence is the likeliest mistake) and the share they cost
         # stays near `probe_budget` (at most twice it, right after parking). A cost resting on a round
@@ -403,6 +402,11 @@ class AutoBlock:
         base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget))) if k in settled else c.probe_every_min
         return min(base * 2**self._probe_fails, c.probe_every_max)
 
+    @property
+    def _smallest_probe(self) -> int:
+        """The block of a probe or a check when no size is known to pay: `probe_k`, within 2..k_max."""
+        return max(2, min(self.config.probe_k, self.config.k_max))
+
     def _schedule_check(self) -> None:
         """Costs an earlier session kept, not one of this session's rounds, say drafts can't pay: were they
         timed in a busy moment, no later session would ever draft to find out. One round of the cheapest
@@ -410,11 +414,9 @@ class AutoBlock:
         times `probe_budget` of them, as a parked stretch's first probe does (a machine where drafting truly
         can't pay loses that little, once a session)."""
         c = self.config
-        if any(r.own for r in self._ratio.values()) or self._checks >= 3 or self._check_size is not None:
+        if any(r.own for r in self._ratio.values()) or self._checks >= 3 or self._check_at is not None:
             return
-        k = max(2, min(c.probe_k, c.k_max))
-        self._check_size = k
-        extra = max(self.cost_ratio(k) - 1.0, 0.0)
+        extra = max(self.cost_ratio(self._smallest_probe) - 1.0, 0.0)
         self._check_at = self.rounds + max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget)))
 
     def _smallest_that_could_pay(self) -> int | None:
@@ -428,7 +430,7 @@ class AutoBlock:
         if measured:
             c.ridge = 1e-9
         try:
-            ratios = {k: self.cost_ratio(k) for k in range(max(2, min(c.probe_k, c.k_max)), c.k_max + 1)}
+            ratios = {k: self.cost_ratio(k) for k in range(self._smallest_probe, c.k_max + 1)}
         finally:
             c.ridge = ridge
         # a size must beat plain decoding by a margin the timing noise cannot fake
@@ -516,8 +518,8 @@ class AutoBlock:
             self._parked_for += 1
             if self._parked_for % c.refresh_every == 0:
                 self._wait = self._probe_wait()  # T(1) moves with the machine's load
-            if self._check_size is not None and self._never and self.rounds >= self._check_at:
-                k, self._check_size = self._check_size, None
+            if self._check_at is not None and self._never and self.rounds >= self._check_at:
+                k, self._check_at = self._smallest_probe, None
                 self._checks += 1
                 self._probing = self._checking = True
                 return AutoChoice(k, "probe", f"auto → {k}: checking the kept costs, which say drafts can't pay")
@@ -540,7 +542,7 @@ class AutoBlock:
                 # the probe was accepted: probe on at once (one round is weak evidence either way)
                 self._burst += 1
                 self._probing = True
-                return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
+                return self._note(self._probe_size or self._smallest_probe, "probe")
             self._burst = 0
             if was_probe:
                 self._probe_fails += 1
@@ -550,14 +552,14 @@ class AutoBlock:
                 self._current = 1
                 self._park()
                 self._probing = True
-                return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
+                return self._note(self._probe_size or self._smallest_probe, "probe")
             if self._current != 1 or was_probe or self._never:
                 self._current = 1
                 self._park()
                 return self._parked_choice()
             self._parked_for = 0
             self._probing = True
-            return self._note(self._probe_size or max(2, min(c.probe_k, c.k_max)), "probe")
+            return self._note(self._probe_size or self._smallest_probe, "probe")
         self._current = k
         self._probe_fails = self._burst = 0
         self._drafting_rounds += 1
@@ -592,7 +594,7 @@ class AutoBlock:
     def _parked_choice(self) -> AutoChoice:
         if not self._never:
             tail = f"; trying again in {_rounds(self._wait - self._parked_for)}"
-        elif self._check_size is not None:  # only kept costs say so (`_schedule_check`)
+        elif self._check_at is not None:  # only kept costs say so (`_schedule_check`)
             tail = f"; costs kept from an earlier session, checking in {_rounds(max(self._check_at - self.rounds, 1))}"
         else:
             tail = ""
