@@ -217,9 +217,8 @@ class Decoder:
         # first round when they say drafts can pay (AutoBlock.prime), and keeps this session's for the next
         self.costs_path = costs_path
         self._saved_costs: tuple[dict[int, float], dict[str, list[float]]] = ({}, {})
-        if costs_path is not None and drafter is not None:
-            auto.prime(load_costs(costs_path))
-            auto.prime_acceptance(load_acceptance(costs_path))  # and how often the drafts were kept
+        if costs_path is not None:
+            self._prime_from(costs_path)
         self._wired_bytes: int | None = None
         # Rounds are timed for the controller by the wall clock on Metal (the GPU's time is not the
         # process's), and by the process's CPU time on the CPU backend: on a shared machine another
@@ -302,6 +301,12 @@ class Decoder:
                 save_costs(self.costs_path, *kept)
                 self._saved_costs = kept
 
+    def _prime_from(self, path: Path, learnt: dict[str, list[float]] | None = None) -> None:
+        """Start the controller from the costs kept at `path`, and how often the drafts were kept (else `learnt`)."""
+        if self.drafter is not None:
+            self.auto.prime(load_costs(path))
+            self.auto.prime_acceptance(load_acceptance(path) or learnt or {})
+
     def use_costs(self, path: Path | None) -> None:
         """Keep the block costs at `path` from now on. Compiled and uncompiled rounds cost differently
         (uncompiled, every op is dispatched on its own: on the demo a plain step takes 1.7x as long, and a
@@ -315,10 +320,10 @@ class Decoder:
         learnt = self.auto.acceptance_snapshot()
         self.auto = AutoBlock(self.auto.config, draft_cost=self.auto.draft_cost)
         self.costs_path, self._saved_costs = path, ({}, {})
-        if path is not None and self.drafter is not None:
-            self.auto.prime(load_costs(path))
-            learnt = load_acceptance(path) or learnt
-        self.auto.prime_acceptance(learnt)
+        if path is not None:
+            self._prime_from(path, learnt)
+        else:
+            self.auto.prime_acceptance(learnt)
         self._timed_sizes = set()  # compiled, a size's first round traces its functions: not its cost
 
     def _check_prompt(self, cache: TargetCache, prompt: Prompt) -> None:

@@ -94,6 +94,8 @@ class _Loaded:
     # image or audio key -> soft tokens [n, H], for the live conversation
     soft_tokens: dict[Hashable, mx.array] = field(default_factory=dict)
     batch: Any = None  # core.decode.batch.BatchDecoder, made on the first batched request (parallel > 1)
+    # auto block size's kept costs: (of compiled rounds, of uncompiled ones); see Engine._keep_costs_apart
+    costs_paths: tuple[Path | None, Path | None] = (None, None)
 
 
 class Engine:
@@ -115,7 +117,6 @@ class Engine:
         self._deferred: list[_Request | None] = []  # taken from the queue by a batch, served after it
         self._kernel_mode = kernels
         self._kernels: KernelPreparer | None = None
-        self._costs_key: tuple[Path, Path | None, PairingSpec] | None = None  # the loaded pairing's block costs
         self._warm_cancel = threading.Event()  # set by every request: it cuts short a warm-up step at idle time
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -419,10 +420,13 @@ class Engine:
             **_tool_support(tokenizer, stops),
             audio=audio,
             audio_spec=audio_spec,
+            costs_paths=(
+                _block_costs_path(target_dir, drafter_dir, spec),
+                _block_costs_path(target_dir, drafter_dir, spec, eager=True),
+            ),
         )
         self._info = info
         self._prepare_kernels(spec, target_dir, drafter_dir, on_event)
-        self._costs_key = (target_dir, drafter_dir, spec)
         self._keep_costs_apart()
         _freeze_heap()
         progress("ready", 1.0, spec.name)
@@ -463,11 +467,9 @@ class Engine:
 
     def _keep_costs_apart(self) -> None:
         """Point auto block size at the block costs of the way rounds run now, compiled or not."""
-        st, key = self._state, self._costs_key
-        if st is None or key is None:
-            return
-        eager = self._kernels is not None and self._kernels.eager
-        st.decoder.use_costs(_block_costs_path(*key, eager=eager))
+        if self._state is not None:
+            eager = self._kernels is not None and self._kernels.eager
+            self._state.decoder.use_costs(self._state.costs_paths[eager])
 
     def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
         """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same
