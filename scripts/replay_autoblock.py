@@ -17,7 +17,9 @@ them), as the engine's lives across a chat. It starts with the block costs an ea
 same machine left (the engine keeps them: core.decode.autoblock.save_costs), seen with a third of the
 noise (they are medians of many rounds), and no acceptance; --kept also starts it from the acceptance
 an earlier session on the same replies kept (the engine keeps that beside the costs); --cold starts it
-with nothing, as a pairing's first session on a machine.
+with nothing, as a pairing's first session on a machine; --stale F starts it from kept costs that are
+wrong, each ratio's extra over a plain step times F (0: drafts look free, as a file timed against a
+busy moment's plain step can say).
 
 Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-cheap" / "apple-dear"
 (verify(K) = 1 + 0.05 (K - 1) steps, a draft step 0.1 / 0.3 of a step: bandwidth-bound Apple GPUs);
@@ -219,7 +221,10 @@ def evaluate(
     seed: int = 0,
     primed: bool = True,
     kept: bool = False,
+    stale: float | None = None,
 ) -> list[Row]:
+    """stale: the kept costs are wrong, each ratio's extra over a plain step scaled by this (0: drafts
+    look free; 2: twice as dear as they are), as a session primed by a busy moment's file would start."""
     rows = []
     for pairing, (data, ts) in traces.items():
         k_max = int(data.get("k_max", 8))
@@ -230,7 +235,10 @@ def evaluate(
                 rng = random.Random(f"{seed}/{pairing}/{model}/{mode}")
                 if primed:
                     # the costs an earlier session on this machine left (medians of its rounds: a third of the noise)
-                    ctl.prime({k: cost(k) / cost(1) * math.exp(rng.gauss(0.0, noise / 3)) for k in range(2, k_max + 1)})
+                    ratios = {k: cost(k) / cost(1) * math.exp(rng.gauss(0.0, noise / 3)) for k in range(2, k_max + 1)}
+                    if stale is not None:
+                        ratios = {k: 1.0 + max(r - 1.0, 0.0) * stale for k, r in ratios.items()}
+                    ctl.prime(ratios)
                 if primed and kept:
                     ctl.prime_acceptance(_earlier_session(ctl, [t for t in ts if t.mode == mode], cost, seed, noise))
                 for t in (t for t in ts if t.mode == mode):
@@ -310,12 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", action="store_true", help="no block costs from an earlier session (a first session)")
     ap.add_argument("--kept", action="store_true", help="and the acceptance an earlier session on these replies kept")
     ap.add_argument("--confidence", action="store_true", help="how well the drafter's p predicts a kept draft")
+    ap.add_argument(
+        "--stale", type=float, help="kept costs that are wrong: each ratio's extra over a plain step times this"
+    )
     args = ap.parse_args(argv)
     traces = load_traces(HELD_OUT_TRACES if args.held_out else Path(args.traces))
     if args.confidence:
         print_confidence(traces)
         return 0
-    rows = evaluate(traces, noise=args.noise, seed=args.seed, primed=not args.cold, kept=args.kept)
+    rows = evaluate(traces, noise=args.noise, seed=args.seed, primed=not args.cold, kept=args.kept, stale=args.stale)
     print_table(rows, args.verbose)
     return 0
 
