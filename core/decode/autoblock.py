@@ -25,7 +25,10 @@ Costs (of this machine, measured)
 - Kept between sessions (`save_costs`): a session primed with them drafts from its first round, its
   ratios taken against a T(1) guessed from the primed costs until a plain step is timed. Those compare
   the sizes but echo the primed costs back, so they are not kept: only ratios to a timed plain step
-  are (else a busy moment's costs would pass from session to session, never measured again).
+  are (else a busy moment's costs would pass from session to session, never measured again). Kept
+  costs too low (timed against a busy moment's T(1)) would have it draft where drafts lose for as long
+  as no plain step is timed, so it times one `primed_timing_at` rounds in; the first round of a kept
+  size timed against it, `stale_margin` dearer than kept, drops the kept costs (`_stale_prime`).
 - Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
   last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), but that
   cap never parks the controller where a larger size could pay (on the demo on a CPU only blocks of 6+
@@ -119,9 +122,10 @@ class AutoBlockConfig:
     explore_every: int = 16  # drafting rounds between tries of a neighbouring size
     ridge: float = 0.5  # rounds one block size away that the prior slope counts as
     plain_timing_every: int = 64  # while drafting, a plain round if none was timed for this many rounds
+    primed_timing_at: int = 4  # a primed session times its first plain step this many rounds in
     hysteresis: float = 0.02  # relative gain needed to move away from the current K
     park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
-    stale_margin: float = 0.25  # a check of kept costs this much under them: they are stale
+    stale_margin: float = 0.25  # kept costs this far off a check (under) or a first timing (over): stale
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -144,6 +148,7 @@ class _Cost:
     guessed: list[bool] = field(default_factory=list)  # per sample of `recent`: a ratio to a guessed T(1)
     primed: float | None = None  # the cost an earlier session kept
     own: int = 0  # samples from this session's rounds
+    checked: bool = False  # a sample of this session's, timed against a plain step, has been compared with `primed`
 
     def add(self, x: float, window: int, now: int, guessed: bool = False) -> None:
         self.recent = (self.recent + [x])[-window:]
@@ -461,6 +466,10 @@ class AutoBlock:
                 cost.primed, cost.own = float(ratio), 0
                 self._ratio[int(k)] = cost
         self._primed = bool(self._ratio)
+        if self._primed and not self._plain.count:
+            # kept costs are only as good as the moment they were timed, and ratios taken against a T(1)
+            # guessed from them echo them back: a few rounds in, time a plain step, the session's anchor
+            self._plain.last = self.rounds + c.primed_timing_at - c.plain_timing_every
 
     def _long_by_kind(self) -> dict[str, _Acceptance]:
         return {"greedy": self._long_greedy, "sampled": self._long_sampled}
@@ -671,7 +680,24 @@ class AutoBlock:
                     # the kept costs are stale (timed in a busy moment, or on a slower setup): start afresh
                     self._ratio = {}
                     self._primed = self._never = False
+                elif not guessed and self._stale_prime(k, ratio):
+                    # this session's first timing of a kept size says it costs far more: the kept costs were
+                    # timed against a busy moment's T(1); this session's own rounds decide from now on
+                    self._ratio = {}
+                    self._primed = self._never = False
                 self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
+
+    def _stale_prime(self, k: int, ratio: float) -> bool:
+        """Whether `ratio`, this session's first timing of size k against a timed plain step, says the cost
+        kept for k is stale: more than `stale_margin` above it. (Kept costs too high make a session draft
+        less than it could, which its own rounds soon show; too low, they make it draft where drafts
+        lose, the rounds echo them while no plain step is timed, and the next session keeps them again.)"""
+        cost = self._ratio.get(k)
+        if cost is None or cost.primed is None or cost.checked:
+            return False
+        cost.checked = True
+        # where they say drafts can't pay at all, a dearer round only agrees with them
+        return not self._never and ratio > cost.primed * (1.0 + self.config.stale_margin)
 
     # -- words --------------------------------------------------------------------------
 

@@ -593,6 +593,28 @@ def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
     assert Decoder(tg, dr, None, STOP, costs_path=path).auto.cost_snapshot() == {}  # a cold start, no error
 
 
+def test_kept_costs_that_make_drafts_look_free_are_timed_early_in_the_session(tmp_path):
+    # an earlier session timed its plain step in a busy moment: its costs say a round of any size costs one
+    # plain step. Believed, a session drafts where drafts lose, and its rounds' ratios (to a T(1) guessed
+    # from those costs) echo them back. It times a plain step a few rounds in, and the first round of a
+    # kept size timed against it shows the kept costs for what they are
+    tg, dr, ids = _e_style_pairing_and_prompt()
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"version": 1, "ratios": {str(k): 1.0 for k in range(2, 9)}}))
+    settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
+    events: list[RoundEvent] = []
+    decoder = Decoder(tg, dr, None, STOP, costs_path=path)
+    at = decoder.auto.config.primed_timing_at
+    r = decoder.run(
+        tg.make_cache(slack=3), Prompt(ids), settings, lambda e: events.append(e) if isinstance(e, RoundEvent) else None
+    )
+    assert events[0].block_size > 1  # primed: it drafts at once
+    assert any(e.reason == "timing" for e in events[: at + 3]), [(e.block_size, e.reason) for e in events[:12]]
+    assert all(v > 1.0 for v in decoder.auto.cost_snapshot().values())  # the stale costs are not kept again
+    plain = Decoder(tg, None, None, STOP).run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    assert r.token_ids == plain.token_ids
+
+
 def test_kept_costs_that_say_drafts_cannot_pay_are_checked_in_the_session(tmp_path):
     # an earlier session kept costs timed in a busy moment: every block dearer than its tokens. Believed
     # for good, no later session would draft again; this one checks them with a round of 2 (its first

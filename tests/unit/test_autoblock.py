@@ -320,11 +320,32 @@ def test_primed_costs_give_way_to_this_sessions_rounds():
     for _ in range(6):
         ctl.observe(1, 0, round_s=0.010)
     for _ in range(12):
-        ctl.observe(2, 1, round_s=0.020)  # this machine is busier than the earlier session's
-    assert ctl.cost_ratio(2) == pytest.approx(2.0, rel=0.05)
-    assert ctl.cost_snapshot()[2] == pytest.approx(2.0, rel=0.05) and ctl.cost_snapshot()[3] == 1.2
+        ctl.observe(2, 1, round_s=0.013)  # this machine is a little busier than the earlier session's
+    assert ctl.cost_ratio(2) == pytest.approx(1.3, rel=0.05)
+    assert ctl.cost_snapshot()[2] == pytest.approx(1.3, rel=0.05) and ctl.cost_snapshot()[3] == 1.2
     ctl.prime({1: 0.5, 2: float("nan"), 3: 0.9, 99: 2.0})  # nonsense is ignored, not believed
     assert set(ctl.cost_snapshot()) == {2, 3} and ctl.cost_snapshot()[3] == 1.2
+
+
+def test_kept_costs_that_make_drafts_look_cheap_are_timed_early_and_forgotten():
+    # an earlier session timed its plain step in a busy moment, so its ratios came out low: a round of 2
+    # "costs 1.0 plain steps". On this machine a round of K costs K, and a first draft is kept half the
+    # time, so drafting loses. Primed with that file, a session drafts at once, its rounds' ratios echo the file
+    # (T(1) is guessed from it) until a plain step is timed: it times one a few rounds in
+    ctl = AutoBlock()
+    ctl.prime({2: 1.0, 3: 1.0})
+    machine = {"t_target": 0.010, "t_draft": 0.005, "verify_slope": 0.5, "seed": 3}  # T(K) = K T(1)
+    chosen, _ = _simulate(ctl, 0.5, 60, **machine)
+    timing = next(i for i, k in enumerate(chosen) if k == 1)
+    assert 1 <= timing <= ctl.config.primed_timing_at + 1, chosen[:12]
+    # the first timed round of a kept size, far above it, drops the kept costs: the session parks on its own
+    assert sum(k == 1 for k in chosen[-30:]) >= 27, chosen
+    assert ctl.cost_snapshot().get(2, 2.0) > 1.6, ctl.cost_snapshot()  # and never keeps the stale 1.0 again
+    # kept costs that do fit this machine are not dropped by the early timing
+    fit = AutoBlock()
+    fit.prime({2: 2.0, 3: 3.0})
+    _simulate(fit, 0.5, 60, **machine)
+    assert fit.cost_snapshot()[3] == 3.0
 
 
 def test_a_session_that_never_timed_a_plain_step_keeps_the_costs_it_was_primed_with():
