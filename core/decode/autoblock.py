@@ -27,8 +27,11 @@ Costs (of this machine, measured)
   the sizes but echo the primed costs back, so they are not kept: only ratios to a timed plain step
   are (else a busy moment's costs would pass from session to session, never measured again). Kept
   costs too low (timed against a busy moment's T(1)) would have it draft where drafts lose for as long
-  as no plain step is timed, so it times one `primed_timing_at` rounds in; the first round of a kept
-  size timed against it, `stale_margin` dearer than kept, drops the kept costs (`_stale_prime`).
+  as no plain step is timed, so it times one `primed_timing_at` rounds in (`primed_timing_sure_at` where
+  the first draft is believed kept `primed_timing_sure` of the time: a short reply's drafts pay anyway,
+  and its three plain rounds would cost it most); the first round of a kept
+  size timed against it (the median of its first few), `stale_margin` dearer than kept, drops the kept
+  costs (`_stale_prime`).
 - Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
   last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), but that
   cap never parks the controller where a larger size could pay (on the demo on a CPU only blocks of 6+
@@ -60,6 +63,7 @@ from pathlib import Path
 
 ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
 ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
+STALE_CHECK_ROUNDS = 3  # a session's first rounds of a kept size, timed against a plain step, that check it
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class AutoBlockConfig:
     ridge: float = 0.5  # rounds one block size away that the prior slope counts as
     plain_timing_every: int = 64  # while drafting, a plain round if none was timed for this many rounds
     primed_timing_at: int = 4  # a primed session times its first plain step this many rounds in
+    primed_timing_sure: float = 0.8  # ... or, where it believes the first draft kept at least this often,
+    primed_timing_sure_at: int = 16  # this many rounds in
     hysteresis: float = 0.02  # relative gain needed to move away from the current K
     park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
     stale_margin: float = 0.25  # kept costs this far off a check (under) or a first timing (over): stale
@@ -148,7 +154,7 @@ class _Cost:
     guessed: list[bool] = field(default_factory=list)  # per sample of `recent`: a ratio to a guessed T(1)
     primed: float | None = None  # the cost an earlier session kept
     own: int = 0  # samples from this session's rounds
-    checked: bool = False  # a sample of this session's, timed against a plain step, has been compared with `primed`
+    timed: list[float] = field(default_factory=list)  # this session's first ratios to a timed plain step
 
     def add(self, x: float, window: int, now: int, guessed: bool = False) -> None:
         self.recent = (self.recent + [x])[-window:]
@@ -270,6 +276,7 @@ class AutoBlock:
     _parked_words: str = ""
     _parked_acc: tuple[float, ...] = ()
     _primed_rounds: dict[str, int] = field(default_factory=dict)  # per kind: what an earlier session counts as
+    _timing_put_off: bool = False  # a primed session's early plain timing waits (`primed_timing_sure`)
 
     def __post_init__(self) -> None:
         positions = max(self.config.k_max - 1, 0)
@@ -544,7 +551,19 @@ class AutoBlock:
         ):
             # every choice weighs drafting against a plain step: time three at the start (the first ones
             # after loading also build kernels) and one now and then (it costs little)
-            return AutoChoice(1, "timing", "auto → 1: timing a plain step, to weigh drafting against it")
+            if (
+                self._primed
+                and not self._plain.count
+                and self.alpha >= c.primed_timing_sure
+                and not self._timing_put_off
+            ):
+                # a primed session's early timing (`prime`) is for drafts in doubt. A drafter this often right
+                # pays on most machines whatever a busy moment did to the kept costs, and three plain rounds
+                # would cost a short reply a sixth of its time: later, where they cost a longer reply little
+                self._timing_put_off = True
+                self._plain.last = self.rounds + c.primed_timing_sure_at - c.primed_timing_at - c.plain_timing_every
+            else:
+                return AutoChoice(1, "timing", "auto → 1: timing a plain step, to weigh drafting against it")
         k = self.best()
         if k == 1 and c.k_max >= 2:
             if was_probe and self._last_accepted > 0 and self._burst < c.probe_burst and self._probe_size:
@@ -688,16 +707,19 @@ class AutoBlock:
                 self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
 
     def _stale_prime(self, k: int, ratio: float) -> bool:
-        """Whether `ratio`, this session's first timing of size k against a timed plain step, says the cost
-        kept for k is stale: more than `stale_margin` above it. (Kept costs too high make a session draft
-        less than it could, which its own rounds soon show; too low, they make it draft where drafts
-        lose, the rounds echo them while no plain step is timed, and the next session keeps them again.)"""
+        """Whether this session's first `STALE_CHECK_ROUNDS` rounds of size k timed against a plain step (the
+        last of them `ratio`) say the cost kept for k is stale: their median more than `stale_margin` above
+        it. (Kept costs too high make a session draft less than it could, which its own rounds soon show;
+        too low, they make it draft where drafts lose, the rounds echo them while no plain step is timed, and
+        the next session keeps them again.) A median of a few: one slow round must not throw good costs away."""
         cost = self._ratio.get(k)
-        if cost is None or cost.primed is None or cost.checked:
+        if cost is None or cost.primed is None or len(cost.timed) >= STALE_CHECK_ROUNDS:
             return False
-        cost.checked = True
-        # where they say drafts can't pay at all, a dearer round only agrees with them
-        return not self._never and ratio > cost.primed * (1.0 + self.config.stale_margin)
+        cost.timed.append(ratio)
+        if len(cost.timed) < STALE_CHECK_ROUNDS:
+            return False
+        # where they say drafts can't pay at all, dearer rounds only agree with them
+        return not self._never and statistics.median(cost.timed) > cost.primed * (1.0 + self.config.stale_margin)
 
     # -- words --------------------------------------------------------------------------
 

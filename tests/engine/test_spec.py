@@ -604,7 +604,7 @@ def test_kept_costs_that_make_drafts_look_free_are_timed_early_in_the_session(tm
     settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
     events: list[RoundEvent] = []
     decoder = Decoder(tg, dr, None, STOP, costs_path=path)
-    at = decoder.auto.config.primed_timing_at
+    at = decoder.auto.config.primed_timing_sure_at  # (primed_timing_at where its drafts are in doubt)
     r = decoder.run(
         tg.make_cache(slack=3), Prompt(ids), settings, lambda e: events.append(e) if isinstance(e, RoundEvent) else None
     )

@@ -452,10 +452,12 @@ def test_a_new_turn_drafts_on_where_only_a_block_beyond_the_ramp_pays():
         ctl.begin_turn()
         chosen, emitted = [], 0
         while emitted < 41:  # a 41-token reply, every draft kept but now and then a deep one
-            k = ctl.decide().block_size
+            choice = ctl.decide()
+            k = choice.block_size
             n = k - 1 if rng.random() < 0.8 else max(0, k - 2)
             ctl.observe(k, n, round_s=0.007 * ratios[k] * rng.uniform(0.97, 1.03))
-            chosen.append(k)
+            if choice.reason != "timing":  # a primed session's plain timing (`primed_timing_sure_at`) is not parking
+                chosen.append(k)
             emitted += n + 1
         per_turn.append(chosen)
     for chosen in per_turn:
