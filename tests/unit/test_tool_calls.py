@@ -441,8 +441,9 @@ def test_long_calls_stream_in_linear_time(markers):
     code += [(PLAIN, 'x = {"k": [1]}\n'[i % 4 :][:4] or "ab") for i in range(4000)] + [(q, ""), (PLAIN, "}")]
     code += [(markers.call_end, "")]
     for stream in (numbers, code):
-        short, _ = run(stream[:400] + stream[-2:])
-        full, parser = run(stream)
+        # the best of three: one run preempted on a busy machine (CI beside other work) is not the parser's time
+        short = min(run(stream[:400] + stream[-2:])[0] for _ in range(3))
+        full, parser = min((run(stream) for _ in range(3)), key=lambda r: r[0])
         assert len(parser.calls) == 1
         assert full < 25 * short + 0.05  # 10x the tokens: linear is ~10x, quadratic ~100x
 
