@@ -29,9 +29,8 @@ Costs (of this machine, measured)
   costs too low (timed against a busy moment's T(1)) would have it draft where drafts lose for as long
   as no plain step is timed, so it times one `primed_timing_at` rounds in (`primed_timing_sure_at` where
   the first draft is believed kept `primed_timing_sure` of the time: a short reply's drafts pay anyway,
-  and its three plain rounds would cost it most); the first round of a kept
-  size timed against it (the median of its first few), `stale_margin` dearer than kept, drops the kept
-  costs (`_stale_prime`).
+  and its three plain rounds would cost it most); its first `STALE_CHECK_ROUNDS` rounds of a kept size
+  timed against it, their median `stale_margin` dearer than kept, drop the kept costs (`_check_kept`).
 - Choice: argmax_K E(K) / T(K), ties to the smaller K, a little hysteresis, a block at most twice the
   last round's tokens and twice the largest size timed (a new turn starts at `turn_start_k`), but that
   cap never parks the controller where a larger size could pay (on the demo on a CPU only blocks of 6+
@@ -699,19 +698,20 @@ class AutoBlock:
                     # the kept costs are stale (timed in a busy moment, or on a slower setup): start afresh
                     self._ratio = {}
                     self._primed = self._never = False
-                elif not guessed and self._stale_prime(k, ratio):
-                    # this session's first timing of a kept size says it costs far more: the kept costs were
-                    # timed against a busy moment's T(1); this session's own rounds decide from now on
+                elif not guessed and self._check_kept(k, ratio):
+                    # this session's first timed rounds of a kept size say it costs far more: the kept costs
+                    # were timed against a busy moment's T(1); this session's own rounds decide from now on
                     self._ratio = {}
                     self._primed = self._never = False
                 self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
 
-    def _stale_prime(self, k: int, ratio: float) -> bool:
-        """Whether this session's first `STALE_CHECK_ROUNDS` rounds of size k timed against a plain step (the
-        last of them `ratio`) say the cost kept for k is stale: their median more than `stale_margin` above
-        it. (Kept costs too high make a session draft less than it could, which its own rounds soon show;
-        too low, they make it draft where drafts lose, the rounds echo them while no plain step is timed, and
-        the next session keeps them again.) A median of a few: one slow round must not throw good costs away."""
+    def _check_kept(self, k: int, ratio: float) -> bool:
+        """Count `ratio`, a round of size k timed against a plain step, toward this session's first
+        `STALE_CHECK_ROUNDS` of that size, and say whether they show the cost kept for k stale: their median
+        more than `stale_margin` above it. (Kept costs too high make a session draft less than it could,
+        which its own rounds soon show; too low, they make it draft where drafts lose, the rounds echo them
+        while no plain step is timed, and the next session keeps them again.) A median of a few: one slow
+        round must not throw good costs away."""
         cost = self._ratio.get(k)
         if cost is None or cost.primed is None or len(cost.timed) >= STALE_CHECK_ROUNDS:
             return False
