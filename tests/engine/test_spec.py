@@ -596,8 +596,8 @@ def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
 def test_kept_costs_that_make_drafts_look_free_are_timed_early_in_the_session(tmp_path):
     # an earlier session timed its plain step in a busy moment: its costs say a round of any size costs one
     # plain step. Believed, a session drafts where drafts lose, and its rounds' ratios (to a T(1) guessed
-    # from those costs) echo them back. It times a plain step a few rounds in, and the first round of a
-    # kept size timed against it shows the kept costs for what they are
+    # from those costs) echo them back. It times a plain step a few rounds in, and its first rounds of a
+    # kept size timed against it show the kept costs for what they are
     tg, dr, ids = _e_style_pairing_and_prompt()
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"version": 1, "ratios": {str(k): 1.0 for k in range(2, 9)}}))

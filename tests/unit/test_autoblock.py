@@ -338,7 +338,7 @@ def test_kept_costs_that_make_drafts_look_cheap_are_timed_early_and_forgotten():
     chosen, _ = _simulate(ctl, 0.5, 60, **machine)
     timing = next(i for i, k in enumerate(chosen) if k == 1)
     assert 1 <= timing <= ctl.config.primed_timing_at + 1, chosen[:12]
-    # the first timed round of a kept size, far above it, drops the kept costs: the session parks on its own
+    # its first timed rounds of a kept size, far above it, drop the kept costs: the session parks on its own
     assert sum(k == 1 for k in chosen[-30:]) >= 27, chosen
     assert ctl.cost_snapshot().get(2, 2.0) > 1.6, ctl.cost_snapshot()  # and never keeps the stale 1.0 again
     # kept costs that do fit this machine are not dropped by the early timing

@@ -108,8 +108,8 @@ def test_a_first_session_on_a_machine_is_close_too(cold_rows):
 
 def test_a_session_that_starts_from_the_acceptance_an_earlier_one_kept(traces, rows):
     # the engine keeps a pairing's long-run acceptance beside its costs: a first reply bets on drafts as the
-    # pairing usually earns them. Over all replies that scores as the main set does (0.974x the best fixed K
-    # against 0.976x; before the early plain timing of a primed session, 0.979x against 0.977x)
+    # pairing usually earns them. Over all replies that scores as the main set does (0.975x the best fixed K
+    # against 0.977x; before the early plain timing of a primed session, 0.979x against 0.977x)
     kept = replay.summary(replay.evaluate(traces, kept=True))
     main = replay.summary(rows)["overall_vs_fixed"]
     assert kept["overall_vs_fixed"] >= 0.973 and abs(kept["overall_vs_fixed"] - main) < 0.005
@@ -150,8 +150,8 @@ def test_kept_costs_that_make_drafts_look_free_cost_little(traces):
     # a session primed with kept costs timed against a busy moment's T(1) (each ratio's extra over a plain
     # step cut to nothing, or to half): it drafts at once, and until a plain step is timed its rounds'
     # ratios echo the file. It times one a few rounds in (AutoBlockConfig.primed_timing_at; 16 where it
-    # believes its drafts are kept 80 % of the time: a short reply's would pay anyway), and the first round
-    # of a kept size timed against it, far dearer than kept, drops the kept costs. Before: 0.40x plain at
+    # believes its drafts are kept 80 % of the time: a short reply's would pay anyway), and its first rounds
+    # of a kept size timed against it, far dearer than kept, drop the kept costs. Before: 0.40x plain at
     # worst (cpu-big), 0.64x on this CPU's costs; with half the extra 0.77x and 0.86x. Now 0.65x (cpu-big,
     # a demo reply whose drafts are kept: its timing waits for round 16) and 0.88x; 0.74x and 0.93x
     for stale, floor, cpu_floor in ((0.0, 0.64, 0.88), (0.5, 0.74, 0.92)):
