@@ -2,12 +2,14 @@
 scripts/autoblock_prompts.py (the demo, or a reference-pack pairing).
 
     .venv/bin/python scripts/measure_autoblock.py [--pairing demo|e-style|moe-style|dense-style]
-        [--repeats 3] [--before PATH-TO-ANOTHER-CHECKOUT] [--case NAME ...]
+        [--repeats 3] [--before PATH-TO-ANOTHER-CHECKOUT [--own-caches EMPTY-DIR]] [--case NAME ...]
 
 For every case and repeat it runs `gemma-chat generate --json` once per configuration, in an order that
 rotates every repeat (so a slow moment of a shared machine hits each alike): `auto` (the default),
 `--no-draft`, and `--block-size 1` with the drafter loaded; with --before, also `auto` and `--no-draft`
-of the other checkout (run with its own code: PYTHONPATH and cwd set to it). The parent process
+of the other checkout (run with its own code: PYTHONPATH and cwd set to it). Both versions share the
+user's cache folder unless --own-caches gives each its own: the kept block costs are one file per
+pairing, so one version's sessions would otherwise start from what the other's kept. The parent process
 timestamps every token line as it arrives on the pipe: decode tok/s = tokens after the first over the
 time from the first token to the last, as a reader of the stream sees it. Each process is a fresh
 start, so every run is a first reply: the controller starts cold.
@@ -56,7 +58,16 @@ def messages_file(case: Case, tree: Path, pairing: str, folder: Path) -> Path:
     return path
 
 
-def run(tree: Path, pairing: str, msgs, flags: list[str], max_tokens: int, ignore_eos: bool, folder: Path) -> dict:
+def run(
+    tree: Path,
+    pairing: str,
+    msgs,
+    flags: list[str],
+    max_tokens: int,
+    ignore_eos: bool,
+    folder: Path,
+    cache: Path | None = None,
+) -> dict:
     if isinstance(msgs, Path):
         source = ["--messages", str(msgs)]
     else:
@@ -66,6 +77,8 @@ def run(tree: Path, pairing: str, msgs, flags: list[str], max_tokens: int, ignor
     cmd = [sys.executable, "-m", "app", "generate", *pairing_args(pairing), *source, "--json"]
     cmd += ["--max-tokens", str(max_tokens), *flags] + (["--ignore-eos"] if ignore_eos else [])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(tree)}
+    if cache is not None:  # this version's own cache folder (its kept block costs, its kernels)
+        env["GEMMA_CHAT_CACHE_DIR"] = str(cache)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tree)
     assert proc.stdout is not None
     ids: list[int] = []
@@ -94,7 +107,11 @@ def run(tree: Path, pairing: str, msgs, flags: list[str], max_tokens: int, ignor
     }
 
 
-def measure(pairing: str, cases: list[Case], repeats: int, before: Path | None) -> list[dict]:
+def measure(
+    pairing: str, cases: list[Case], repeats: int, before: Path | None, own_caches: Path | None = None
+) -> list[dict]:
+    """own_caches: a folder for each version's own cache folder (kept block costs evolve per version, as a
+    user's sessions do, and neither primes the other's); None: both use the user's cache."""
     configs = [("after", "auto", []), ("after", "off", ["--no-draft"]), ("after", "k1", ["--block-size", "1"])]
     if before is not None:
         configs += [("before", "auto", []), ("before", "off", ["--no-draft"])]
@@ -110,8 +127,9 @@ def measure(pairing: str, cases: list[Case], repeats: int, before: Path | None) 
                 for version, name, flags in order:
                     tree = trees[version]
                     assert tree is not None
+                    cache = own_caches / version if own_caches is not None else None
                     runs[(version, name)].append(
-                        run(tree, pairing, msgs, flags, case.max_tokens, case.ignore_eos, folder)
+                        run(tree, pairing, msgs, flags, case.max_tokens, case.ignore_eos, folder, cache)
                     )
             ref = runs[("after", "off")][0]["ids"]
             for key, rs in runs.items():
@@ -165,11 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, help="another checkout (e.g. main) to measure beside this one")
     ap.add_argument("--case", action="append", help="only these cases (names in scripts/autoblock_prompts.py)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument(
+        "--own-caches",
+        type=Path,
+        help="a folder for each version's own cache folder, kept across pairings (empty at first: kept block "
+        "costs and kernels start cold and evolve per version; else both versions share the user's cache, and "
+        "one version's kept costs prime the other's sessions)",
+    )
     args = ap.parse_args(argv)
     rows = []
     for pairing in args.pairing or ["demo"]:
         cases = [c for c in cases_for(pairing) if not args.case or c.name in args.case]
-        rows += measure(pairing, cases, args.repeats, args.before)
+        rows += measure(pairing, cases, args.repeats, args.before, args.own_caches)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     worst = min(rows, key=lambda r: r["auto_vs_off"])
