@@ -694,13 +694,11 @@ class AutoBlock:
                         return
                 ratio = max(round_s / t1, 1.0)  # verifying K tokens never costs less than one
                 guessed = not self._plain.count  # it compares the sizes; what they cost is not known yet
-                if checking and k in self._ratio and ratio * (1.0 + c.stale_margin) < self._ratio[k].value:
-                    # the kept costs are stale (timed in a busy moment, or on a slower setup): start afresh
-                    self._ratio = {}
-                    self._primed = self._never = False
-                elif not guessed and self._check_kept(k, ratio):
-                    # this session's first timed rounds of a kept size say it costs far more: the kept costs
-                    # were timed against a busy moment's T(1); this session's own rounds decide from now on
+                # the kept costs are stale (timed in a busy moment, or on another setup), either way: the check
+                # of a kept "never" comes out far cheaper, or this session's first timed rounds of a kept size
+                # far dearer. Start afresh: this session's own rounds decide from now on
+                cheaper = checking and k in self._ratio and ratio * (1.0 + c.stale_margin) < self._ratio[k].value
+                if cheaper or (not guessed and self._check_kept(k, ratio)):
                     self._ratio = {}
                     self._primed = self._never = False
                 self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
