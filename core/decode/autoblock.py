@@ -276,6 +276,7 @@ class AutoBlock:
     _parked_acc: tuple[float, ...] = ()
     _primed_rounds: dict[str, int] = field(default_factory=dict)  # per kind: what an earlier session counts as
     _timing_put_off: bool = False  # a primed session's early plain timing waits (`primed_timing_sure`)
+    _fits: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # `_line`'s fits by what they read
 
     def __post_init__(self) -> None:
         positions = max(self.config.k_max - 1, 0)
@@ -326,7 +327,7 @@ class AutoBlock:
             return 1.0
         if not self._ratio:
             return 1.0 + prior_step * (k - 1)
-        a, b = _line(self._ratio, prior_step, c)
+        a, b = self._line(prior_step)
         line = a + b * (k - 1)
         own = self._ratio.get(k)
         if own is None:
@@ -335,6 +336,19 @@ class AutoBlock:
         # widths), which no line follows; the line fills in the sizes not run
         w = _weight(own, c)
         return (w * own.value + line) / (w + 1.0)
+
+    def _line(self, prior_step: float) -> tuple[float, float]:
+        """`_line` through the kept costs, computed once per state of them: a parked round asks for the
+        ratios of every size (the probe's, the wait's) and the costs have not moved since the last round
+        that drafted. Keyed on what the fit reads, so no path that changes a cost can leave it stale."""
+        c = self.config
+        key = (prior_step, c.ridge, c.time_window, tuple((k, r.value, r.count) for k, r in self._ratio.items()))
+        fit = self._fits.get(key)
+        if fit is None:
+            if len(self._fits) >= 4:  # two ridges (see `_smallest_that_could_pay`), a state or two back
+                self._fits.clear()
+            fit = self._fits[key] = _line(self._ratio, prior_step, c)
+        return fit
 
     def rate(self, k: int, acceptance: list[float] | None = None) -> float:
         """Expected tokens per second (per unit time) at block size k."""

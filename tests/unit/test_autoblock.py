@@ -181,6 +181,37 @@ def test_parked_rounds_do_no_work_and_probes_back_off():
     assert ctl.probe_wait == 64
 
 
+def test_the_cost_line_is_fitted_once_per_state_of_the_costs(monkeypatch):
+    from core.decode import autoblock
+
+    fits = 0
+    line = autoblock._line
+
+    def counting(*args):
+        nonlocal fits
+        fits += 1
+        return line(*args)
+
+    monkeypatch.setattr(autoblock, "_line", counting)
+    ctl = AutoBlock(AutoBlockConfig(probe_every_min=4, probe_every_max=64))
+    _simulate(ctl, 0.0, 200)
+    fits = 0
+    chosen, _ = _simulate(ctl, 0.0, 640, seed=3)
+    drafting = sum(k > 1 for k in chosen)
+    assert drafting > 0
+    # every round that drafts adds a cost (a new fit, at two ridges); a parked round reuses them
+    assert fits <= 2 * drafting + 4
+    # and a new cost is seen at once: the ratio is the one a fresh fit through the same costs gives
+    before = ctl.cost_ratio(5)
+    ctl.observe(1, 0, round_s=0.010)
+    for _ in range(3):
+        ctl.observe(4, 0, round_s=0.040)
+    prior = ctl.config.draft_cost_prior + ctl.config.verify_slope_prior
+    a, b = line(ctl._ratio, prior, ctl.config)
+    own = ctl._ratio.get(5)
+    assert own is None and ctl.cost_ratio(5) == pytest.approx(a + 4 * b) and ctl.cost_ratio(5) != before
+
+
 def test_no_probes_when_even_a_perfect_drafter_cannot_pay():
     # a real-size target on a CPU: verifying K tokens costs K plain steps
     ctl = AutoBlock()
