@@ -51,6 +51,12 @@ if TYPE_CHECKING:  # imported lazily at run time: `gemma-chat --help` must not i
 
 log = logging.getLogger(__name__)
 
+# the demo's vision tower is the checkpoint's random one: an image is noise to it
+DEMO_IMAGE_NOTICE = (
+    "The demo model was not trained on images: its reply will not be about the picture. "
+    "A real Gemma 4 pairing describes them."
+)
+
 
 @dataclass
 class _Request:
@@ -655,6 +661,8 @@ class Engine:
             ids, found = prompt_mod.expand_media(ids, kinds)
             spans = [s for kind_spans in found for s in kind_spans]
         notices = [c.notice for c, _ in clips if c.notice]
+        if images and st.info.demo:  # its vision tower was never trained (scripts/train_demo.py)
+            notices.insert(0, DEMO_IMAGE_NOTICE)
         return ids, spans, [*images, *clips], notices, chat.ends_in_thought
 
     def _reuse_cache(self, st: _Loaded, tp: _TurnPrompt) -> int:

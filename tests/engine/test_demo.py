@@ -425,3 +425,24 @@ def test_no_corpus_conversation_has_a_held_out_turn():
         assert md.held_out_leaks(md.trained_conversations(demo.DEMO_DIR / "target")) == []
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_an_image_sent_to_the_demo_comes_with_a_notice_that_it_cannot_see_it(demo_engine):
+    # its vision tower was never trained: the reply to a picture is noise ("tell tell tell …"), and a user
+    # trying the demo with an image must learn that from gemma-chat, not guess it from the reply
+    from core.engine.local import DEMO_IMAGE_NOTICE
+    from core.events import Notice
+    from core.settings import GenerationSettings
+
+    image = Path(__file__).resolve().parents[2] / "assets" / "images" / "landscape.jpg"
+    asks = {
+        "image": [{"type": "image", "path": str(image)}, {"type": "text", "text": "What is in this picture?"}],
+        "text": "What is speculative decoding?",
+    }
+    notices = {}
+    for kind, content in asks.items():
+        events: list = []
+        done = demo_engine.chat([{"role": "user", "content": content}], GenerationSettings(max_tokens=8), events.append)
+        assert done.result(timeout=600).error is None
+        notices[kind] = [e.text for e in events if isinstance(e, Notice)]
+    assert notices == {"image": [DEMO_IMAGE_NOTICE], "text": []}

@@ -39,6 +39,7 @@ from core.engine.contract import EngineFeatures, PairingInfo, PairingSpec
 from core.engine.local import no_audio_message
 from core.events import (
     LoadProgress,
+    Notice,
     PrefillDone,
     PrefillStarted,
     RoundEvent,
@@ -120,6 +121,7 @@ class FakeEngine:
     # a call's tokens carry its text (TokenEvent.call_text), as the local engine's do; False: one token
     # without text, then the call's events only, as a `--connect` server's stream gives them
     call_tokens: bool = True
+    notices: tuple[str, ...] = ()  # every turn's Notice events, before its prefill (as the engine sends them)
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -306,6 +308,8 @@ class FakeEngine:
         if too_long := context_error(prompt_tokens, self.context_length):
             return self._fail(stats, too_long, on_event)
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
+        for text in self.notices:
+            on_event(Notice(text))
         self.prefilling = PrefillStarted(
             prompt_tokens, prompt_tokens, time.monotonic(), done=lambda: min(self.prefill_done, prompt_tokens)
         )

@@ -273,6 +273,22 @@ async def test_failed_send_keeps_the_prompt_text():
         assert "out of memory" in text_of(app.chat.conversation.query_one(ReplyView).header)
 
 
+async def test_what_the_engine_says_about_the_input_shows_as_a_warning():
+    # the engine's Notice (a clip cut to what the model hears, a `--connect` server that takes no tools, an
+    # image sent to the demo) came to the chat and was dropped: the user never learnt it
+    cut = "[bold]clip.wav is 45 s long; the model hears only its first 30 s"
+    app, engine = make_app(FakeEngine(replies=["a tone"], notices=(cut,)))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "what do you hear?")
+        await until(pilot, lambda: engine.turns and app.chat.reply is None)
+        await pilot.pause()
+        warnings = [n for n in app._notifications if n.severity == "warning"]
+        assert [n.message for n in warnings] == [cut]  # word for word: a file name is not markup
+        assert not warnings[0].markup
+        assert "a tone" in app.chat.conversation.query_one(ReplyView).plain  # and the turn went on
+
+
 async def test_send_while_loading_keeps_the_prompt_text():
     app, engine = make_app(FakeEngine(hold_load=True))
     async with app.run_test(size=SIZE) as pilot:

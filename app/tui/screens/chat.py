@@ -56,6 +56,7 @@ from app.tui.widgets.key_hints import KeyHints, conversation_hints, hints_for
 from app.tui.widgets.panel import PanelText, StatsPanel
 from app.tui.widgets.prompt import InputHistory, PromptArea
 from core.events import (
+    Notice,
     PrefillDone,
     PrefillStarted,
     RoundEvent,
@@ -415,6 +416,8 @@ class ChatScreen(Screen[None]):
                 self.stats.on_round(ev)
                 # its tokens are the last ev.emitted ones so far (1-based, the prefill's first is token 1)
                 reply.on_round(ev, reply.token_count + len(tokens) - ev.emitted + 1)
+            elif isinstance(ev, Notice):  # about this turn's input (a clip cut, a server without tools)
+                self.notify(ev.text, severity="warning", timeout=10, markup=False)
             elif isinstance(ev, PrefillDone):
                 self._prefill_over()
                 self.stats.on_prefill(ev)
