@@ -117,8 +117,40 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     _add_drafter_convention_args(s)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An option of the app given before a command counts for the command: `gemma-chat --demo generate …`
+    (the app's --demo, then the command) ran generate without it and said "say which model to run … or
+    --demo". argparse lets a command's own default overwrite the value given before it; here the command's
+    copies of the app's options default to nothing (`carry_options`), and where its own default differs
+    from the app's, it is filled in after parsing when neither place gave the option."""
+
+    command_defaults: dict[str, dict[str, object]]
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        ns, extra = super().parse_known_args(args, namespace)
+        command = getattr(ns, "command", None) or ""
+        for dest, default in getattr(self, "command_defaults", {}).get(command, {}).items():
+            if getattr(ns, dest, None) is None:
+                setattr(ns, dest, default)
+        return ns, extra
+
+
+def carry_options(parser: _Parser, sub: argparse._SubParsersAction) -> None:
+    """See `_Parser`: each command's options that the app also takes default to the app's value."""
+    top = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "command")}
+    own: dict[str, dict[str, object]] = {}
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.dest not in top:
+                continue
+            if action.default != top[action.dest]:
+                own.setdefault(name, {})[action.dest] = action.default
+            action.default = argparse.SUPPRESS
+    parser.command_defaults = own
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gemma-chat",
         description="Chat with Gemma 4 in the terminal, on MLX, sped up by Gemma 4's own MTP drafter.",
     )
@@ -146,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub)
     _add_models_parser(sub)
     sub.add_parser("doctor", help="report the MLX backend, versions, cache paths, disk and terminal support")
+    carry_options(parser, sub)
     return parser
 
 

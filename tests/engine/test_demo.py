@@ -446,3 +446,11 @@ def test_an_image_sent_to_the_demo_comes_with_a_notice_that_it_cannot_see_it(dem
         assert done.result(timeout=600).error is None
         notices[kind] = [e.text for e in events if isinstance(e, Notice)]
     assert notices == {"image": [DEMO_IMAGE_NOTICE], "text": []}
+
+
+def test_generate_after_the_apps_demo_flag_runs_the_demo(capsys):
+    # `gemma-chat --demo` opens the app on the demo; `gemma-chat --demo generate …` ran generate without it,
+    # which said "say which model to run: --model PATH [--drafter PATH], --pairing NAME or --demo"
+    assert main(["--demo", "generate", "--prompt", "Hello!", "--max-tokens", "4"]) == 0
+    out = capsys.readouterr()
+    assert "say which model to run" not in out.err and out.out.strip()
