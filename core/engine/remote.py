@@ -867,6 +867,10 @@ class _Turn:
 
     def _extension(self, ext: dict, content: str | None) -> None:
         """gemma-chat's own object: the tokens with their origins, the rounds, the prefill, the stats."""
+        notices = ext.get("notices") or []
+        for text in notices if isinstance(notices, list) else []:
+            if isinstance(text, str):  # what the server's engine said about the input, before its prefill
+                _emit(self.on_event, Notice(_shown(text)))
         if isinstance(ext.get("prefill"), dict):
             _emit(self.on_event, _typed(PrefillDone, ext["prefill"], "prefill summary"))
         tokens, rounds = ext.get("tokens") or [], ext.get("rounds") or []
@@ -1052,6 +1056,12 @@ def _emit(on_event: Callable | None, event: object) -> None:
         import logging
 
         logging.getLogger(__name__).exception("event callback failed")
+
+
+def _shown(text: str, limit: int = 300) -> str:
+    """A server's sentence for the user: printable characters only (no terminal escapes), at most `limit`."""
+    text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    return text[:limit] + ("…" if len(text) > limit else "")
 
 
 def _garbage(text: str, limit: int = 120) -> str:

@@ -17,7 +17,8 @@ disconnects, while waiting or while its turn runs, cancels its own turn only (`c
 engine stops it within one round).
 
 The stream is standard `chat.completion.chunk` objects plus a "gemma_chat" object per chunk:
-  {"tokens": [{"id", "text", "from_draft", "round"[, "call_text"]}], "rounds": [RoundEvent fields], "prefill": {...}}
+  {"tokens": [{"id", "text", "from_draft", "round"[, "call_text"]}], "rounds": [RoundEvent fields], "prefill": {...},
+   "notices": ["what the user should know about the input, e.g. an audio clip cut to what the model hears"]}
 (a round's summary may ride on the chunk of the next round's tokens: order events by round)
 and on the last chunk (finish_reason set) "usage" and {"stats": TurnStats.as_dict()}. OpenAI clients
 ignore the extension; `core.engine.remote.RemoteEngine` rebuilds the engine's events from it.
@@ -65,7 +66,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, ToolCall, ToolCallError, TurnDone
+from core.events import (
+    Notice,
+    PrefillDone,
+    RoundEvent,
+    TokenEvent,
+    TokenLogprob,
+    ToolCall,
+    ToolCallError,
+    TurnDone,
+)
 from core.limits import MAX_AUDIO_PER_PROMPT, MAX_IMAGES_PER_PROMPT
 from core.settings import GenerationSettings
 from core.units import format_bytes
@@ -1034,6 +1044,8 @@ class ChatCompletion(Response):
                 state.held_rounds.append(_flat(ev))
             elif isinstance(ev, PrefillDone):
                 ext["prefill"] = _flat(ev)
+            elif isinstance(ev, Notice):
+                ext.setdefault("notices", []).append(ev.text)
             elif isinstance(ev, (ToolCall, ToolCallError)):
                 item, raw = state.calls.take(ev)
                 items += [item] if item is not None else []
@@ -1083,6 +1095,7 @@ class ChatCompletion(Response):
         scanner = StopScanner(self.request.stops)
         calls = ToolCallsOut(self.request.parallel_tool_calls)
         tokens: list[TokenEvent] = []
+        notices: list[str] = []
         extra = ""  # malformed calls' raw text
         pending = list(head)
         done: TurnDone | None = None
@@ -1094,6 +1107,8 @@ class ChatCompletion(Response):
             ev = pending.pop(0)
             if isinstance(ev, TokenEvent):
                 tokens += scanner.feed([ev])
+            elif isinstance(ev, Notice):
+                notices.append(ev.text)
             elif isinstance(ev, (ToolCall, ToolCallError)):
                 extra += calls.take(ev)[1]
             elif isinstance(ev, TurnDone):
@@ -1105,7 +1120,10 @@ class ChatCompletion(Response):
         if done.error:
             await error_response(500, done.error, "server_error")(self.scope, _no_receive, send)
             return
-        await JSONResponse(self._whole_body(done, tokens, scanner, calls, extra))(self.scope, _no_receive, send)
+        body = self._whole_body(done, tokens, scanner, calls, extra)
+        if notices:
+            body[EXTENSION]["notices"] = notices
+        await JSONResponse(body)(self.scope, _no_receive, send)
 
     def _whole_choice(self, text: str, calls: ToolCallsOut, tokens: list[TokenEvent], finish: str) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": text}

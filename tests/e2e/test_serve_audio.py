@@ -111,6 +111,28 @@ def test_generate_connect_sends_the_clip_as_input_audio(audio_server):
     assert [t["id"] for t in lines if "id" in t] == REF["hf"]["greedy_ids"]
 
 
+def test_a_clip_longer_than_the_model_hears_is_cut_and_generate_connect_says_so(audio_server, tmp_path):
+    # the server's engine cuts it to its first 30 s and says so; that sentence was dropped on the way to
+    # the client, so `generate --connect` (and the chat over --connect) never told the user
+    import wave
+
+    long_clip = tmp_path / "long.wav"
+    with wave.open(str(long_clip), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\x00\x01" * (16000 * 31))
+    run = subprocess.run(
+        [str(GEMMA_CHAT), "generate", "--connect", audio_server.url, "--audio", str(long_clip)]
+        + ["--prompt", QUESTION, "--max-tokens", "2", "--temp", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "note: The audio data is 31.0 s long; the model hears only its first 30 s" in run.stderr  # bytes: no name
+
+
 # -- the request rules, in-process on the scripted fake -----------------------------------------------
 
 
