@@ -235,8 +235,8 @@ def details_for(row: Row) -> str:
         return (
             "Demo: a tiny Gemma 4 target and its drafter, trained on gemma-chat's own notes and Python "
             "docstrings, shipped with the app. Short answers on a few topics (greetings, the keys, speculative "
-            "decoding, Gemma 4, short Python); the speculative decoding is real. Takes text and images, no audio "
-            "(E2B, E4B and 12B hear audio). Works offline. Enter: use it."
+            "decoding, Gemma 4, short Python); the speculative decoding is real. Text only: an image gets a reply not "
+            "about it; no audio. Works offline. Enter: use it."
         )
     if row.kind == "other":
         st = row.other.status
