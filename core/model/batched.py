@@ -36,7 +36,7 @@ import mlx.nn as nn
 
 from core import sampling
 from core.model.drafter import Drafter
-from core.model.layers import COMPILED_MAX_LEN, FastLayer
+from core.model.layers import COMPILED_MAX_LEN, FastLayer, attend
 from core.model.rows_kv import RowsKV
 from core.model.target import Target
 
@@ -80,7 +80,7 @@ def _layer(
         assert k is not None and v is not None and slots is not None, "a layer with its own K/V writes it"
         shared = kv.write(i, k, v, slots)
     kb, vb = shared
-    o = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=fast.attn.scale, mask=mask)
+    o = attend(q, kb, vb, fast.attn.scale, mask, tables)
     if fast.moe:
         return _moe_out(fast.layer, o, x, per_layer_input), shared
     return (fast._attn_out if small else fast._attn_out_eager)(o, x, per_layer_input, fast.layer.layer_scalar), shared
@@ -106,7 +106,7 @@ def forward_rows(target: Target, tokens: mx.array, kv: RowsKV, softcap: bool = T
     masks = {t: kv.mask(t, L) for t in types}
     slots = {t: kv.write_slots(t, L) for t in types}
     buffers: list[Any] = [None] * target.n_layers
-    tables: dict = {}  # the rows' RoPE tables, shared by the layers (core.model.layers.FastLayer.rope_input)
+    tables: dict = {}  # shared by the layers: the rows' RoPE tables (FastLayer.rope_input), the masks `attend` folds
     for i, fast in enumerate(target.layers):
         t = fast.layer_type
         own = i < target.first_shared
@@ -134,7 +134,7 @@ def _drafter_step(
     for fast in drafter._fast:
         q, _, _ = fast._attn_in(x, fast.rope_input(positions, 1, tables))
         kb, vb, mask = kv[fast.layer_type]
-        o = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=fast.attn.scale, mask=mask)
+        o = attend(q, kb, vb, fast.attn.scale, mask, tables)
         x = fast._attn_out(o, x, None, fast.layer.layer_scalar)
     y = drafter.norm(x)
     return y, drafter.post_projection(y)

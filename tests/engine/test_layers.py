@@ -223,3 +223,39 @@ def test_a_forward_with_shared_rope_tables_gives_the_bits_of_the_rope_modules(fa
         got, _ = ours.forward(block, a, logits="all")
         want, _ = theirs.forward(block, b, logits="all")
         assert mx.array_equal(got, want).item(), len(block)
+
+
+def _sdpa_masks(B: int, L: int, S: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    rows = rng.random((B, 1, L, S)) > 0.3
+    rows[..., 0] = True  # every query sees a key
+    plain = rng.random((L, S)) > 0.3
+    plain[:, 0] = True
+    return ([None] if L == 1 else []) + ["causal", mx.array(rows), mx.array(plain)]
+
+
+@pytest.mark.parametrize("heads", [(2, 1, 64), (8, 1, 256), (4, 2, 64), (32, 16, 128)])
+def test_grouped_attention_is_the_fused_calls_result_bit_for_bit(heads, monkeypatch):
+    # `attend` stacks the query heads that share a K/V head into one product on the CPU; every path that
+    # must agree (plain step, verify block, batch row, drafter) goes through it, and so does mlx-lm's MoE
+    # layer's mx.fast call for the same rows: the two must give the same bits for every mask kind
+    from core.model.layers import attend
+
+    nh, nkv, hd = heads
+    differ, n = [], 0
+    for B in (1, 3):
+        for L in (1, 2, 5):
+            for S in (L + 4, 64, 133):
+                q = mx.random.normal((B, nh, L, hd), key=mx.random.key(n))
+                k, v = mx.random.normal((2, B, nkv, S, hd), key=mx.random.key(1000 + n))
+                for mask in _sdpa_masks(B, L, S, n):
+                    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=hd**-0.5, mask=mask)
+                    got = attend(q, k, v, hd**-0.5, mask, {})
+                    n += 1
+                    if not bool(mx.all(got == want)):
+                        differ.append((B, L, S, mask if mask is None or isinstance(mask, str) else mask.shape))
+    assert n > 40 and not differ
+    # and it is the stacked form that ran, not the call it is compared with
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("the fused call ran"))
+    for mask in _sdpa_masks(2, 3, 40, 0):
+        mx.eval(attend(q[:2, :, :3], k[:2, :, :40], v[:2, :, :40], hd**-0.5, mask))
