@@ -934,9 +934,12 @@ class ChatCompletion(Response):
             await events.aclose()  # cancels the engine turn if it is still running
 
     async def _first(self, events: AsyncGenerator[list, None]) -> list:
-        """Wait for the turn to start (PrefillDone) or to be refused (TurnDone)."""
+        """Wait for the turn to start (PrefillDone) or to be refused (TurnDone); what came before (notices) with it."""
+        head: list = []
         try:
-            return await events.__anext__()
+            while not any(isinstance(ev, (PrefillDone, TurnDone)) for ev in head):
+                head += await events.__anext__()
+            return head
         except Busy:
             raise ApiError(429, "the server is busy: too many requests waiting; retry later", "server_busy") from None
 

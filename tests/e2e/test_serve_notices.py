@@ -52,6 +52,19 @@ def test_a_notice_rides_in_the_gemma_chat_object_before_the_reply():
         assert "notices" not in whole["gemma_chat"]
 
 
+def test_a_turn_refused_after_its_notices_is_still_a_400():
+    # the status waits for the prefill or the refusal: a notice alone must not make it a 200 with an error inside
+    engine = FakeEngine(notices=(CUT,), refuse_after_notices="the image cannot be encoded")
+    engine.load(FakeSpec("fake", "t", "d"), lambda e: None).result(timeout=5)
+    try:
+        with BackgroundServer(create_app(engine, ServerConfig(model_id="m"))) as url:
+            for stream in (True, False):
+                r = httpx.post(url + "/v1/chat/completions", json=request(stream), timeout=30)
+                assert r.status_code == 400 and r.json()["error"]["message"] == "the image cannot be encoded"
+    finally:
+        engine.close()
+
+
 def test_connect_turns_it_back_into_a_notice_with_no_terminal_escapes():
     with served(CUT, "\x1b[2Jcleared\x07 screen") as url:
         engine = RemoteEngine(url)

@@ -122,6 +122,7 @@ class FakeEngine:
     # without text, then the call's events only, as a `--connect` server's stream gives them
     call_tokens: bool = True
     notices: tuple[str, ...] = ()  # every turn's Notice events, before its prefill (as the engine sends them)
+    refuse_after_notices: str | None = None  # then the turn fails with this (an image the tower cannot encode)
 
     def __post_init__(self) -> None:
         self.calls: list[Call] = []
@@ -310,6 +311,9 @@ class FakeEngine:
         stats.prompt_tokens = stats.prefill_tokens = prompt_tokens
         for text in self.notices:
             on_event(Notice(text))
+        if self.refuse_after_notices is not None:
+            time.sleep(0.05)  # as the real encoding takes a while: the notices reach a listener first
+            return self._fail(stats, self.refuse_after_notices, on_event)
         self.prefilling = PrefillStarted(
             prompt_tokens, prompt_tokens, time.monotonic(), done=lambda: min(self.prefill_done, prompt_tokens)
         )
