@@ -125,10 +125,14 @@ class _Parser(argparse.ArgumentParser):
     from the app's, it is filled in after parsing when neither place gave the option."""
 
     command_defaults: dict[str, dict[str, object]]
+    app_only: dict[str, dict[str, tuple[str, object]]]  # per command: the app's options it does not take
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
         ns, extra = super().parse_known_args(args, namespace)
         command = getattr(ns, "command", None) or ""
+        for dest, (flag, default) in getattr(self, "app_only", {}).get(command, {}).items():
+            if getattr(ns, dest, default) != default:  # `gemma-chat --temp 0.5 serve`: it was ignored
+                self.error(f"{flag} is an option of the chat app, not of '{command}' (see gemma-chat {command} --help)")
         for dest, default in getattr(self, "command_defaults", {}).get(command, {}).items():
             if getattr(ns, dest, None) is None:
                 setattr(ns, dest, default)
@@ -137,7 +141,8 @@ class _Parser(argparse.ArgumentParser):
 
 def carry_options(parser: _Parser, sub: argparse._SubParsersAction) -> None:
     """See `_Parser`: each command's options that the app also takes default to the app's value."""
-    top = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "command")}
+    app = [a for a in parser._actions if a.dest not in ("help", "command", "version")]
+    top = {a.dest: a.default for a in app}
     own: dict[str, dict[str, object]] = {}
     for name, command in sub.choices.items():
         for action in command._actions:
@@ -146,7 +151,30 @@ def carry_options(parser: _Parser, sub: argparse._SubParsersAction) -> None:
             if action.default != top[action.dest]:
                 own.setdefault(name, {})[action.dest] = action.default
             action.default = argparse.SUPPRESS
+        for nested in _nested(command):  # `gemma-chat --offline models download NAME`
+            for action in nested._actions:
+                if action.dest in top and action.default == top[action.dest]:
+                    action.default = argparse.SUPPRESS
     parser.command_defaults = own
+    parser.app_only = {}
+    for name, command in sub.choices.items():
+        takes = _dests(command)
+        parser.app_only[name] = {a.dest: (a.option_strings[0], a.default) for a in app if a.dest not in takes}
+
+
+def _nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """A command's sub-commands, theirs included (`models download`)."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in action.choices.values():
+                out += [nested, *_nested(nested)]
+    return out
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option a command takes, its sub-commands' included (`models download --offline`)."""
+    return {a.dest for p in [parser, *_nested(parser)] for a in p._actions}
 
 
 def build_parser() -> argparse.ArgumentParser:
