@@ -143,22 +143,19 @@ def carry_options(parser: _Parser, sub: argparse._SubParsersAction) -> None:
     """See `_Parser`: each command's options that the app also takes default to the app's value."""
     app = [a for a in parser._actions if a.dest not in ("help", "command", "version")]
     top = {a.dest: a.default for a in app}
-    own: dict[str, dict[str, object]] = {}
+    parser.command_defaults, parser.app_only = {}, {}
     for name, command in sub.choices.items():
-        for action in command._actions:
-            if action.dest not in top:
-                continue
-            if action.default != top[action.dest]:
-                own.setdefault(name, {})[action.dest] = action.default
-            action.default = argparse.SUPPRESS
-        for nested in _nested(command):  # `gemma-chat --offline models download NAME`
-            for action in nested._actions:
-                if action.dest in top and action.default == top[action.dest]:
-                    action.default = argparse.SUPPRESS
-    parser.command_defaults = own
-    parser.app_only = {}
-    for name, command in sub.choices.items():
-        takes = _dests(command)
+        takes = set()
+        for depth, p in enumerate([command, *_nested(command)]):  # `gemma-chat --offline models download NAME`
+            for action in p._actions:
+                takes.add(action.dest)
+                if action.dest not in top:
+                    continue
+                if action.default != top[action.dest]:
+                    if depth:  # a sub-command's own default: it wins (it cannot be told from the app's)
+                        continue
+                    parser.command_defaults.setdefault(name, {})[action.dest] = action.default
+                action.default = argparse.SUPPRESS
         parser.app_only[name] = {a.dest: (a.option_strings[0], a.default) for a in app if a.dest not in takes}
 
 
@@ -170,11 +167,6 @@ def _nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
             for nested in action.choices.values():
                 out += [nested, *_nested(nested)]
     return out
-
-
-def _dests(parser: argparse.ArgumentParser) -> set[str]:
-    """Every option a command takes, its sub-commands' included (`models download --offline`)."""
-    return {a.dest for p in [parser, *_nested(parser)] for a in p._actions}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -327,7 +327,7 @@ class AutoBlock:
             return 1.0
         if not self._ratio:
             return 1.0 + prior_step * (k - 1)
-        a, b = self._line(prior_step)
+        a, b = self._fit(prior_step)
         line = a + b * (k - 1)
         own = self._ratio.get(k)
         if own is None:
@@ -337,7 +337,7 @@ class AutoBlock:
         w = _weight(own, c)
         return (w * own.value + line) / (w + 1.0)
 
-    def _line(self, prior_step: float) -> tuple[float, float]:
+    def _fit(self, prior_step: float) -> tuple[float, float]:
         """`_line` through the kept costs, computed once per state of them: a parked round asks for the
         ratios of every size (the probe's, the wait's) and the costs have not moved since the last round
         that drafted. Keyed on what the fit reads, so no path that changes a cost can leave it stale."""
