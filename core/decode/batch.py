@@ -23,7 +23,10 @@ rows decode, a step prefills, in join order, the larger of
 - the joining prompt's rest, where that takes at most JOIN_ONE_STEP_S at the measured prefill rate (a
   pause a reader does not notice: the newcomer then waits for no round of the others at all), else
   1/JOIN_STEPS of the joining prompt (so its first token comes within its prefill + JOIN_STEPS - 1
-  rounds), but never more than JOIN_MAX_STALL_S of prefill at the measured rate.
+  rounds), but never more than JOIN_MAX_STALL_S of prefill at the measured rate. Several prompts
+  waiting at the head of the queue whose rests together take at most JOIN_ONE_STEP_S all run in one
+  step: requests that arrive together (a client fanning out) decode together from the next round,
+  not one more per round while the others wait.
 The second keeps the newcomer's wait short and stalls the running streams for only one or JOIN_STEPS
 gaps (a stream's p95 gap does not see them); the stall cap keeps a very long prompt from freezing
 them: it then takes more steps. With no row decoding, prompts prefill at full speed (chunks of
@@ -98,12 +101,16 @@ class PrefillJob:
     done: int = 0  # prompt tokens run so far (of prompt.ids)
     seconds: float = 0.0  # time spent in its chunks
 
+    @property
+    def rest(self) -> int:
+        """Prompt tokens still to run."""
+        return len(self.prompt.ids) - self.done
+
     def per_step(self, tokens_per_s: float | None) -> int:
         """Tokens per step while rows decode: the rest of the prompt where it takes at most JOIN_ONE_STEP_S at
         `tokens_per_s` (the measured prefill rate), else enough to prefill the whole prompt in JOIN_STEPS steps."""
-        rest = len(self.prompt.ids) - self.done
-        if tokens_per_s is not None and rest <= JOIN_ONE_STEP_S * tokens_per_s:
-            return rest
+        if tokens_per_s is not None and self.rest <= JOIN_ONE_STEP_S * tokens_per_s:
+            return self.rest
         return -(-len(self.prompt.ids) // JOIN_STEPS)
 
 
@@ -254,7 +261,14 @@ class BatchDecoder:
         joining = [r.prefill for r in self.rows if r.prefill is not None and r.reason is None]
         newcomer = max((job.per_step(self.prefill_tps) for job in joining), default=0)
         if self.prefill_tps is not None:
-            newcomer = min(newcomer, int(JOIN_MAX_STALL_S * self.prefill_tps))
+            # the quick prompts at the head of the queue, together: requests that arrive at once all join
+            # the next round, one pause for the running streams instead of one per newcomer
+            quick, one_step = 0, JOIN_ONE_STEP_S * self.prefill_tps
+            for job in joining:
+                if quick + job.rest > one_step:
+                    break
+                quick += job.rest
+            newcomer = min(max(newcomer, quick), int(JOIN_MAX_STALL_S * self.prefill_tps))
         return max(share, newcomer)
 
     def _prefill_some(self, budget: int | None) -> bool:

@@ -317,6 +317,38 @@ def test_a_prompt_quick_to_prefill_joins_in_one_step() -> None:
     assert bd._prefill_budget(True) == 150
 
 
+def test_requests_that_arrive_together_join_the_next_round_together() -> None:
+    """Several quick prompts waiting while a row decodes (a client fanning out) all prefill in the next step
+    and decode in its round, not one more per round; a queue longer than one step's pause is split, in
+    join order, and every row equals its solo run."""
+    spec = demo_spec()
+    assert spec.drafter is not None
+    tg, dr = load_target(spec.target), load_drafter(spec.drafter)
+    tok = load_tokenizer(spec.target)
+    texts = [encode_messages(tok, [{"role": "user", "content": q}]) for q in ("Hi.", "Hello there.", "Why?")]
+    bd = BatchDecoder(tg, dr, lambda: None, STOP, prefix_cache=PrefixCache(max_entries=0))
+    go = GenerationSettings(max_tokens=12, block_size=2, ignore_eos=True)
+    plans = [Plan(texts[i % 3], go, 0) for i in range(5)]
+    bd.join(Prompt(plans[0].prompt), go, plans[0].events.append, Controls(2), tag=0)
+    bd.step()  # row 0 alone: prefilled at full speed, then its first round
+    bd.round_s = 1e-6  # a round's own share of prefill is the floor (PREFILL_MIN_CHUNK)
+    for i, p in enumerate(plans[1:], 1):
+        bd.join(Prompt(p.prompt), go, p.events.append, Controls(2), tag=i)
+    # room for exactly rows 1-3 in one step's pause (JOIN_ONE_STEP_S): row 4 waits for the next
+    bd.prefill_tps = sum(len(p.prompt) for p in plans[1:4]) / batch_mod.JOIN_ONE_STEP_S
+    bd.step()
+
+    def rounds(p: Plan) -> int:
+        return len([e for e in p.events if isinstance(e, RoundEvent)])
+
+    assert [rounds(p) for p in plans] == [2, 1, 1, 1, 0]
+    assert all(isinstance(p.events[0], PrefillDone) for p in plans[1:4]) and not plans[4].events
+    results: dict[Any, Any] = {}
+    _drain(bd, results)
+    for i, p in enumerate(plans):
+        assert results[i].token_ids == _solo(tg, p), f"row {i}"
+
+
 def test_a_continued_conversation_prefills_only_its_new_tokens(fam: tuple) -> None:
     """Turn 2 resends turn 1's prompt and reply with more tokens: it starts from turn 1's cache (the reused
     count is exact) and decodes exactly what it decodes from scratch; a request that shares only a prefix
