@@ -25,7 +25,9 @@ with them (app.commands.generate_tools). `{"messages": [...]}` then holds every 
 `--image-budget` soft tokens each (default: the checkpoint's). `--audio FILE` (repeatable) puts audio
 clips there too (after the images): E2B and E4B hear the first 30 s of each (a note on stderr says when
 a clip was cut), the 12B up to 5 minutes. Audio needs a local pairing that takes it; the clips are checked
-before the model loads. Notes go to stderr in both modes, so `--json` stays one object per line.
+before the model loads. Notes go to stderr in both modes, so `--json` stays one object per line. On a
+terminal, a prefill that takes longer than PREFILL_NOTE_AFTER_S (a long pasted prompt) shows its progress
+on stderr, on one line redrawn in place and wiped before the reply starts.
 `--drafter-position` and `--drafter-window` pick the drafter's conventions (core.model.drafter; they change
 acceptance only).
 """
@@ -33,9 +35,12 @@ acceptance only).
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import json
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
@@ -50,6 +55,9 @@ if TYPE_CHECKING:
 
 
 MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds what a stray file costs
+PREFILL_NOTE_AFTER_S = 2.0  # a prefill still running after this long shows its progress (on a terminal)
+POLL_S = 0.25
+RATE_WINDOW_S = 5.0  # the time left is estimated from the prefill's rate over about this long
 
 
 def read_messages_file(path: str) -> list[dict]:
@@ -183,10 +191,13 @@ class _Output:
         self.as_json = as_json
         self.out = sys.stdout
         self._mid_line = False  # plain mode: the answer's last character was not a newline
+        self.progress: PrefillProgress | None = None  # the running turn's, on a terminal
 
     def on_event(self, e: object) -> None:
-        from core.events import Notice, TokenEvent, ToolCall, ToolCallError
+        from core.events import Notice, PrefillDone, TokenEvent, ToolCall, ToolCallError
 
+        if self.progress is not None:
+            self.progress.clear(over=isinstance(e, (PrefillDone, TokenEvent)))
         if isinstance(e, Notice):  # stderr in both modes: --json stays one object per line
             print(f"note: {printable(e.text)}", file=sys.stderr, flush=True)
             return
@@ -314,7 +325,7 @@ def _converse(
 
     added: list[dict] = []
     for round_no in range(MAX_ROUNDS + 1):
-        done = _wait(engine, engine.chat(messages + added, settings, output.on_event, tools=tools))
+        done = _wait(engine, engine.chat(messages + added, settings, output.on_event, tools=tools), output)
         if done.error or not done.tool_calls or runner is None or not runner.runnable(done.tool_calls):
             break
         if round_no == MAX_ROUNDS:
@@ -332,14 +343,70 @@ def _note(text: str) -> None:
     print(f"note: {printable(text)}", file=sys.stderr, flush=True)
 
 
-def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone]) -> TurnDone:
-    """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round)."""
+class PrefillProgress:
+    """A long prefill's progress on stderr, one line redrawn in place: "prefilling the prompt: 12,288 of
+    40,000 tokens (30 %), about 75 s left". Drawn from the waiting thread, wiped (under a lock) by the
+    engine's first event that prints, for good once the prefill is done."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.shown = False
+        self.over = False
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens done)
+
+    def draw(self, engine: ChatEngine) -> None:
+        started = engine.prefilling
+        if started is None or started.done is None or started.prefill_tokens <= 0:
+            return
+        elapsed = time.monotonic() - started.started
+        if elapsed < PREFILL_NOTE_AFTER_S:
+            return
+        total, done = started.prefill_tokens, min(started.done(), started.prefill_tokens)
+        # the rate of the last few seconds: a chunk costs more as the context grows (attention)
+        now = time.monotonic()
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        t0, d0 = self.samples[0] if len(self.samples) > 1 else (started.started, 0)
+        left = f", about {(total - done) * (now - t0) / (done - d0):.0f} s left" if done > d0 else ""
+        line = f"prefilling the prompt: {done:,} of {total:,} tokens ({100 * done // total} %){left}"
+        with self.lock:
+            if not self.over:
+                self.stream.write(f"\r{line}\x1b[K")
+                self.stream.flush()
+                self.shown = True
+
+    def clear(self, over: bool) -> None:
+        """Wipe the line (before anything else prints); over: the prefill is done, draw no more."""
+        with self.lock:
+            if self.shown:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self.shown = False
+            self.over = self.over or over
+
+
+def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone], output: _Output | None = None) -> TurnDone:
+    """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round). With
+    `output` and stderr a terminal, a long prefill's progress shows meanwhile (PrefillProgress)."""
+    progress = PrefillProgress(sys.stderr) if output is not None and sys.stderr.isatty() else None
+    if output is not None:
+        output.progress = progress
     try:
-        return future.result()
+        while True:
+            try:
+                return future.result(timeout=POLL_S if progress is not None else None)
+            except concurrent.futures.TimeoutError:
+                assert progress is not None
+                progress.draw(engine)
     except KeyboardInterrupt:
         engine.cancel()
         future.result(timeout=30)
         raise
+    finally:
+        if progress is not None:
+            progress.clear(over=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -387,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
             return output.fail(str(e))
         added: list[dict] = []
         if messages is None:  # --no-template: BOS + the prompt's tokens (local only, checked above)
-            done = _wait(engine, local.complete(args.prompt or "", settings, output.on_event))
+            done = _wait(engine, local.complete(args.prompt or "", settings, output.on_event), output)
         else:
             done, added = _converse(engine, messages, settings, tools, runner, output)
         if done.error:

@@ -166,3 +166,52 @@ def test_demo_uses_the_demo_pairing(monkeypatch, capsys):
     ref = json.load(open(f"{REFS}/text/e-style.json"))["prompts"]["short"]
     assert rc == 0 and [t["id"] for t in lines[:-1]] == ref["greedy_no_eos_stop"]["ids"][:12]
     assert lines[-1]["stats"]["drafted"] > 0
+
+
+class _Terminal:
+    """stdout and stderr of one terminal: what each wrote, in order; stderr says it is a tty."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+
+    def stream(self, name: str, tty: bool):  # type: ignore[no-untyped-def]
+        term = self
+
+        class Stream:
+            def write(self, text: str) -> int:
+                term.log.append((name, text))
+                return len(text)
+
+            def flush(self) -> None:
+                pass
+
+            def isatty(self) -> bool:
+                return tty
+
+        return Stream()
+
+
+def test_a_long_prefill_shows_its_progress_on_a_terminal_and_wipes_it_before_the_reply(monkeypatch):
+    """On a terminal, a prefill still running after PREFILL_NOTE_AFTER_S redraws one stderr line with the
+    tokens done and the time left; the line is wiped before the reply's first character; without a
+    terminal nothing is drawn."""
+    from app.commands import generate
+
+    monkeypatch.setattr(generate, "PREFILL_NOTE_AFTER_S", 0.0)
+    monkeypatch.setattr(generate, "POLL_S", 0.005)
+    prompt = "the cat sat on the mat. " * 600  # 5,4xx tokens: several prefill chunks on the demo
+    for tty in (True, False):
+        term = _Terminal()
+        monkeypatch.setattr("sys.stdout", term.stream("out", False))
+        monkeypatch.setattr("sys.stderr", term.stream("err", tty))
+        assert main(["generate", "--demo", "--max-tokens", "4", "--prompt", prompt]) == 0
+        drawn = [t for w, t in term.log if w == "err" and t.startswith("\rprefilling the prompt: ")]
+        first_out = next(i for i, (w, t) in enumerate(term.log) if w == "out" and t.strip())
+        if not tty:
+            assert not drawn
+            continue
+        assert len(drawn) >= 2, term.log[:5]
+        assert any(" s left" in t and " of 5,4" in t and ": 0 of" not in t for t in drawn), set(drawn)
+        last_draw = max(i for i, (w, t) in enumerate(term.log) if t in drawn)
+        wipes = [i for i, (w, t) in enumerate(term.log) if w == "err" and t == "\r\x1b[K"]
+        assert any(last_draw < i < first_out for i in wipes)  # gone before the reply starts
