@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
 import time
 from typing import TYPE_CHECKING, TextIO
 
@@ -120,9 +122,9 @@ def list_pairings(as_json: bool = False) -> int:
                 p.target_repo,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    columns = _columns()
+    for line in _table(rows, columns):
+        print(line)
     others = catalog.other_local_checkpoints()
     if others:
         print("\nOther Gemma 4 checkpoints in the cache (use with --model / --drafter):")
@@ -130,18 +132,48 @@ def list_pairings(as_json: bool = False) -> int:
             kind = "?" if c.model_type is None else ("drafter" if is_drafter(c.model_type) else "target")
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
-    print(
-        f"\n* the pairing a plain `gemma-chat` opens (default_pairing in {config_file()})\n"
-        f"? {catalog.UNCONFIRMED_NOTE}\n"
-        f"demo: a tiny trained Gemma 4 pair shipped with gemma-chat (checked against its sha256 when it "
-        f"loads), offline; short answers on a few topics, real speculative decoding "
-        f"(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)\n"
+    notes = [
+        f"* the pairing a plain `gemma-chat` opens (default_pairing in {config_file()})",
+        f"? {catalog.UNCONFIRMED_NOTE}",
+        "demo: a tiny trained Gemma 4 pair shipped with gemma-chat (checked against its sha256 when it "
+        "loads), offline; short answers on a few topics, real speculative decoding "
+        "(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)",
         f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
-        f"usable here: {budget} ({machine.note}); BLOCK = the suggested block size\n"
+        f"usable here: {budget} ({machine.note}); BLOCK = the suggested block size",
         f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "
-        f"Cache: {default_cache_dir()}"
-    )
+        f"Cache: {default_cache_dir()}",
+    ]
+    print()
+    for note in notes:
+        # a path or repo id longer than the line is left whole (a terminal wraps it; a copy stays intact)
+        print(note if columns is None else textwrap.fill(note, columns, break_long_words=False, break_on_hyphens=False))
     return 0
+
+
+def _columns() -> int | None:
+    """The width to lay the table out for: $COLUMNS, else the terminal's; None (lines as long as they
+    are) when writing to a pipe or file, so a script's `grep` sees one line per pairing."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def _table(rows: list[tuple[str, ...]], columns: int | None) -> list[str]:
+    """The rows' columns padded to line up. Where the whole table is wider than `columns`, the last
+    column (the target's repository) goes on its own indented line under its row instead of wrapping
+    (and the gaps shrink to one space where the rest is still too wide: 80 columns)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    if columns is None or sum(widths) + 2 * (len(widths) - 1) <= columns:
+        return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    gap = " " * (2 if sum(widths[:-1]) + 2 * (len(widths) - 2) <= columns else 1)
+    out = []
+    for r in rows:
+        out.append(gap.join(c.ljust(w) for c, w in zip(r[:-1], widths)).rstrip())
+        out.append(f"    {r[-1]}")
+    return out
 
 
 # -- download ---------------------------------------------------------------------------------------

@@ -172,3 +172,24 @@ def test_download_a_single_repository_by_id(hf_cache, capsys, monkeypatch):
     assert "me/absent was not found on http://127.0.0.1" in cap.err
     path = Path(cap.out.split("\t")[1].strip())
     assert (path / "model.safetensors").read_bytes() == b"d" * 4000
+
+
+def test_list_fits_the_terminals_width(hf_cache, capsys, monkeypatch):
+    """Narrower than the table ($COLUMNS or the terminal), each target's repository goes on its own line
+    under its row and the notes wrap between words; to a pipe (no $COLUMNS) a row is one line, whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["models", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].split() == ["NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT", "VISION", "AUDIO", "BLOCK"]
+    assert lines[1].strip() == "TARGET"
+    at = {line.split()[0]: i for i, line in enumerate(lines) if line and not line.startswith(" ")}
+    assert lines[at["31b"]].split()[-1] == "6" and lines[at["31b"] + 1].strip() == "mlx-community/gemma-4-31b-it-bf16"
+    notes = lines[lines.index("") + 1 :]
+    assert any(line.startswith("? repository name") for line in notes)
+    assert all(not line.endswith("-") for line in notes)  # not cut inside a word
+    monkeypatch.delenv("COLUMNS")
+    assert main(["models", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("31b "))
+    assert row.split()[-1] == "mlx-community/gemma-4-31b-it-bf16" and max(len(line) for line in lines) > 100
