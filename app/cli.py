@@ -7,6 +7,7 @@ mlx or textual. Each sub-command's handler is imported only when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
@@ -353,6 +354,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # whoever read the output went away (`gemma-chat generate ... | head`): stop quietly, as `yes | head`
+        # does, with the status a shell gives a process ended by SIGPIPE
+        _discard_stdout()
+        return 128 + 13
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit does not fail on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (a test's capture)
+        pass
 
 
 if __name__ == "__main__":

@@ -192,8 +192,17 @@ class _Output:
         self.out = sys.stdout
         self._mid_line = False  # plain mode: the answer's last character was not a newline
         self.progress: PrefillProgress | None = None  # the running turn's, on a terminal
+        self.broken = False  # stdout's reader went away (`| head`): the turn is cancelled (_wait)
 
     def on_event(self, e: object) -> None:
+        if self.broken:
+            return
+        try:
+            self._show(e)
+        except BrokenPipeError:
+            self.broken = True
+
+    def _show(self, e: object) -> None:
         from core.events import Notice, PrefillDone, TokenEvent, ToolCall, ToolCallError
 
         if self.progress is not None:
@@ -393,13 +402,18 @@ def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone], outpu
     progress = PrefillProgress(sys.stderr) if output is not None and sys.stderr.isatty() else None
     if output is not None:
         output.progress = progress
+    cancelled = False
     try:
         while True:
             try:
-                return future.result(timeout=POLL_S if progress is not None else None)
+                return future.result(timeout=POLL_S if output is not None else None)
             except concurrent.futures.TimeoutError:
-                assert progress is not None
-                progress.draw(engine)
+                assert output is not None
+                if output.broken and not cancelled:  # nobody reads the rest: stop the turn within a round
+                    engine.cancel()
+                    cancelled = True
+                if progress is not None:
+                    progress.draw(engine)
     except KeyboardInterrupt:
         engine.cancel()
         future.result(timeout=30)
@@ -457,6 +471,8 @@ def run(args: argparse.Namespace) -> int:
             done = _wait(engine, local.complete(args.prompt or "", settings, output.on_event), output)
         else:
             done, added = _converse(engine, messages, settings, tools, runner, output)
+        if output.broken:
+            raise BrokenPipeError("stdout was closed")  # app.cli ends quietly
         if done.error:
             return output.fail(done.error, mid_line=True)
         return output.finished(done, with_tools=bool(tools), added=added)

@@ -215,3 +215,25 @@ def test_a_long_prefill_shows_its_progress_on_a_terminal_and_wipes_it_before_the
         last_draw = max(i for i, (w, t) in enumerate(term.log) if t in drawn)
         wipes = [i for i, (w, t) in enumerate(term.log) if w == "err" and t == "\r\x1b[K"]
         assert any(last_draw < i < first_out for i in wipes)  # gone before the reply starts
+
+
+@pytest.mark.parametrize("argv", [["generate", "--demo", "--prompt", "hi"], ["models", "list"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(argv):
+    """`gemma-chat generate ... | head -c 5`: once the pipe's reader is gone, the turn is cancelled and the
+    process ends at once with the status of a SIGPIPE (141), no traceback: it spewed one per token and went
+    on decoding to max_tokens."""
+    import subprocess
+    import sys
+    import time
+
+    more = ["--max-tokens", "20000", "--ignore-eos"] if argv[0] == "generate" else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", *argv, *more], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.read(3)  # the first bytes, then the reader goes away
+    proc.stdout.close()
+    t0 = time.monotonic()
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    assert time.monotonic() - t0 < 20  # 20,000 tokens would take minutes
