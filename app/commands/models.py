@@ -13,6 +13,7 @@ import shutil
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from app.commands.common import printable
@@ -161,7 +162,7 @@ def _columns() -> int | None:
     return None
 
 
-def _table(rows: list[tuple[str, ...]], columns: int | None) -> list[str]:
+def _table(rows: Sequence[Sequence[str]], columns: int | None) -> list[str]:
     """The rows' columns padded to line up. Where the whole table is wider than `columns`, the last
     column (the target's repository) goes on its own indented line under its row instead of wrapping
     (and the gaps shrink to one space where the rest is still too wide: 80 columns)."""
