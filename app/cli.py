@@ -209,7 +209,11 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--demo", action="store_true", help="use the offline demo pairing")
     g.add_argument("--no-draft", action="store_true", help="plain decoding: no drafter")
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--prompt", metavar="TEXT", help="the user message")
+    src.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="the user message; '-' reads it from stdin, as does a pipe when nothing else is asked",
+    )
     src.add_argument(
         "--messages",
         metavar="FILE.json",

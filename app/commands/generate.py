@@ -123,6 +123,35 @@ def _read_json_file(path: str, what: str) -> Any:
     return messages
 
 
+def read_prompt(args: argparse.Namespace) -> None:
+    """`--prompt -`, or nothing to ask at all (no prompt, messages or media) with stdin piped in: the
+    prompt is stdin's text (`cat notes.txt | gemma-chat generate`). With nothing to ask and nothing piped,
+    say what to give instead of sending an empty message. Stdin is read only then: a script's loop that
+    runs generate with --prompt keeps the rest of its input."""
+    media = args.image or getattr(args, "audio", None)
+    asks = args.prompt is not None or args.messages or media
+    piped = sys.stdin is not None and not sys.stdin.isatty()
+    if args.prompt != "-" and (asks or not piped):
+        if not asks:
+            raise UsageError(
+                "nothing to ask: give --prompt TEXT, --messages FILE.json or an --image/--audio, or pipe the "
+                "prompt in (echo 'Why is the sky blue?' | gemma-chat generate ...)"
+            )
+        return
+    if sys.stdin is None:
+        raise UsageError("--prompt -: there is no standard input to read the prompt from")
+    data = sys.stdin.buffer.read(MESSAGES_MAX_BYTES + 1)
+    if len(data) > MESSAGES_MAX_BYTES:
+        raise UsageError(f"the prompt on stdin is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"the prompt on stdin is not UTF-8 text (byte {e.start} of {len(data)})") from None
+    if not text.strip():
+        raise UsageError("the prompt on stdin is empty")
+    args.prompt = text.rstrip("\n")
+
+
 def _messages(args: argparse.Namespace) -> list[dict]:
     if args.messages:
         messages = read_messages_file(args.messages)
@@ -434,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
         return output.fail(str(e))
     try:
         settings = _settings(args)
+        read_prompt(args)
         if args.no_template and (args.messages or args.image or getattr(args, "audio", None)):
             raise UsageError("--no-template takes --prompt text only (no --messages, --image or --audio)")
         if args.connect and args.no_template:

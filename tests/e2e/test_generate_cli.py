@@ -237,3 +237,45 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(argv):
     assert proc.returncode == 141, err
     assert "Traceback" not in err and "Broken pipe" not in err, err
     assert time.monotonic() - t0 < 20  # 20,000 tokens would take minutes
+
+
+def _generate_process(args, stdin_text, shell_tail=""):
+    import subprocess
+    import sys
+
+    cmd = " ".join([sys.executable, "-m", "app", "generate", "--demo", "--json", "--max-tokens", "3", *args])
+    data = stdin_text if isinstance(stdin_text, bytes) else stdin_text.encode()
+    out = subprocess.run(f"({cmd}){shell_tail}", shell=True, input=data, capture_output=True, timeout=120)
+    return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode(), out.stderr.decode())
+
+
+def test_the_prompt_can_come_from_stdin(capsys):
+    """A pipe is the prompt when nothing else is asked (`echo ... | gemma-chat generate`), `--prompt -` reads
+    stdin explicitly, and either asks exactly what --prompt would; an empty or non-UTF-8 stdin is refused."""
+    assert main(["generate", "--demo", "--json", "--max-tokens", "3", "--prompt", "Why is the sky blue?"]) == 0
+    want = _json_lines(capsys.readouterr().out)
+    for args in ([], ["--prompt", "-"]):
+        out = _generate_process(args, "Why is the sky blue?\n")
+        assert out.returncode == 0, out.stderr
+        got = _json_lines(out.stdout)
+        assert [e["id"] for e in got[:-1]] == [e["id"] for e in want[:-1]]
+        assert got[-1]["stats"]["prompt_tokens"] == want[-1]["stats"]["prompt_tokens"]
+    out = _generate_process([], "  \n")
+    assert out.returncode == 1 and "the prompt on stdin is empty" in out.stdout
+    out = _generate_process(["--prompt", "-"], b"caf\xe9")  # Latin-1
+    assert out.returncode == 1 and "the prompt on stdin is not UTF-8 text (byte 3 of 4)" in out.stdout
+
+
+def test_stdin_is_left_alone_when_the_prompt_is_given(monkeypatch, capsys):
+    """`while read q; do gemma-chat generate --prompt "$q"; done < questions`: a command that was given its
+    prompt leaves stdin to the loop; with nothing to ask and a terminal for stdin it says what to give."""
+    out = _generate_process(["--prompt", "hi"], "second\nthird\n", shell_tail="; cat")
+    assert out.returncode == 0 and out.stdout.splitlines()[-2:] == ["second", "third"]
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    assert main(["generate", "--demo", "--json"]) == 1
+    assert "nothing to ask: give --prompt TEXT" in capsys.readouterr().out
