@@ -24,6 +24,7 @@ from core.units import format_bytes
 if TYPE_CHECKING:
     from core.hub.catalog import Pairing
     from core.hub.download import DownloadProgress
+    from core.hub.fit import MachineMemory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,23 +133,30 @@ def list_pairings(as_json: bool = False) -> int:
         for c in others:
             kind = "?" if c.model_type is None else ("drafter" if is_drafter(c.model_type) else "target")
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
+    print()
+    for note in _notes(entries[0].memory.context, machine):
+        # a path or repo id longer than the line is left whole (a terminal wraps it; a copy stays intact)
+        print(note if columns is None else textwrap.fill(note, columns, break_long_words=False, break_on_hyphens=False))
+    return 0
+
+
+def _notes(context: int, machine: MachineMemory) -> list[str]:
+    """The paragraphs under the table: what its marks, columns and numbers mean."""
+    from core.hub import catalog
+    from core.hub.download import default_cache_dir
+
     budget = _gb(machine.budget_bytes) if machine.budget_bytes else "unknown"
-    notes = [
+    return [
         f"* the pairing a plain `gemma-chat` opens (default_pairing in {config_file()})",
         f"? {catalog.UNCONFIRMED_NOTE}",
         "demo: a tiny trained Gemma 4 pair shipped with gemma-chat (checked against its sha256 when it "
         "loads), offline; short answers on a few topics, real speculative decoding "
         "(gemma-chat --demo, gemma-chat generate --demo, gemma-chat bench --demo)",
-        f"MEMORY = weights + K/V cache at {entries[0].memory.context} tokens + overhead; "
+        f"MEMORY = weights + K/V cache at {context} tokens + overhead; "
         f"usable here: {budget} ({machine.note}); BLOCK = the suggested block size",
         f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "
         f"Cache: {default_cache_dir()}",
     ]
-    print()
-    for note in notes:
-        # a path or repo id longer than the line is left whole (a terminal wraps it; a copy stays intact)
-        print(note if columns is None else textwrap.fill(note, columns, break_long_words=False, break_on_hyphens=False))
-    return 0
 
 
 def _columns() -> int | None:
