@@ -7,7 +7,7 @@ mlx or textual. Each sub-command's handler is imported only when it runs.
 from __future__ import annotations
 
 import argparse
-import os
+import errno
 import sys
 
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
@@ -361,17 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # whoever read the output went away (`gemma-chat generate ... | head`): stop quietly, as `yes | head`
         # does, with the status a shell gives a process ended by SIGPIPE
-        _discard_stdout()
+        from app.commands.common import discard_stdout
+
+        discard_stdout()
         return 128 + 13
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        from app.commands.common import discard_stdout
 
-
-def _discard_stdout() -> None:
-    """Point stdout at /dev/null, so the interpreter's last flush at exit does not fail on the closed pipe."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # not a real file (a test's capture)
-        pass
+        discard_stdout()  # most likely stdout itself (`> /dev/full`): said once, on stderr
+        print(f"gemma-chat: cannot write: {e.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

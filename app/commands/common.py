@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +17,16 @@ API_KEY_ENV = "GEMMA_CHAT_API_KEY"
 # C0 controls but tab and newline, DEL and the C1 controls: what could move the cursor, retitle the
 # window or switch terminal modes when model text or a hostile path is printed
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null once writing to it failed (a closed pipe, a full disk), so that neither a
+    later print nor the interpreter's last flush at exit fails again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (a test's capture)
+        pass
 
 
 def printable(text: object) -> str:

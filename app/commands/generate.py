@@ -43,7 +43,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.commands.common import UsageError, pairing_from_args, printable, remote_engine
+from app.commands.common import UsageError, discard_stdout, pairing_from_args, printable, remote_engine
 
 if TYPE_CHECKING:
     from app.commands.generate_tools import CallRunner
@@ -221,15 +221,31 @@ class _Output:
         self.out = sys.stdout
         self._mid_line = False  # plain mode: the answer's last character was not a newline
         self.progress: PrefillProgress | None = None  # the running turn's, on a terminal
-        self.broken = False  # stdout's reader went away (`| head`): the turn is cancelled (_wait)
+        # writing to stdout failed: its reader went away (`| head`) or the disk is full; the turn is cancelled (_wait)
+        self.write_error: OSError | None = None
+
+    @property
+    def broken(self) -> bool:
+        return self.write_error is not None
 
     def on_event(self, e: object) -> None:
         if self.broken:
             return
         try:
             self._show(e)
-        except BrokenPipeError:
-            self.broken = True
+        except OSError as err:  # stdout's write (the engine's own errors end the turn, not here)
+            self.write_error = err
+
+    def write_failed(self) -> int:
+        """After a failed write to stdout: a closed pipe ends quietly (app.cli, status 141), any other
+        failure is said once on stderr (status 1)."""
+        err = self.write_error
+        assert err is not None
+        if isinstance(err, BrokenPipeError):
+            raise err
+        discard_stdout()
+        print(f"error: cannot write the answer: {err.strerror or err}", file=sys.stderr)
+        return 1
 
     def _show(self, e: object) -> None:
         from core.events import Notice, PrefillDone, TokenEvent, ToolCall, ToolCallError
@@ -502,10 +518,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             done, added = _converse(engine, messages, settings, tools, runner, output)
         if output.broken:
-            raise BrokenPipeError("stdout was closed")  # app.cli ends quietly
+            return output.write_failed()
         if done.error:
             return output.fail(done.error, mid_line=True)
-        return output.finished(done, with_tools=bool(tools), added=added)
+        try:
+            return output.finished(done, with_tools=bool(tools), added=added)
+        except OSError as err:
+            output.write_error = err
+            return output.write_failed()
     finally:
         engine.close()
         if hub is not None:

@@ -5,15 +5,24 @@ server runs a model on the user's machine, and with file: image URLs it would re
 Those file: URLs are refused on a non-loopback bind in any case. The limits against slow or hostile
 clients (header and body timeouts, connections, body size) and against web pages (Host, Origin,
 Content-Type) are core.frontends.server's; the options here only set them.
+
+The address is taken before the model loads (`listen`): a port in use is said at once, not after the
+seconds or minutes a real model takes to load.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import re
+import socket
 import sys
+from typing import TYPE_CHECKING
 
 from app.commands.common import API_KEY_ENV, UsageError, api_key, pairing_from_args
+
+if TYPE_CHECKING:
+    from core.engine.contract import PairingSpec
 
 MAX_PARALLEL = 64
 
@@ -28,6 +37,31 @@ def check_bind(host: str, api_key: str | None) -> str | None:
             f"Set ${API_KEY_ENV} (or pass --api-key-file PATH), or bind to 127.0.0.1"
         )
     return None
+
+
+def listen(host: str, port: int) -> socket.socket | str:
+    """A socket bound to (host, port) for the server, or why it cannot be had, in words."""
+    where = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"cannot listen on {where}: no such address ({e.strerror})"
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            return f"cannot listen on {where}: the port is in use (another server?); stop it or pick another --port"
+        if e.errno == errno.EACCES:
+            return f"cannot listen on {where}: permission denied (ports below 1024 need privileges)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return f"cannot listen on {where}: no such address on this machine"
+        return f"cannot listen on {where}: {e.strerror or e}"
+    sock.set_inheritable(True)
+    return sock
 
 
 def allowed_hosts(host: str) -> tuple[str, ...] | None:
@@ -75,7 +109,18 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"gemma-chat serve: {e}", file=sys.stderr)
         return 2
+    sock = listen(args.host, args.port)
+    if isinstance(sock, str):
+        print(f"gemma-chat serve: {sock}", file=sys.stderr)
+        return 1
+    try:
+        return _serve(args, key, spec, sock)
+    finally:
+        sock.close()
 
+
+def _serve(args: argparse.Namespace, key: str | None, spec: PairingSpec, sock: socket.socket) -> int:
+    """Load the pairing and serve it on `sock` until Ctrl+C (or SIGTERM)."""
     import uvicorn
 
     from core.engine.contract import EngineError
@@ -106,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
         )
         app = create_app(engine, config)
         host = f"[{args.host}]" if ":" in args.host else args.host
+        port = args.port
         print(
-            f"serving {model_id} at http://{host}:{args.port}/v1 "
+            f"serving {model_id} at http://{host}:{port}/v1 "
             f"({'drafter on' if spec.drafter else 'no drafter'}; {'API key required' if key else 'no API key'}; "
             f"{args.parallel} at once, {args.max_waiting} waiting); "
             "Ctrl+C stops",
@@ -115,18 +161,16 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         # Ctrl+C: replies still streaming get a second to finish, then are cancelled (engine included)
-        server = uvicorn.Server(
-            uvicorn_config(app, config, host=args.host, port=args.port, timeout_graceful_shutdown=1)
-        )
+        server = uvicorn.Server(uvicorn_config(app, config, host=args.host, port=port, timeout_graceful_shutdown=1))
         try:
-            server.run()
+            server.run(sockets=[sock])
         except OSError as e:
-            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+            print(f"gemma-chat serve: cannot listen on {args.host}:{port}: {e.strerror or e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             pass
         if not server.started:
-            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port} (see above)", file=sys.stderr)
+            print(f"gemma-chat serve: cannot listen on {args.host}:{port} (see above)", file=sys.stderr)
             return 1
         return 0
     finally:

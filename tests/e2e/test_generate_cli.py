@@ -279,3 +279,21 @@ def test_stdin_is_left_alone_when_the_prompt_is_given(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", Terminal())
     assert main(["generate", "--demo", "--json"]) == 1
     assert "nothing to ask: give --prompt TEXT" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize(
+    "argv",
+    [["generate", "--demo", "--prompt", "hi"], ["generate", "--demo", "--prompt", "hi", "--json"], ["models", "list"]],
+)
+def test_a_full_disk_under_stdout_is_said_once(argv):
+    """`> /dev/full`: one sentence on stderr and status 1; it was a traceback per token."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        run = subprocess.run(
+            [sys.executable, "-m", "app", *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("No space left on device") == 1 and "Traceback" not in run.stderr, run.stderr

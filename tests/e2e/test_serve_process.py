@@ -206,6 +206,18 @@ def test_a_bad_pairing_is_refused_before_listening():
     assert "unknown pairing 'no-such-pairing'" in run.stderr
 
 
+def test_a_port_in_use_is_said_at_once_before_the_model_loads(server):
+    """A second server on a port in use says so in words, before loading anything (a real model takes
+    seconds to minutes to load); it was uvicorn's log line after the load, and status 3."""
+    port = server.url.rsplit(":", 1)[1]
+    run = subprocess.run(
+        [str(GEMMA_CHAT), "serve", "--demo", "--port", port], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 1, run.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in run.stderr
+    assert "loading" not in run.stderr and "Traceback" not in run.stderr
+
+
 def test_openai_client_gets_a_400_for_audio_on_the_demo(server):
     """The demo has no audio tower: an input_audio part is an OpenAI-shaped 400 before any work."""
     import base64
