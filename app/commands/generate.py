@@ -380,7 +380,7 @@ def _converse(
     added: list[dict] = []
     for round_no in range(MAX_ROUNDS + 1):
         done = _wait(engine, engine.chat(messages + added, settings, output.on_event, tools=tools), output)
-        if done.error or not done.tool_calls or runner is None or not runner.runnable(done.tool_calls):
+        if done.error or output.broken or not done.tool_calls or runner is None or not runner.runnable(done.tool_calls):
             break
         if round_no == MAX_ROUNDS:
             print(f"note: stopped after {MAX_ROUNDS} rounds of tool calls", file=sys.stderr)

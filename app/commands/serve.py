@@ -151,9 +151,8 @@ def _serve(args: argparse.Namespace, key: str | None, spec: PairingSpec, sock: s
         )
         app = create_app(engine, config)
         host = f"[{args.host}]" if ":" in args.host else args.host
-        port = args.port
         print(
-            f"serving {model_id} at http://{host}:{port}/v1 "
+            f"serving {model_id} at http://{host}:{args.port}/v1 "
             f"({'drafter on' if spec.drafter else 'no drafter'}; {'API key required' if key else 'no API key'}; "
             f"{args.parallel} at once, {args.max_waiting} waiting); "
             "Ctrl+C stops",
@@ -161,16 +160,18 @@ def _serve(args: argparse.Namespace, key: str | None, spec: PairingSpec, sock: s
             flush=True,
         )
         # Ctrl+C: replies still streaming get a second to finish, then are cancelled (engine included)
-        server = uvicorn.Server(uvicorn_config(app, config, host=args.host, port=port, timeout_graceful_shutdown=1))
+        server = uvicorn.Server(
+            uvicorn_config(app, config, host=args.host, port=args.port, timeout_graceful_shutdown=1)
+        )
         try:
             server.run(sockets=[sock])
         except OSError as e:
-            print(f"gemma-chat serve: cannot listen on {args.host}:{port}: {e.strerror or e}", file=sys.stderr)
+            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             pass
         if not server.started:
-            print(f"gemma-chat serve: cannot listen on {args.host}:{port} (see above)", file=sys.stderr)
+            print(f"gemma-chat serve: cannot listen on {args.host}:{args.port} (see above)", file=sys.stderr)
             return 1
         return 0
     finally:

@@ -78,7 +78,8 @@ def test_list_json_in_a_fresh_process_shows_local_status(hf_cache):
         assert r["fit"] in ("ok", "tight", "wont_fit", "unknown")
 
 
-def test_list_table(hf_cache, capsys):
+def test_list_table(hf_cache, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # as to a pipe: one whole line per pairing
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:5] == ["NAME", "STATUS", "DOWNLOAD", "MEMORY", "FIT"]
