@@ -217,7 +217,8 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--messages",
         metavar="FILE.json",
-        help="a JSON list of chat messages ({role, content}; assistant tool_calls and role 'tool' results too)",
+        help="a JSON list of chat messages ({role, content}; assistant tool_calls and role 'tool' results too); "
+        "'-' reads it from stdin",
     )
     g.add_argument(
         "--image", metavar="PATH", action="append", default=[], help="attach an image to the prompt (repeatable)"

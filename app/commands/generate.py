@@ -61,12 +61,16 @@ RATE_WINDOW_S = 5.0  # the time left is estimated from the prefill's rate over a
 
 
 def read_messages_file(path: str) -> list[dict]:
-    """The --messages file, checked: a regular file (a FIFO or /dev/zero would block or never end),
-    at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.decode.prompt.check_messages)."""
+    """The --messages file ('-': stdin), checked: a regular file (a FIFO or /dev/zero would block or never
+    end), at most MESSAGES_MAX_BYTES, JSON, and a list of well-formed messages (core.decode.prompt.check_messages)."""
     from core.decode.prompt import check_messages
 
-    what = f"--messages {path}"
-    messages = _read_json_file(path, what)
+    if path == "-":
+        what = "the messages on stdin"
+        messages = _parse_json(_stdin_bytes(what), what)
+    else:
+        what = f"--messages {path}"
+        messages = _read_json_file(path, what)
     try:
         check_messages(messages)
     except ValueError as e:
@@ -90,7 +94,8 @@ def read_tools_file(path: str) -> list[dict]:
 
 
 def _read_json_file(path: str, what: str) -> Any:
-    """A JSON file given on the command line: a regular file of at most MESSAGES_MAX_BYTES, UTF-8, JSON."""
+    """A JSON file given on the command line: a regular file of at most MESSAGES_MAX_BYTES, UTF-8, JSON
+    (`_parse_json`)."""
     import os
     import stat
 
@@ -112,6 +117,20 @@ def _read_json_file(path: str, what: str) -> Any:
             raise UsageError(f"cannot read {what}: {e.strerror or e}") from None
     if len(data) > MESSAGES_MAX_BYTES:
         raise UsageError(f"{what} is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+    return _parse_json(data, what)
+
+
+def _stdin_bytes(what: str) -> bytes:
+    """All of stdin (`--prompt -`, `--messages -`), at most MESSAGES_MAX_BYTES."""
+    if sys.stdin is None:
+        raise UsageError(f"{what}: there is no standard input to read")
+    data = sys.stdin.buffer.read(MESSAGES_MAX_BYTES + 1)
+    if len(data) > MESSAGES_MAX_BYTES:
+        raise UsageError(f"{what} is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+    return data
+
+
+def _parse_json(data: bytes, what: str) -> Any:
     try:
         messages = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -138,11 +157,7 @@ def read_prompt(args: argparse.Namespace) -> None:
                 "prompt in (echo 'Why is the sky blue?' | gemma-chat generate ...)"
             )
         return
-    if sys.stdin is None:
-        raise UsageError("--prompt -: there is no standard input to read the prompt from")
-    data = sys.stdin.buffer.read(MESSAGES_MAX_BYTES + 1)
-    if len(data) > MESSAGES_MAX_BYTES:
-        raise UsageError(f"the prompt on stdin is larger than {MESSAGES_MAX_BYTES >> 20} MiB")
+    data = _stdin_bytes("the prompt on stdin")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

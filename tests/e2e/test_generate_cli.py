@@ -251,11 +251,17 @@ def _generate_process(args, stdin_text, shell_tail=""):
 
 def test_the_prompt_can_come_from_stdin(capsys):
     """A pipe is the prompt when nothing else is asked (`echo ... | gemma-chat generate`), `--prompt -` reads
-    stdin explicitly, and either asks exactly what --prompt would; an empty or non-UTF-8 stdin is refused."""
+    stdin explicitly (`--messages -` a conversation), and each asks exactly what --prompt would; an empty or
+    non-UTF-8 stdin is refused."""
     assert main(["generate", "--demo", "--json", "--max-tokens", "3", "--prompt", "Why is the sky blue?"]) == 0
     want = _json_lines(capsys.readouterr().out)
-    for args in ([], ["--prompt", "-"]):
-        out = _generate_process(args, "Why is the sky blue?\n")
+    as_messages = json.dumps([{"role": "user", "content": "Why is the sky blue?"}])
+    for args, text in (
+        ([], "Why is the sky blue?\n"),
+        (["--prompt", "-"], "Why is the sky blue?"),
+        (["--messages", "-"], as_messages),
+    ):
+        out = _generate_process(args, text)
         assert out.returncode == 0, out.stderr
         got = _json_lines(out.stdout)
         assert [e["id"] for e in got[:-1]] == [e["id"] for e in want[:-1]]
