@@ -35,7 +35,6 @@ acceptance only).
 from __future__ import annotations
 
 import argparse
-import collections
 import concurrent.futures
 import json
 import sys
@@ -44,6 +43,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from app.commands.common import UsageError, discard_stdout, pairing_from_args, printable, remote_engine
+from app.prefill_eta import PrefillClock
 
 if TYPE_CHECKING:
     from app.commands.generate_tools import CallRunner
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 MESSAGES_MAX_BYTES = 16 << 20  # a conversation far beyond any context; bounds what a stray file costs
 PREFILL_NOTE_AFTER_S = 2.0  # a prefill still running after this long shows its progress (on a terminal)
 POLL_S = 0.25
-RATE_WINDOW_S = 5.0  # the time left is estimated from the prefill's rate over about this long
 
 
 def read_messages_file(path: str) -> list[dict]:
@@ -422,7 +421,7 @@ class PrefillProgress:
         self.lock = threading.Lock()
         self.shown = False
         self.over = False
-        self.samples: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens done)
+        self.clock: PrefillClock | None = None
 
     def draw(self, engine: ChatEngine) -> None:
         started = engine.prefilling
@@ -432,13 +431,10 @@ class PrefillProgress:
         if elapsed < PREFILL_NOTE_AFTER_S:
             return
         total, done = started.prefill_tokens, min(started.done(), started.prefill_tokens)
-        # the rate of the last few seconds: a chunk costs more as the context grows (attention)
-        now = time.monotonic()
-        self.samples.append((now, done))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
-            self.samples.popleft()
-        t0, d0 = self.samples[0] if len(self.samples) > 1 else (started.started, 0)
-        left = f", about {(total - done) * (now - t0) / (done - d0):.0f} s left" if done > d0 else ""
+        if self.clock is None or self.clock.started != started.started:
+            self.clock = PrefillClock(started.started)
+        seconds = self.clock.seconds_left(done, total)
+        left = f", about {seconds:.0f} s left" if seconds is not None else ""
         line = f"prefilling the prompt: {done:,} of {total:,} tokens ({100 * done // total} %){left}"
         with self.lock:
             if not self.over:

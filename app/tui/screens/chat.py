@@ -24,6 +24,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
+from app.prefill_eta import PrefillClock
 from app.resources import style_path
 from app.tui import keys
 from app.tui.bridge import DRAIN_HZ, MARKDOWN_HZ, PANEL_HZ, EventBridge
@@ -176,6 +177,7 @@ class ChatScreen(Screen[None]):
         self._turn_future: Future[TurnDone] | None = None
         self._turn_user: tuple[str, UserMessage] | None = None  # a fresh send's text + widget
         self._prefill: PrefillStarted | None = None  # the prompt being prefilled, while it is shown
+        self._prefill_clock: PrefillClock | None = None  # its recent rate, for the ETA
         self._status_before_prefill = ""
         self._awaiting_prefill = False  # a turn was sent and its PrefillDone has not come yet
         self._last_markdown = 0.0
@@ -452,7 +454,8 @@ class ChatScreen(Screen[None]):
                 return
             self._status_before_prefill = self.panel.status_text
             self._prefill = started
-        text = self._with_kernels(prefill_text(self._prefill, self.stats.prefill_tps))
+            self._prefill_clock = PrefillClock(started.started)
+        text = self._with_kernels(prefill_text(self._prefill, self.stats.prefill_tps, self._prefill_clock))
         self.panel.show_status(text)
         if self.reply is not None:
             self.reply.set_summary(f"reading the prompt: {text}…")
@@ -971,19 +974,24 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def prefill_text(started: PrefillStarted, last_rate: float | None) -> str:
+def prefill_text(started: PrefillStarted, last_rate: float | None, clock: PrefillClock | None = None) -> str:
     """'prefill 1,200/40,000 tokens · 0:12 · ETA ~6:28': how far a prefill is, and how long it has
-    left at the rate it runs at (or, before it reports progress, at the last prefill's rate)."""
+    left at the rate it runs at (over its last few seconds with `clock`: app.prefill_eta), or, before it
+    reports progress, at the last prefill's rate."""
     n = started.prefill_tokens
     elapsed = max(0.0, time.monotonic() - started.started)
     done = min(started.done(), n) if started.done is not None else 0
+    seconds: float | None = None
     if done > 0:  # tokens done so far, and the rate this prefill is actually running at
         text = f"prefill {done:,}/{n:,} tokens · {_clock(elapsed)}"
-        rate: float | None = done / elapsed if elapsed > 0 else None
-        left = n - done
+        if clock is not None:
+            seconds = clock.seconds_left(done, n)
+        elif elapsed > 0:
+            seconds = (n - done) * elapsed / done
     else:
         text = f"prefill {n:,} tokens · {_clock(elapsed)}"
-        rate, left = last_rate, n
-    if rate:
-        text += f" · ETA ~{_clock(max(0.0, left / rate - (elapsed if done == 0 else 0.0)))}"
+        if last_rate:
+            seconds = n / last_rate - elapsed
+    if seconds is not None:
+        text += f" · ETA ~{_clock(max(0.0, seconds))}"
     return text
