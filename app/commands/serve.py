@@ -42,8 +42,11 @@ def check_bind(host: str, api_key: str | None) -> str | None:
 def listen(host: str, port: int) -> socket.socket | str:
     """A socket bound to (host, port) for the server, or why it cannot be had, in words."""
     where = f"{host}:{port}"
+    # the family from the address's form, as uvicorn binds: "localhost" is IPv4 even where it resolves
+    # to ::1 first (macOS), so clients that ask 127.0.0.1 find the server
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         return f"cannot listen on {where}: no such address ({e.strerror})"
     family, kind, proto, _, address = infos[0]
