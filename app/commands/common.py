@@ -23,10 +23,14 @@ def discard_stdout() -> None:
     """Point stdout at /dev/null once writing to it failed (a closed pipe, a full disk), so that neither a
     later print nor the interpreter's last flush at exit fails again."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        fd = sys.stdout.fileno()
     except (OSError, ValueError):  # not a real file (a test's capture)
-        pass
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def printable(text: object) -> str:
