@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +160,12 @@ def _probe_file(path: Path, label: str, max_pixels: int) -> tuple[int, int]:
     if path.is_dir():
         raise ImageError(f"{path} is a folder, not an image file.")
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as exc:
         raise ImageError(f"Cannot read image file {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, /dev/zero never end (their size is 0)
+        raise ImageError(f"{path} is not a regular file.")
+    size = st.st_size
     if size == 0:
         raise ImageError(f"Image file{label} is empty (0 bytes).")
     if size > MAX_IMAGE_FILE_BYTES:

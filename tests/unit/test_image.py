@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -180,6 +181,10 @@ def test_errors_have_clear_messages(tmp_path):
     (tmp_path / "empty.png").write_bytes(b"")
     with pytest.raises(ImageError, match="empty"):
         preprocess_image(tmp_path / "empty.png")
+    os.mkfifo(tmp_path / "pipe.png")  # a FIFO would block the read; /dev/zero would never end
+    for special in (tmp_path / "pipe.png", Path("/dev/zero")):
+        with pytest.raises(ImageError, match="is not a regular file"):
+            preprocess_image(special)
     (tmp_path / "notes.txt").write_text("hello, not a picture")
     with pytest.raises(ImageError, match="not an image"):
         preprocess_image(tmp_path / "notes.txt")
