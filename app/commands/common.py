@@ -33,6 +33,19 @@ def discard_stdout() -> None:
         os.close(devnull)
 
 
+def output_columns() -> int | None:
+    """The width to lay text out for: $COLUMNS, else the terminal's; None (lines as long as they are) when
+    writing to a pipe or file, so a script's `grep` sees one line per entry."""
+    import shutil
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
 def printable(text: object) -> str:
     """`text` safe to print on a terminal: control characters (ESC first of all) shown as \\xNN."""
     return str(text).translate(_CONTROL)

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import textwrap
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from app.commands.common import printable
+from app.commands.common import output_columns, printable
 from core.hub.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
@@ -124,7 +123,7 @@ def list_pairings(as_json: bool = False) -> int:
                 p.target_repo,
             )
         )
-    columns = _columns()
+    columns = output_columns()
     for line in _table(rows, columns):
         print(line)
     others = catalog.other_local_checkpoints()
@@ -157,17 +156,6 @@ def _notes(context: int, machine: MachineMemory) -> list[str]:
         f"Drafters: the family's '-assistant-bf16' repository, downloaded with the target. "
         f"Cache: {default_cache_dir()}",
     ]
-
-
-def _columns() -> int | None:
-    """The width to lay the table out for: $COLUMNS, else the terminal's; None (lines as long as they
-    are) when writing to a pipe or file, so a script's `grep` sees one line per pairing."""
-    env = os.environ.get("COLUMNS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    if sys.stdout.isatty():
-        return shutil.get_terminal_size().columns
-    return None
 
 
 def _table(rows: Sequence[Sequence[str]], columns: int | None) -> list[str]:

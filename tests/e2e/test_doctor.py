@@ -24,6 +24,7 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
         "KITTY_WINDOW_ID": "1",
     }
     env.pop("HF_HUB_CACHE", None)
+    env.pop("COLUMNS", None)  # to a pipe: one line per entry (an app test in this process may have set it)
     out = subprocess.run([sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -71,3 +72,15 @@ def _libsndfile() -> str:
 )
 def test_terminal_image_guess(env, words):
     assert words in terminal_images(env)
+
+
+def test_doctor_fits_a_narrow_terminal(tmp_path):
+    """At 80 columns a long value wraps under its own column (between words), not from the left margin."""
+    env = {**os.environ, "COLUMNS": "80", "GEMMA_CHAT_CONFIG": str(tmp_path / "config.toml")}
+    out = subprocess.run([sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines if "/" not in line) <= 80  # a long path is left whole
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("demo "))
+    column = lines[at].index("always")
+    assert lines[at + 1].startswith(" " * column) and lines[at + 1][column] != " "
