@@ -10,6 +10,7 @@ import argparse
 import errno
 import sys
 
+from app.commands.common import discard_stdout
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
 
 _BUDGETS_OR = ", ".join(map(str, IMAGE_BUDGETS[:-1])) + f" or {IMAGE_BUDGETS[-1]}"  # "70, ... or 1120"
@@ -362,15 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # whoever read the output went away (`gemma-chat generate ... | head`): stop quietly, as `yes | head`
         # does, with the status a shell gives a process ended by SIGPIPE
-        from app.commands.common import discard_stdout
-
         discard_stdout()
         return 128 + 13
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        from app.commands.common import discard_stdout
-
         discard_stdout()  # most likely stdout itself (`> /dev/full`): said once, on stderr
         print(f"gemma-chat: cannot write: {e.strerror}", file=sys.stderr)
         return 1

@@ -1,5 +1,5 @@
-"""What the sub-commands share: terminal-safe printing, the pairing named on the command line, the API
-key, and the `--connect` client. Commands import this module, never each other or `app.cli`."""
+"""What the sub-commands share: terminal-safe printing, the output's width, the pairing named on the command
+line, the API key, and the `--connect` client. Commands import this module, never each other or `app.cli`."""
 
 from __future__ import annotations
 
@@ -44,6 +44,17 @@ def output_columns() -> int | None:
     if sys.stdout.isatty():
         return shutil.get_terminal_size().columns
     return None
+
+
+def fit_to(text: str, columns: int | None, hang: int = 0) -> str:
+    """`text` wrapped between words to `columns` (`output_columns`), later lines indented by `hang`; as it
+    is for a pipe (None) or where it fits. A path or repo id longer than a line is left whole (a terminal
+    wraps it; a copy stays intact), and a name is never cut at its hyphens."""
+    import textwrap
+
+    if columns is None or len(text) <= columns:
+        return text
+    return textwrap.fill(text, columns, subsequent_indent=" " * hang, break_long_words=False, break_on_hyphens=False)
 
 
 def printable(text: object) -> str:

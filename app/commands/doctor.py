@@ -201,20 +201,12 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import textwrap
-
-    from app.commands.common import output_columns
+    from app.commands.common import fit_to, output_columns
 
     columns = output_columns()
     for title, rows in gather():
         print(title)
         width = max((len(k) for k, _ in rows), default=0)
-        for key, value in rows:
-            line = f"  {key.ljust(width)}  {value}"
-            if columns is not None and len(line) > columns:  # under its own column, not from the margin
-                hang = " " * (width + 4)
-                line = textwrap.fill(
-                    line, columns, subsequent_indent=hang, break_long_words=False, break_on_hyphens=False
-                )
-            print(line)
+        for key, value in rows:  # a long value wraps under its own column, not from the margin
+            print(fit_to(f"  {key.ljust(width)}  {value}", columns, hang=width + 4))
     return 0

@@ -10,12 +10,11 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from app.commands.common import output_columns, printable
+from app.commands.common import fit_to, output_columns, printable
 from core.hub.download import looks_like_repo_id
 from core.modeltypes import is_drafter
 from core.units import format_bytes
@@ -134,8 +133,7 @@ def list_pairings(as_json: bool = False) -> int:
             print(f"  {c.status.repo_id}  {kind}  {c.status.state}  {_gb(c.status.size_on_disk)}")
     print()
     for note in _notes(entries[0].memory.context, machine):
-        # a path or repo id longer than the line is left whole (a terminal wraps it; a copy stays intact)
-        print(note if columns is None else textwrap.fill(note, columns, break_long_words=False, break_on_hyphens=False))
+        print(fit_to(note, columns))
     return 0
 
 
