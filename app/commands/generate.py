@@ -452,19 +452,16 @@ class PrefillProgress:
             self.over = self.over or over
 
 
-def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone], output: _Output | None = None) -> TurnDone:
-    """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round). With
-    `output` and stderr a terminal, a long prefill's progress shows meanwhile (PrefillProgress)."""
-    progress = PrefillProgress(sys.stderr) if output is not None and sys.stderr.isatty() else None
-    if output is not None:
-        output.progress = progress
+def _wait(engine: ChatEngine, future: concurrent.futures.Future[TurnDone], output: _Output) -> TurnDone:
+    """The turn's end; Ctrl+C cancels it on the engine first (the partial turn ends within a round), and so
+    does a failed write to stdout. With stderr a terminal, a long prefill's progress shows meanwhile."""
+    progress = output.progress = PrefillProgress(sys.stderr) if sys.stderr.isatty() else None
     cancelled = False
     try:
         while True:
             try:
-                return future.result(timeout=POLL_S if output is not None else None)
+                return future.result(timeout=POLL_S)
             except concurrent.futures.TimeoutError:
-                assert output is not None
                 if output.broken and not cancelled:  # nobody reads the rest: stop the turn within a round
                     engine.cancel()
                     cancelled = True
