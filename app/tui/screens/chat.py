@@ -455,6 +455,7 @@ class ChatScreen(Screen[None]):
             self._status_before_prefill = self.panel.status_text
             self._prefill = started
             self._prefill_clock = PrefillClock(started.started)
+        assert self._prefill_clock is not None  # set with _prefill
         text = self._with_kernels(prefill_text(self._prefill, self.stats.prefill_tps, self._prefill_clock))
         self.panel.show_status(text)
         if self.reply is not None:
@@ -974,9 +975,9 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def prefill_text(started: PrefillStarted, last_rate: float | None, clock: PrefillClock | None = None) -> str:
+def prefill_text(started: PrefillStarted, last_rate: float | None, clock: PrefillClock) -> str:
     """'prefill 1,200/40,000 tokens · 0:12 · ETA ~6:28': how far a prefill is, and how long it has
-    left at the rate it runs at (over its last few seconds with `clock`: app.prefill_eta), or, before it
+    left at the rate it runs at over its last few seconds (`clock`: app.prefill_eta), or, before it
     reports progress, at the last prefill's rate."""
     n = started.prefill_tokens
     elapsed = max(0.0, time.monotonic() - started.started)
@@ -984,10 +985,7 @@ def prefill_text(started: PrefillStarted, last_rate: float | None, clock: Prefil
     seconds: float | None = None
     if done > 0:  # tokens done so far, and the rate this prefill is actually running at
         text = f"prefill {done:,}/{n:,} tokens · {_clock(elapsed)}"
-        if clock is not None:
-            seconds = clock.seconds_left(done, n)
-        elif elapsed > 0:
-            seconds = (n - done) * elapsed / done
+        seconds = clock.seconds_left(done, n)
     else:
         text = f"prefill {n:,} tokens · {_clock(elapsed)}"
         if last_rate:
