@@ -134,6 +134,37 @@ async def test_list_shows_demo_local_status_fit_and_other_checkpoints(cache):
         assert PAIRING.target_repo in details and PAIRING.drafter_repo in details and "16.0 GB" in details
 
 
+async def test_at_80_columns_the_table_fits_without_scrolling_sideways_and_widens_again(cache):
+    put_pairing(cache, NAME)
+    put_in_cache(cache, "someone/gemma-4-custom-it", files("gemma4"))
+    app, _ = make_app(cache)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_models(pilot, app)
+        table = screen.table
+        assert screen.narrow and [c.label.plain for c in table.columns.values()] == [
+            "Pairing", "Fit", "Memory", "Status", "Download", "Takes"
+        ]  # fmt: skip
+        assert table.virtual_size.width <= table.scrollable_content_region.width  # nothing off to the right
+        assert table.max_scroll_x == 0
+        assert cell(screen, NAME, "pairing") == NAME and cell(screen, NAME, "status") == "ready"
+        assert cell(screen, NAME, "takes") == "img+aud" and cell(screen, "31b", "takes") == "img"
+        assert cell(screen, "31b", "fit") == "won't fit"
+        assert cell(screen, "other:someone/gemma-4-custom-it", "pairing") == "gemma-4-custom-it"
+        screen.select("e4b-4bit")
+        await pilot.pause()
+        details = str(screen.details.content)  # what the narrow table leaves out is said for the row in view
+        assert "E4B 4bit" in details and "Suggested block size" in details and "images and audio" in details
+
+        await pilot.resize_terminal(120, 36)
+        await until(pilot, lambda: not screen.narrow)
+        assert len(table.columns) == 9 and cell(screen, NAME, "block") == str(PAIRING.block_size)
+        assert screen.selected_key == "e4b-4bit"  # the highlighted row stays
+        assert table.max_scroll_x == 0
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: screen.narrow)
+        assert screen.selected_key == "e4b-4bit" and table.max_scroll_x == 0
+
+
 # -- download ---------------------------------------------------------------------------------------
 
 

@@ -75,3 +75,16 @@ def test_models_screen_first_run(snap_compare, cache):
         await pilot.pause(0.1)
 
     assert snap_compare(make_app(cache, first_run=True), terminal_size=SIZE, run_before=run_before)
+
+
+def test_models_screen_first_run_at_80_columns(snap_compare, cache):
+    """What a new user on an 80x24 terminal sees first: the narrow table (no sideways scrolling)."""
+    fill(cache, {"e4b-4bit": False})
+
+    async def run_before(pilot):
+        app = pilot.app
+        await _until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        app.screen.select("e2b-4bit")
+        await pilot.pause(0.1)
+
+    assert snap_compare(make_app(cache, first_run=True), terminal_size=(80, 24), run_before=run_before)

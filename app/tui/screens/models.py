@@ -2,8 +2,10 @@
 
 Rows: the offline demo pairing, every catalogue pairing (status in the HF cache, download size,
 memory needed and fit on this machine, vision, audio, suggested block size, whether the repository
-name is confirmed), then other Gemma 4 checkpoints found in the cache. The details under the table say
-what a pairing takes (text, images, audio), so it is in view at 80 columns too.
+name is confirmed), then other Gemma 4 checkpoints found in the cache. A screen narrower than the whole
+table (80 columns) gets NARROW_COLUMNS instead, rebuilt on resize, so nothing is off to the right; the
+details under the table say all of it (label, repositories, what it takes, block size) for the
+highlighted row.
 
 Keys: Enter uses the highlighted pairing (the chat screen loads it in the running engine; a pairing
 that will not fit asks first), d downloads it (progress with bytes, rate, ETA and the current file;
@@ -22,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
@@ -90,10 +93,12 @@ class ModelsOptions:
 
 # One row of the table, a tagged union: `kind` says which it is, and only a pairing has an `entry`,
 # only another checkpoint has `other` (mypy narrows on `row.kind == ...`).
+# `cells` in COLUMNS' order, `narrow` in NARROW_COLUMNS' (a terminal too narrow for the whole table).
 @dataclass
 class DemoRow:
     key: str
     cells: tuple
+    narrow: tuple
     kind: Literal["demo"] = "demo"
 
 
@@ -102,6 +107,7 @@ class PairingRow:
     key: str
     entry: CatalogEntry
     cells: tuple
+    narrow: tuple
     kind: Literal["pairing"] = "pairing"
 
 
@@ -110,6 +116,7 @@ class OtherRow:
     key: str
     other: LocalCheckpoint
     cells: tuple
+    narrow: tuple
     kind: Literal["other"] = "other"
 
 
@@ -130,6 +137,17 @@ COLUMNS = (
     ("audio", "Audio"),
     ("block", "Block"),
     ("repo", "Repo name"),
+)
+# Where the whole table does not fit (80 columns: it takes ~117), each pairing is its name, then what
+# decides a choice (fit, memory, whether it is here, the download), then what it takes in short; the
+# label, block size and repository are in the details under the table, for the highlighted row.
+NARROW_COLUMNS = (
+    ("pairing", "Pairing"),
+    ("fit", "Fit"),
+    ("memory", "Memory"),
+    ("status", "Status"),
+    ("download", "Download"),
+    ("takes", "Takes"),
 )
 
 _FIT_STYLE = {"ok": "green", "tight": "yellow", "wont_fit": "bold red", "unknown": "dim"}
@@ -176,7 +194,8 @@ def demo_row(default: str | None = None) -> Row:
         "auto",
         "shipped",
     )
-    return DemoRow(DEMO_KEY, cells)
+    name = Text(DEMO_KEY + (DEFAULT_MARK if default == DEMO_KEY else ""), style="bold")
+    return DemoRow(DEMO_KEY, cells, (name, *cells[1:5], takes_short(True, False)))
 
 
 def short_label(label: str) -> str:
@@ -198,7 +217,8 @@ def pairing_row(entry: CatalogEntry, default: str | None = None) -> PairingRow:
         str(p.block_size),
         "confirmed" if p.confirmed else Text("unconfirmed", style="dim"),
     )
-    return PairingRow(p.name, entry, cells)
+    name = p.name + (DEFAULT_MARK if p.name == default else "")
+    return PairingRow(p.name, entry, cells, (name, *cells[1:5], takes_short(p.vision, p.audio)))
 
 
 def other_row(ckpt: LocalCheckpoint) -> OtherRow:
@@ -215,7 +235,38 @@ def other_row(ckpt: LocalCheckpoint) -> OtherRow:
         "—",
         "in cache",
     )
-    return OtherRow(OTHER_PREFIX + st.repo_id, ckpt, cells)
+    short = st.repo_id.rsplit("/", 1)[-1]  # the owner and the kind are in the details
+    return OtherRow(OTHER_PREFIX + st.repo_id, ckpt, cells, (short, *cells[1:5], "—"))
+
+
+NAME_WIDTH = 33  # the wide table's Pairing column at most (the demo's width): a longer name is cut with "…"
+PADDING = 2  # a column's cell padding, 1 a side
+SCROLLBAR = 2  # the table's vertical scrollbar
+
+
+def column_widths(rows: list[Row], narrow: bool) -> list[int]:
+    """Each column's content width: its widest cell or title (the Pairing column as shown: at most NAME_WIDTH)."""
+    columns = NARROW_COLUMNS if narrow else COLUMNS
+    widths = []
+    for i, (_, title) in enumerate(columns):
+        widest = max([cell_len(title), *(cell_len(str(r.narrow[i] if narrow else r.cells[i])) for r in rows)])
+        widths.append(min(widest, NAME_WIDTH) if i == 0 else widest)
+    return widths
+
+
+def table_width(rows: list[Row]) -> int:
+    """Columns the whole (wide) table takes, padding and scrollbar included."""
+    return sum(w + PADDING for w in column_widths(rows, narrow=False)) + SCROLLBAR
+
+
+def clipped(cell: str | Text, width: int) -> str | Text:
+    """The cell cut to `width` columns with "…" where it is longer (the highlighted row's details say all)."""
+    text = Text(cell) if isinstance(cell, str) else cell
+    if text.cell_len <= width:
+        return cell
+    text = text.copy()
+    text.truncate(width, overflow="ellipsis")
+    return text
 
 
 def intro_text(ready: str | None) -> str:
@@ -258,6 +309,11 @@ def details_for(row: Row) -> str:
     )
 
 
+def takes_short(vision: bool, audio: bool) -> str:
+    """The narrow table's Takes cell: 'img+aud', 'img', 'text' (what a prompt may hold besides text)."""
+    return "+".join([*(["img"] if vision else []), *(["aud"] if audio else [])]) or "text"
+
+
 def takes(vision: bool, audio: bool) -> str:
     """'text, images and audio', 'text and images (no audio)', ...: what a pairing's prompts may hold."""
     kinds = ["text", *(["images"] if vision else []), *(["audio"] if audio else [])]
@@ -296,6 +352,7 @@ class ModelsScreen(Screen):
             self._bindings.bind(close_keys, "close", "Back", show=False)
         self.rows: list[Row] = []
         self.loaded_once = False  # the first listing arrived
+        self.narrow = False  # the table shows NARROW_COLUMNS (the screen is narrower than the whole table)
         self.download_handle: DownloadHandle | None = None
         self.download_name: str | None = None
         self.last_progress: DownloadProgress | None = None
@@ -324,8 +381,7 @@ class ModelsScreen(Screen):
 
     def on_mount(self) -> None:
         self.session.subscribe(self)
-        for key, title in COLUMNS:
-            self.table.add_column(title, key=key)
+        self._fill_table(narrow=False)
         self.bar.display = False
         self.progress.display = False
         self.table.focus()
@@ -365,15 +421,37 @@ class ModelsScreen(Screen):
             self.query_one("#models-intro", Static).update(intro_text(keep))
         self.rows = rows
         self.query_one("#models-machine", Static).update(machine_line)
-        self.table.clear()
-        for row in rows:
-            self.table.add_row(*row.cells, key=row.key)
-        index = next((i for i, r in enumerate(rows) if r.key == keep), 0)
-        self.table.move_cursor(row=index)
+        self._fill_table(self.too_narrow(), keep)
         self.loaded_once = True
         self._show_details()
+
+    def too_narrow(self) -> bool:
+        """Whether the screen is narrower than the whole table (then it shows NARROW_COLUMNS)."""
+        return bool(self.rows) and self.size.width < table_width(self.rows)
+
+    def _fill_table(self, narrow: bool, keep: str | None = None) -> None:
+        """(Re)build the table with the columns for the width, the cursor on `keep` (a row's key)."""
+        self.narrow = narrow
+        self.table.clear(columns=True)
+        for key, title in NARROW_COLUMNS if narrow else COLUMNS:
+            self.table.add_column(title, key=key)
+        widths = column_widths(self.rows, narrow)
+        name_width = widths[0]
+        if narrow:  # the name gets what the other columns leave
+            rest = sum(w + PADDING for w in widths[1:]) + PADDING + SCROLLBAR
+            name_width = max(len("e2b-8bit"), min(name_width, self.size.width - rest))
+        for row in self.rows:
+            name, *cells = row.narrow if narrow else row.cells
+            self.table.add_row(clipped(name, name_width), *cells, key=row.key)
+        index = next((i for i, r in enumerate(self.rows) if r.key == keep), 0)
+        if self.rows:
+            self.table.move_cursor(row=index)
         if self.download_name is not None and self.download_handle is not None:
             self._mark_downloading()
+
+    def on_resize(self) -> None:
+        if self.rows and self.too_narrow() != self.narrow:
+            self._fill_table(not self.narrow, self.selected_key)
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
