@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+from typing import IO
 
 from app.commands.common import discard_stdout
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
@@ -128,6 +129,13 @@ class _Parser(argparse.ArgumentParser):
 
     command_defaults: dict[str, dict[str, object]]
     app_only: dict[str, dict[str, tuple[str, object]]]  # per command: the app's options it does not take
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        # argparse drops a failed write (`--help > /dev/full` said nothing and ended 0); `main` says it
+        if message:
+            out = file or sys.stderr
+            out.write(message)
+            out.flush()
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
         ns, extra = super().parse_known_args(args, namespace)
@@ -326,12 +334,32 @@ def _add_models_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # whoever read the output went away (`gemma-chat generate ... | head`): stop quietly, as `yes | head`
+        # does, with the status a shell gives a process ended by SIGPIPE
+        discard_stdout()
+        return 128 + 13
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        discard_stdout()  # most likely stdout itself (`> /dev/full`): said once, on stderr
+        print(f"gemma-chat: cannot write: {e.strerror}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
         from app import __version__
 
         print(f"gemma-chat {__version__}")
+        sys.stdout.flush()  # here, where a failed write is said (`main`), not at the interpreter's exit
         return 0
     # before anything imports mlx: its compiled CPU kernels go to gemma-chat's private cache, not /tmp
     from core.user.kernel_cache import use_private_kernel_cache
@@ -355,22 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.commands.serve import run
     else:  # pragma: no cover - argparse rejects unknown commands
         parser.error(f"unknown command {args.command}")
-    try:
-        return int(run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # whoever read the output went away (`gemma-chat generate ... | head`): stop quietly, as `yes | head`
-        # does, with the status a shell gives a process ended by SIGPIPE
-        discard_stdout()
-        return 128 + 13
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        discard_stdout()  # most likely stdout itself (`> /dev/full`): said once, on stderr
-        print(f"gemma-chat: cannot write: {e.strerror}", file=sys.stderr)
-        return 1
+    return int(run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -290,7 +290,15 @@ def test_stdin_is_left_alone_when_the_prompt_is_given(monkeypatch, capsys):
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 @pytest.mark.parametrize(
     "argv",
-    [["generate", "--demo", "--prompt", "hi"], ["generate", "--demo", "--prompt", "hi", "--json"], ["models", "list"]],
+    [
+        ["generate", "--demo", "--prompt", "hi"],
+        ["generate", "--demo", "--prompt", "hi", "--json"],
+        ["models", "list"],
+        ["--help"],  # argparse dropped the failed write: nothing said, status 0
+        ["serve", "--help"],
+        ["models"],  # its help, asked for by the command
+        ["--version"],  # a traceback
+    ],
 )
 def test_a_full_disk_under_stdout_is_said_once(argv):
     """`> /dev/full`: one sentence on stderr and status 1; it was a traceback per token."""
