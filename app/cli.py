@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
-from typing import IO
+from typing import Any
 
 from app.commands.common import discard_stdout
 from core.limits import BLOCK_SIZE_RANGE, IMAGE_BUDGETS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, is_block_size
@@ -130,7 +130,7 @@ class _Parser(argparse.ArgumentParser):
     command_defaults: dict[str, dict[str, object]]
     app_only: dict[str, dict[str, tuple[str, object]]]  # per command: the app's options it does not take
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: Any = None) -> None:  # file: a text stream
         # argparse drops a failed write (`--help > /dev/full` said nothing and ended 0); `main` says it
         if message:
             out = file or sys.stderr
