@@ -83,7 +83,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--demo", action="store_true", help="serve the offline demo pairing")
     s.add_argument("--no-draft", action="store_true", help="load no drafter")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need an API key)")
-    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, said at the start)")
     s.add_argument(
         "--api-key",
         metavar="KEY",

@@ -7,7 +7,8 @@ clients (header and body timeouts, connections, body size) and against web pages
 Content-Type) are core.frontends.server's; the options here only set them.
 
 The address is taken before the model loads (`listen`): a port in use is said at once, not after the
-seconds or minutes a real model takes to load.
+seconds or minutes a real model takes to load. `--port 0` takes a free port; the "serving … at URL" line
+(stderr) says which.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def allowed_hosts(host: str) -> tuple[str, ...] | None:
 def _limits_problem(args: argparse.Namespace) -> str | None:
     import resource
 
-    if not 0 < args.port < 65536:
-        return f"--port must be 1..65535, got {args.port}"
+    if not 0 <= args.port < 65536:
+        return f"--port must be 0..65535 (0: a free one), got {args.port}"
     if args.max_waiting < 0 or args.max_tokens < 1:
         return "--max-waiting must be >= 0 and --max-tokens >= 1"
     if not 1 <= args.parallel <= MAX_PARALLEL:
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(sock, str):
         print(f"gemma-chat serve: {sock}", file=sys.stderr)
         return 1
+    args.port = sock.getsockname()[1]  # --port 0: the one the system chose, for the address said below
     try:
         return _serve(args, key, spec, sock)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,38 @@ def test_a_port_in_use_is_said_at_once_before_the_model_loads(server):
     assert run.returncode == 1, run.stderr
     assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in run.stderr
     assert "loading" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_port_0_serves_on_a_free_port_and_says_which():
+    """`--port 0` was refused ("--port must be 1..65535"); it takes a port the system picks, and the start
+    line gives the URL to use."""
+    import re
+    import signal
+
+    import httpx2 as httpx
+
+    proc = subprocess.Popen([str(GEMMA_CHAT), "serve", "--demo", "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # "loading …", then "serving … at http://127.0.0.1:PORT/v1 …"
+            lines.append(line)
+            if "serving" in line:
+                break
+        found = re.search(r"at (http://127\.0\.0\.1:(\d+)/v1) ", lines[-1])
+        assert found and int(found.group(2)) > 0, lines
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = httpx.get(found.group(1) + "/models", timeout=5).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
+        assert models["data"][0]["id"] == "demo-tiny-trained-model"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
 
 
 def test_openai_client_gets_a_400_for_audio_on_the_demo(server):
