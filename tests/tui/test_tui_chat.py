@@ -144,6 +144,41 @@ async def test_shift_enter_and_ctrl_j_add_newlines_enter_sends():
         assert engine.chats[0][0][-1]["content"] == "a\nb\nc"
 
 
+async def test_a_paste_the_terminal_sends_as_keys_goes_in_as_a_few_edits():
+    """Without bracketed paste a terminal sends a paste as keys, one message each. TextArea re-wraps the
+    whole line on every edit, so key by key a 36 KB one-line paste took minutes; the keys queued behind
+    each other now go in together, newlines included, and the Enter after them sends all of it."""
+    from textual import events
+
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        prompt = app.chat.prompt
+        prompt.focus()
+        await pilot.pause()
+        edits: list[str] = []
+        replace = prompt.replace
+
+        def counted(text, *args, **kwargs):
+            edits.append(text)
+            return replace(text, *args, **kwargs)
+
+        prompt.replace = counted
+        text = "word " * 2000 + "\nthe second line: {x} [y] ~!"
+        for ch in text:  # as the driver posts them, all at once
+            key = "ctrl+j" if ch == "\n" else "space" if ch == " " else ch
+            app.post_message(events.Key(key, None if ch == "\n" else ch))
+        app.post_message(events.Key("enter", "\r"))
+        await until(pilot, lambda: engine.chats, timeout=30)
+        assert engine.chats[0][0][-1]["content"] == text
+        assert "".join(edits) == text and len(edits) <= 10, len(edits)
+        # a key typed alone still goes in at once
+        edits.clear()
+        await until(pilot, lambda: not app.chat.generating and not prompt.text)
+        await pilot.press("h", "i")
+        assert prompt.text == "hi" and edits == ["h", "i"]
+
+
 async def test_view_toggle_shows_markdown_with_code_block():
     app, engine = make_app(FakeEngine(step=True))
     async with app.run_test(size=SIZE) as pilot:

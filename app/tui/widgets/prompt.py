@@ -51,6 +51,13 @@ class InputHistory:
         return [*reversed(others[: self.LIMIT]), *this_chat]
 
 
+def _typed(event: events.Key) -> str | None:
+    """What a key types into the prompt: its character, a newline for the newline keys, else None."""
+    if event.key in NEWLINE_KEYS:
+        return "\n"
+    return event.character if event.is_printable and event.character else None
+
+
 class PromptArea(TextArea, inherit_bindings=False):
     # TextArea's own keys minus f6/f7 (select line / all), which the screen uses for tuning; with
     # them gone the footer also lists the screen's keys in the screen's order.
@@ -63,8 +70,11 @@ class PromptArea(TextArea, inherit_bindings=False):
         # whether a pasted path is refused before it is read (the screen sets it): it stays in the text
         self.refuses: Callable[[str], bool] = lambda path: False
         self._recall_index: int | None = None  # position in recall_source() while browsing
+        self._burst: list[str] = []  # typed keys waiting for the last of their run (`_typed_in_burst`)
 
     async def _on_key(self, event: events.Key) -> None:
+        if self._typed_in_burst(event):
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -81,6 +91,33 @@ class PromptArea(TextArea, inherit_bindings=False):
             self.insert("\n")
             return
         await super()._on_key(event)
+
+    def _typed_in_burst(self, event: events.Key) -> bool:
+        """Keys that type (characters, newlines) queued one behind the other go in as one edit. A terminal
+        without bracketed paste (or with it off) sends a paste as keys, and TextArea re-wraps the whole
+        line on every edit: key by key, a 36 KB one-line paste took minutes. Each typed key waits while
+        the next message in the queue is another typed key, and the last of the run types them all,
+        before anything else (Enter, an arrow, a paste) is handled. A key typed alone goes in at once."""
+        char = _typed(event)
+        if char is None or self.read_only:
+            self._type_burst()  # (a run always ends on a typed key; this is in case one did not)
+            return False
+        event.stop()
+        event.prevent_default()
+        self._burst.append(char)
+        peek = getattr(self, "_peek_message", None)  # Textual's; without it, every key goes in alone
+        following = peek() if peek is not None else None
+        if not (isinstance(following, events.Key) and _typed(following) is not None):
+            self._type_burst()
+        return True
+
+    def _type_burst(self) -> None:
+        if self._burst:
+            text, self._burst = "".join(self._burst), []
+            self._replace_via_keyboard(text, *self.selection)  # as TextArea types a key
+            # the edit scrolled to the cursor before the prompt took its new height: many lines at once
+            # left the cursor below the view until the next key
+            self.call_after_refresh(self.scroll_cursor_visible)
 
     async def _on_paste(self, event: events.Paste) -> None:
         # Terminals deliver a dropped file as pasted text: image and audio paths become attachments
