@@ -329,7 +329,7 @@ def test_07_api_key_flag_warns_about_the_process_list(capsys):
 
     rc, lines, err = generate(capsys, "--connect", f"http://127.0.0.1:{free_port()}", "--api-key", "k", "--prompt", "x")
     assert "GEMMA_CHAT_API_KEY" in err and "process" in err
-    assert main(["serve", "--demo", "--api-key", "k", "--port", "0"]) == 2
+    assert main(["serve", "--demo", "--api-key", "k", "--port", "70000"]) == 2  # refused after the warning
     assert "GEMMA_CHAT_API_KEY" in capsys.readouterr().err
 
 
