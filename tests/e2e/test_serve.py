@@ -236,6 +236,16 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
     with fake_engine(step=True) as engine, serving(engine, max_waiting=1) as url:
         body = {"messages": [{"role": "user", "content": "first"}], "stream": True}
         results: dict[str, object] = {}
+        turns: list = []  # the engine's turns, and per turn whether every earlier one had ended when it began
+        ended_before: list[bool] = []
+        start_turn = engine.chat
+
+        def chat(*args, **kwargs):
+            ended_before.append(all(t.done() for t in turns))
+            turns.append(start_turn(*args, **kwargs))
+            return turns[-1]
+
+        engine.chat = chat
 
         def second() -> None:
             r = post(
@@ -243,7 +253,7 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
                 json={"messages": [{"role": "user", "content": "second"}]},
                 timeout=TIMEOUT,
             )
-            results["second"] = (r.status_code, r.json(), time.monotonic())
+            results["second"] = (r.status_code, r.json())
 
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as first:
             lines = first.iter_lines()
@@ -264,12 +274,11 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
             engine.step = False  # let the rounds run
             engine.allow(1)
             rest = list(lines)
-            first_done = time.monotonic()
         waiter.join(timeout=30)
     assert [line for line in rest if line][-1] == "data: [DONE]"
-    status, answer, second_done = results["second"]
+    status, answer = results["second"]
     assert status == 200 and answer["choices"][0]["message"]["content"] == engine.replies[0]
-    assert second_done > first_done
+    assert ended_before == [True, True]  # the second began once the first had ended
     assert [m[0][-1]["content"] for m in engine.chats] == ["first", "second"]  # arrival order
 
 
