@@ -10,6 +10,7 @@ from typing import Any
 
 from textual import events
 from textual.binding import Binding
+from textual.message_pump import MessagePumpClosed
 from textual.widgets import TextArea
 
 from app.tui.messages import AttachmentsPasted, PromptSubmitted
@@ -104,9 +105,13 @@ class PromptArea(TextArea, inherit_bindings=False):
             return False
         event.stop()
         event.prevent_default()
+        self._restart_blink()  # as TextArea does for a key: the cursor shows while typing
         self._burst.append(char)
         peek = getattr(self, "_peek_message", None)  # Textual's; without it, every key goes in alone
-        following = peek() if peek is not None else None
+        try:
+            following = peek() if peek is not None else None
+        except MessagePumpClosed:  # the app is closing
+            following = None
         if not (isinstance(following, events.Key) and _typed(following) is not None):
             self._type_burst()
         return True
