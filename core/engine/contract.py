@@ -57,6 +57,7 @@ class PairingInfo:
     dtype: str
     supports_thinking: bool
     has_audio: bool = False  # an audio tower (E2B/E4B) or audio embedder (12B) is loaded
+    served_by: str | None = None  # a server's pairing (--connect): "gemma-chat at 127.0.0.1:8000", as the name ends
 
 
 @dataclass(frozen=True)

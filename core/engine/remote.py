@@ -565,8 +565,9 @@ class RemoteEngine:
         meta = card["meta"] if isinstance(card.get("meta"), dict) else {}  # llama.cpp's
         context = _count(ext.get("context_length")) or _count(card.get("max_model_len")) or _count(meta.get("n_ctx"))
         dtype = ext.get("dtype")
+        served_by = f"{label} at {urlparse(self.base).netloc}"
         return PairingInfo(
-            name=f"{self.model_id} ({label} at {urlparse(self.base).netloc})",
+            name=f"{self.model_id} ({served_by})",
             target_path=self.base,
             drafter_path=(f"{label} drafter" if drafter else None),
             has_vision=_flag_or(ext.get("has_vision"), True) if ours else True,
@@ -578,6 +579,7 @@ class RemoteEngine:
             sliding_window=0,
             dtype=dtype if isinstance(dtype, str) and dtype else "remote",
             supports_thinking=_flag_or(ext.get("supports_thinking"), self.kind == "vllm"),
+            served_by=served_by,
         )
 
     # -- one turn ----------------------------------------------------------------------------------

@@ -216,6 +216,31 @@ def test_models_screen_says_the_demo_takes_images():
 
 
 # -- 80x24: compact panel, F10, a footer that fits ----------------------------------------------------------
+async def test_the_compact_panel_says_a_connected_demo_runs_on_a_server():
+    """At 80 columns the compact panel named a demo served elsewhere (`--connect`) "DEMO — tiny model", as if
+    it ran here; the side panel (wide terminals) said where it runs, and now the compact one does too."""
+    from core.engine.contract import PairingSpec as RealSpec
+    from core.engine.remote import RemoteEngine
+    from core.frontends.server import BackgroundServer, ServerConfig, create_app
+
+    served = FakeEngine()
+    served.load(PairingSpec("demo (random weights)", "t", "d", demo=True), lambda e: None).result(timeout=5)
+    with BackgroundServer(create_app(served, ServerConfig(model_id="demo-model"))) as url:
+        remote = RemoteEngine(url)
+        spec = RealSpec(name=f"server at {remote.base}", target=remote.url, drafter=None)
+        app = GemmaChatApp(remote, spec)
+        async with app.run_test(size=SMALL) as pilot:
+            await ready(pilot, app)
+            chat = app.chat
+            await send(pilot, app, "hello")
+            await until(pilot, lambda: "tok/round" in str(chat.compact_panel.render()))
+            head = str(chat.compact_panel.render()).splitlines()[0]
+            where = url.removeprefix("http://")
+            assert head.startswith("DEMO — tiny model") and f"(gemma-chat at {where})" in head, head
+        remote.close()
+    served.close()
+
+
 async def test_narrow_terminal_gets_a_compact_panel_f10_hides_it_and_the_footer_fits():
     from app.tui.widgets.key_hints import fit_hints
 

@@ -294,7 +294,7 @@ class ChatScreen(Screen[None]):
         self.legend.update(legend(origin_known=self.session.engine.features.token_origins))
         self.stats.context_length = info.context_length or None
         self.stats.dirty = True
-        self.panel.show_pairing(info.name, info.demo)
+        self.panel.show_pairing(info.name, info.demo, info.served_by)
         if not self.generating:
             self.show_ready()
 

@@ -131,11 +131,14 @@ class StatsPanel(Vertical):
         yield self.figures
         yield self.spark
 
-    def show_pairing(self, name: str, demo: bool) -> None:
+    def show_pairing(self, name: str, demo: bool, served_by: str | None = None) -> None:
+        """served_by: the server of a --connect pairing ("gemma-chat at HOST:PORT"), which `name` ends with."""
         t = Text(name, style="bold")
         if demo:
             t.append("\n" + demo_label(), style="bold reverse #E69F00")
-        self.compact_name = demo_short_label() if demo else name  # the demo's name says less than its label
+        self.compact_name = name
+        if demo:  # the demo's name says less than its label; a served one's says where it runs too
+            self.compact_name = demo_short_label() + (f" ({served_by})" if served_by else "")
         self._update_compact()
         self.pairing.update(t)
 
