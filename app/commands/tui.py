@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from app.commands.common import UsageError, printable, remote_engine
 from core.engine.contract import PairingSpec
-from core.engine.pairings import catalogue_spec, checkpoint_spec, demo_spec
+from core.engine.pairings import PairingNotDownloaded, catalogue_spec, checkpoint_spec, demo_spec
 from core.hub.pairing import PairingError
 from core.user import kernel_cache
 
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     notice = None
     first = False
+    download: str | None = None  # a catalogue pairing asked for by name and not downloaded yet
     engine: ChatEngine
     if args.connect:
         try:
@@ -145,10 +146,17 @@ def run(args: argparse.Namespace) -> int:
             first = is_first_run(args, config.default_pairing)
             if first:
                 notice = None  # the models screen says it
+        except PairingNotDownloaded as e:
+            if args.offline or config.offline:
+                print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
+                return 2
+            # `--pairing NAME` before its download: the models screen opens on it, over the demo, to fetch it
+            spec, download = demo_spec(), e.name
         except PairingError as e:
             print(f"gemma-chat: {printable(str(e))}", file=sys.stderr)
             return 2
-        remember_pairing(args, config)
+        if download is None:  # one not downloaded yet is remembered when it is used (the models screen)
+            remember_pairing(args, config)
         from core.engine.local import Engine
 
         engine = Engine(kernels="background")  # a cold machine: replies at once, kernels built alongside
@@ -156,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if kernels is not None and kernels.folder is None and kernels.problem:  # a refused kernel cache
         notice = f"{notice} {kernels.problem}" if notice else kernels.problem
     offline = bool(args.offline or config.offline)
-    return run_app(engine, spec, settings, config, notice=notice, first_run=first, offline=offline)
+    return run_app(engine, spec, settings, config, notice=notice, first_run=first, offline=offline, download=download)
 
 
 def run_app(
@@ -169,9 +177,10 @@ def run_app(
     first_run: bool = False,
     offline: bool = False,
     mcp: bool = True,
+    download: str | None = None,
 ) -> NoReturn:
     """Run the chat app on `engine` until it quits, then end the process: status 0, or 128 + the signal
-    that ended it."""
+    that ended it. download: a catalogue pairing to offer at start (the models screen opens on it)."""
     from app.tui.app import GemmaChatApp
     from app.tui.widgets.thumbnail import prime_terminal_graphics
 
@@ -200,6 +209,7 @@ def run_app(
     app.models_options = ModelsOptions(offline=offline, endpoint=os.environ.get("HF_ENDPOINT") or None, remember=True)
     app.models_key = resolve_keys(config.key_overrides)["models"]
     app.first_run = first_run
+    app.offer_download = download
     closing = threading.Lock()  # held by whoever closes the history: this thread or the quit deadline's
     app.on_quit_signal = lambda name: _exit_anyway(app, history, closing, name)
     try:

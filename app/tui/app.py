@@ -48,6 +48,7 @@ class GemmaChatApp(App[None]):
     models_options: ModelsOptions | None = None
     models_key = "f2"
     first_run = False
+    offer_download: str | None = None  # a catalogue pairing asked for (--pairing) and not downloaded: offered at start
 
     def __init__(
         self,
@@ -132,14 +133,16 @@ class GemmaChatApp(App[None]):
 
     def on_ready(self) -> None:
         self.bind(self.models_key, "models", description="Models", show=False)
-        if self.first_run:
-            self.action_models(first_run=True)
+        if self.first_run or self.offer_download:
+            self.action_models(first_run=self.first_run, offer=self.offer_download)
 
-    def action_models(self, first_run: bool = False) -> None:
+    def action_models(self, first_run: bool = False, offer: str | None = None) -> None:
         from app.tui.screens.models import ModelsScreen
 
         if not isinstance(self.screen, ModelsScreen):
-            screen = ModelsScreen(self.session, self.models_options, first_run=first_run, close_keys=self.models_key)
+            screen = ModelsScreen(
+                self.session, self.models_options, first_run=first_run, close_keys=self.models_key, offer=offer
+            )
             self.push_screen(screen)
 
     async def action_quit(self) -> None:

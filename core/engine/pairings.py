@@ -26,16 +26,24 @@ def demo_spec(*, drafter: bool = True) -> PairingSpec:
     return PairingSpec(name=DEMO_NAME, target=str(target), drafter=str(drafter_dir) if drafter else None, demo=True)
 
 
+class PairingNotDownloaded(PairingError):
+    """A catalogue pairing whose files are not (all) in the cache: the sentence says what to run."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name  # the catalogue name, as the models screen and `models download` take it
+
+
 def catalogue_spec(name: str, *, cache_dir: str | os.PathLike | None = None, drafter: bool = True) -> PairingSpec:
-    """A catalogue pairing that is completely downloaded."""
-    from core.hub.catalog import resolve_pairing
+    """A catalogue pairing that is completely downloaded (else PairingNotDownloaded)."""
+    from core.hub.catalog import get_pairing, resolve_pairing
 
     try:
         p = resolve_pairing(name, cache_dir=cache_dir)
     except KeyError:
         raise PairingError(f"unknown pairing {name!r} (see `gemma-chat models list`)") from None
     except LookupError as e:  # PairingNotLocal: says what to run
-        raise PairingError(str(e)) from None
+        raise PairingNotDownloaded(str(e), get_pairing(name).name) from None
     return PairingSpec(name=p.name, target=str(p.target_path), drafter=str(p.drafter_path) if drafter else None)
 
 

@@ -91,7 +91,10 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
     "gemma-chat": (gc(tui="Welcome!"),),  # first start: the models screen over the demo
     # -- Use ------------------------------------------------------------------------------------------
     "gemma-chat --demo": (gc("--demo", tui=DEMO_READY),),
-    "gemma-chat --pairing e4b-4bit": (gc("--pairing", "e4b-4bit", rc=2, expect=NOT_DOWNLOADED),),
+    "gemma-chat --pairing e4b-4bit": (
+        gc("--pairing", "e4b-4bit", tui="e4b-4bit is not downloaded yet: press d"),
+        gc("--pairing", "e4b-4bit", "--offline", rc=2, expect=NOT_DOWNLOADED),
+    ),
     "gemma-chat --model PATH_OR_REPO --drafter PATH_OR_REPO": (
         gc("--model", DEMO_TARGET, "--drafter", DEMO_DRAFTER, tui=DEMO_READY),
     ),

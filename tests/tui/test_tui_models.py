@@ -165,6 +165,43 @@ async def test_at_80_columns_the_table_fits_without_scrolling_sideways_and_widen
         assert screen.selected_key == "e4b-4bit" and table.max_scroll_x == 0
 
 
+async def test_a_pairing_asked_for_by_name_before_its_download_is_offered_at_start(cache):
+    """`gemma-chat --pairing NAME` with NAME not downloaded: the app opens over the demo with the models
+    screen on NAME, saying how to download and use it (the command used to end with "run `models download`")."""
+    with FakeHub(repos=hub_repos()) as hub:
+        app, _ = make_app(cache, endpoint=hub.url)
+        app.offer_download = NAME
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+            screen = app.screen
+            assert screen.selected_key == NAME
+            size = f"{PAIRING.download_bytes / 1e9:.1f} GB"
+            said = f"{NAME} is not downloaded yet: press d to download it ({size}), then Enter to use it."
+            assert screen.message == said + " Esc: the demo."
+            result = await download(pilot, screen)
+            assert isinstance(result, dl.DownloadFinished), screen.message
+            await until(pilot, lambda: cell(screen, NAME, "status") == "ready")
+
+
+def test_pairing_not_downloaded_is_said_and_offered_unless_offline(cache, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    from app.commands import tui
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # not this machine's cache
+    offered = []
+    monkeypatch.setattr(tui, "run_app", lambda *a, **kw: offered.append((a[1], kw["download"])) or 0)
+    flags = dict.fromkeys(tui.CLI_SETTINGS)
+    args = argparse.Namespace(demo=False, model=None, drafter=None, pairing=NAME, connect=None, offline=False, **flags)
+    assert tui.run(args) == 0
+    spec, download = offered[0]
+    assert spec.demo and download == NAME
+    assert load_config().default_pairing is None  # remembered once it is used, not before its download
+    args.offline = True
+    assert tui.run(args) == 2
+    assert f"pairing {NAME} is not downloaded" in capsys.readouterr().err
+
+
 # -- download ---------------------------------------------------------------------------------------
 
 

@@ -269,6 +269,14 @@ def clipped(cell: str | Text, width: int) -> str | Text:
     return text
 
 
+def offer_text(name: str) -> str:
+    """What the screen says when it opens on a pairing asked for by name that is not downloaded."""
+    from core.hub.catalog import get_pairing
+
+    size = gb(get_pairing(name).download_bytes)
+    return f"{name} is not downloaded yet: press d to download it ({size}), then Enter to use it. Esc: the demo."
+
+
 def intro_text(ready: str | None) -> str:
     demo = "the offline demo (a tiny model trained on gemma-chat's notes: short answers, real speculative decoding)"
     if ready is None:
@@ -342,12 +350,16 @@ class ModelsScreen(Screen):
         highlight: str | None = None,
         first_run: bool = False,
         close_keys: str = "f2",
+        offer: str | None = None,
     ) -> None:
+        """offer: a catalogue pairing asked for by name that is not downloaded (`gemma-chat --pairing NAME`):
+        the screen opens on it and says how to download it."""
         super().__init__()
         self.session = session  # the app's: what is loaded, and where a Use loads
         self.options = options or ModelsOptions()
-        self.highlight = highlight
+        self.highlight = highlight or offer
         self.first_run = first_run
+        self.offer = offer
         if close_keys:
             self._bindings.bind(close_keys, "close", "Back", show=False)
         self.rows: list[Row] = []
@@ -388,6 +400,8 @@ class ModelsScreen(Screen):
         self.set_interval(1 / POLL_HZ, self._tick, name="models-poll")
         if self.options.offline:
             self.say(OFFLINE_MESSAGE, "warning")
+        elif self.offer is not None:
+            self.say(offer_text(self.offer))
         self.refresh_rows()
 
     # -- listing ---------------------------------------------------------------------------------
