@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.commands.common import UsageError, pairing_from_args, printable
+from app.commands.common import UsageError, fit_to, output_columns, pairing_from_args, printable
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        print(format_table(report))
+        columns = output_columns()  # a terminal: the long lines (BLAS, costs, notes) wrap between words
+        print("\n".join(fit_to(line, columns, hang=2) for line in format_table(report).splitlines()))
     if args.report:  # after the table, so a failed write loses nothing
         try:
             Path(args.report).write_text(format_markdown(report))

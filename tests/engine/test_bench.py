@@ -198,7 +198,8 @@ def test_partial_alpha_keeps_the_output_and_lands_between(pack_pair):
     assert own.acceptance < half.acceptance < 1.0
 
 
-def test_bench_report_writes_a_markdown_table(factory_checkpoints, tmp_path, capsys):
+def test_bench_report_writes_a_markdown_table(factory_checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     target, drafter = factory_checkpoints.pairing("e-style")
     out = tmp_path / "bench.md"
     args = ["bench", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "4", "--repeats", "1"]
@@ -211,7 +212,21 @@ def test_bench_report_writes_a_markdown_table(factory_checkpoints, tmp_path, cap
     assert "MLX " in text and "cpu" in text.lower() and Path(target).name in text
     off = rows[2].split("|")
     assert float(off[2]) > 0 and float(off[3]) > 0 and off[4].strip() == "1.000"  # off vs itself
-    assert "| config |" in text and "Markdown report written" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "| config |" in text and "Markdown report written" in captured.err
+    assert any(len(line) > 80 for line in captured.out.splitlines())  # a pipe: one line per entry
     # a report path in a missing directory is refused before anything runs
     assert main(args + ["--report", str(tmp_path / "nope" / "x.md")]) == 1
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_the_bench_table_fits_the_terminal(factory_checkpoints, capsys, monkeypatch):
+    """At 80 columns the long lines (the BLAS line, the costs, the notes) wrap between words, indented
+    under their first line; the table's rows are as they were."""
+    target, drafter = factory_checkpoints.pairing("e-style")
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["bench", "--model", str(target), "--drafter", str(drafter), "--max-tokens", "4", "--repeats", "1"]
+    assert main(args + ["--block-sizes", "2", "--prefill-tokens", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(map(len, lines)) <= 80
+    assert any(line.startswith("K=2 ") for line in lines) and any(line.startswith("  ") for line in lines)
