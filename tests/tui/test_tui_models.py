@@ -183,6 +183,17 @@ async def test_a_pairing_asked_for_by_name_before_its_download_is_offered_at_sta
             await until(pilot, lambda: cell(screen, NAME, "status") == "ready")
 
 
+async def test_a_pairing_asked_for_by_name_that_is_partly_here_is_offered_to_finish(cache):
+    put_pairing(cache, NAME, complete=False)  # a download stopped part way
+    app, _ = make_app(cache)
+    app.offer_download = NAME
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.loaded_once)
+        screen = app.screen
+        assert screen.selected_key == NAME and cell(screen, NAME, "status").startswith("partial")
+        assert screen.message.startswith(f"{NAME} is partly downloaded (") and "press d to finish" in screen.message
+
+
 def test_pairing_not_downloaded_is_said_and_offered_unless_offline(cache, monkeypatch, capsys):
     import huggingface_hub.constants
 

@@ -269,12 +269,15 @@ def clipped(cell: str | Text, width: int) -> str | Text:
     return text
 
 
-def offer_text(name: str) -> str:
+def offer_text(row: PairingRow) -> str:
     """What the screen says when it opens on a pairing asked for by name that is not downloaded."""
-    from core.hub.catalog import get_pairing
-
-    size = gb(get_pairing(name).download_bytes)
-    return f"{name} is not downloaded yet: press d to download it ({size}), then Enter to use it. Esc: the demo."
+    e, name = row.entry, row.key
+    size = gb(e.pairing.download_bytes)
+    if entry_state(e) == "partial":  # a download stopped part way: d goes on from the bytes on disk
+        said = f"{name} is partly downloaded ({gb(e.local_bytes)} of {size}): press d to finish, then Enter to use it."
+    else:
+        said = f"{name} is not downloaded yet: press d to download it ({size}), then Enter to use it."
+    return said + " Esc: the demo."
 
 
 def intro_text(ready: str | None) -> str:
@@ -400,8 +403,6 @@ class ModelsScreen(Screen):
         self.set_interval(1 / POLL_HZ, self._tick, name="models-poll")
         if self.options.offline:
             self.say(OFFLINE_MESSAGE, "warning")
-        elif self.offer is not None:
-            self.say(offer_text(self.offer))
         self.refresh_rows()
 
     # -- listing ---------------------------------------------------------------------------------
@@ -436,6 +437,9 @@ class ModelsScreen(Screen):
         self.rows = rows
         self.query_one("#models-machine", Static).update(machine_line)
         self._fill_table(self.too_narrow(), keep)
+        offered = self.row(self.offer) if self.offer is not None and not self.loaded_once else None
+        if offered is not None and offered.kind == "pairing" and not self.options.offline:
+            self.say(offer_text(offered))
         self.loaded_once = True
         self._show_details()
 
