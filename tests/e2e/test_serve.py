@@ -601,8 +601,7 @@ async def test_tui_panels_over_the_vllm_stand_in():
             assert "Block size  server" in str(chat.panel.tuning.content)
             chat.conversation.focus()
             await pilot.press("plus")  # block size +1: vLLM fixes it at launch, and the screen says so
-            await pilot.pause(0.1)
-            assert any("num_speculative_tokens" in str(n.message) for n in app._notifications)
+            await until(pilot, lambda: any("num_speculative_tokens" in str(n.message) for n in app._notifications))
             assert chat.history[-1] == {"role": "assistant", "content": reply.plain}
             await app.action_quit()
 

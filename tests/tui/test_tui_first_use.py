@@ -48,7 +48,7 @@ async def test_paste_with_a_missing_image_path_keeps_the_path_in_the_text(tmp_pa
         await until(pilot, lambda: str(missing) in app.chat.prompt.text)
         assert app.chat.prompt.text == f"look at {missing} and please"
         # the file that is there became a chip; the one that is not was left where it was, and said so
-        assert any("gone.png" in str(n.message) for n in app._notifications)
+        await until(pilot, lambda: any("gone.png" in str(n.message) for n in app._notifications))
 
 
 # -- Ctrl+Q mid-reply ------------------------------------------------------------------------------
@@ -362,4 +362,5 @@ async def test_regenerate_at_temperature_zero_says_the_variant_is_identical():
         await pilot.press("ctrl+r")
         await until(pilot, lambda: app.chat.last_reply is not None and len(app.chat.last_reply.variants) == 2)
         assert "identical: temperature 0" in str(app.chat.last_reply.header.render())
-        assert any("temperature 0" in str(n.message) for n in app._notifications)
+        # App.notify posts a message: the notification is in the list once the app has handled it
+        await until(pilot, lambda: any("temperature 0" in str(n.message) for n in app._notifications))

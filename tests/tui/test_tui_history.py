@@ -442,7 +442,7 @@ async def test_reopening_a_chat_loads_its_pairing(tmp_path):
         await pilot.press("down", "enter")
         await until(pilot, lambda: texts(app) == ["U:hi"])
         assert app.session.spec.name == "other"
-        assert any("not available" in n.message for n in app._notifications)
+        await until(pilot, lambda: any("not available" in n.message for n in app._notifications))
         # continued there, the chat now records the pairing it runs on
         await turn(pilot, "still there?")
         await flush(app)
