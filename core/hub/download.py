@@ -10,7 +10,8 @@ Flow (one call to `start_download`):
     fetch      per file: HEAD for the blob's etag, then GET into blobs/<etag>.incomplete, resuming
                from its current length with a Range request; renamed to blobs/<etag> when whole
     finalize   snapshot_download(revision=commit): finds every blob present, writes the snapshot
-               symlinks, refs and the cached tree listing (so a later offline check is exact)
+               symlinks and the cached tree listing (so a later offline check is exact); then
+               refs/<revision> -> commit (`_record_ref`)
 
 Why a child process: huggingface_hub has no cancel API, so cancel = terminate the child (a plain
 subprocess, not multiprocessing's spawn, which re-imports the parent's `__main__`). Why our own
@@ -458,7 +459,7 @@ def _umask() -> int:
 def _finalize(job: _Job, plan: RepoPlan) -> str:
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(
+    snapshot = snapshot_download(
         plan.repo_id,
         revision=plan.commit,
         cache_dir=job.cache_dir,
@@ -467,6 +468,23 @@ def _finalize(job: _Job, plan: RepoPlan) -> str:
         allow_patterns=list(job.allow_patterns),
         tqdm_class=_Silent,
     )
+    _record_ref(Path(snapshot).parent.parent, job.revision, plan.commit)
+    return snapshot
+
+
+def _record_ref(storage: Path, revision: str, commit: str) -> None:
+    """refs/<revision> names the commit, so that the offline checks (`local_snapshot`) find the snapshot
+    by branch. A download by commit writes no ref, and the plan's dry run wrote it only up to
+    huggingface_hub 2.4 (2.5 writes nothing in a dry run): the cache's own layout, written atomically."""
+    if revision == commit:
+        return
+    ref = storage / "refs" / revision
+    if ref.is_file() and ref.read_text().strip() == commit:
+        return
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, ref)
 
 
 def _child_main(conn: Connection, job: _Job) -> None:

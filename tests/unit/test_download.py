@@ -225,3 +225,23 @@ def test_hf_hub_offline_env_in_the_child_is_reported_as_offline(tmp_path, monkey
         assert hub.requests == []
     assert isinstance(events[-1], dl.DownloadFailed) and events[-1].kind == "offline"
     assert "HF_HUB_OFFLINE" in events[-1].message
+
+
+def test_the_branch_ref_is_recorded_by_the_download_itself(tmp_path):
+    """huggingface_hub 2.5 writes no refs/main in the plan's dry run (2.4 did), and the finalize step
+    downloads by commit, which writes none: without our own ref a finished download was not found offline."""
+    storage = tmp_path / "models--org--model"
+    dl._record_ref(storage, "main", "a" * 40)
+    assert (storage / "refs" / "main").read_text() == "a" * 40
+    dl._record_ref(storage, "main", "b" * 40)  # the branch moved on
+    assert (storage / "refs" / "main").read_text() == "b" * 40
+    dl._record_ref(storage, "c" * 40, "c" * 40)  # asked by commit: no ref
+    assert sorted(p.name for p in (storage / "refs").iterdir()) == ["main"]
+
+
+def test_a_finished_download_is_found_offline_by_branch(tmp_path):
+    with FakeHub(repos={"org/model": _repo(1000)}) as hub:
+        _, events = _run(hub, tmp_path)
+    snapshot = Path(events[-1].paths["org/model"])
+    assert (tmp_path / "models--org--model" / "refs" / "main").read_text() == snapshot.name
+    assert dl.local_snapshot("org/model", cache_dir=tmp_path) == snapshot
