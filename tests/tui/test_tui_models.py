@@ -201,7 +201,13 @@ def test_pairing_not_downloaded_is_said_and_offered_unless_offline(cache, monkey
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # not this machine's cache
     offered = []
-    monkeypatch.setattr(tui, "run_app", lambda *a, **kw: offered.append((a[1], kw["download"])) or 0)
+
+    def run_app(engine, spec, *args, **kwargs):  # what the app would open (the engine made for it, closed)
+        engine.close()
+        offered.append((spec, kwargs["download"]))
+        return 0
+
+    monkeypatch.setattr(tui, "run_app", run_app)
     flags = dict.fromkeys(tui.CLI_SETTINGS)
     args = argparse.Namespace(demo=False, model=None, drafter=None, pairing=NAME, connect=None, offline=False, **flags)
     assert tui.run(args) == 0
