@@ -475,16 +475,11 @@ def _finalize(job: _Job, plan: RepoPlan) -> str:
 def _record_ref(storage: Path, revision: str, commit: str) -> None:
     """refs/<revision> names the commit, so that the offline checks (`local_snapshot`) find the snapshot
     by branch. A download by commit writes no ref, and the plan's dry run wrote it only up to
-    huggingface_hub 2.4 (2.5 writes nothing in a dry run): the cache's own layout, written atomically."""
-    if revision == commit:
-        return
-    ref = storage / "refs" / revision
-    if ref.is_file() and ref.read_text().strip() == commit:
-        return
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    huggingface_hub 2.4 (2.5 writes nothing in a dry run). The client's own writer (2.4 and 2.5 alike:
+    atomic, nothing written when the ref is already right or the revision is a commit)."""
+    from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision
+
+    _cache_commit_hash_for_specific_revision(str(storage), revision, commit)
 
 
 def _child_main(conn: Connection, job: _Job) -> None:
