@@ -240,6 +240,7 @@ def other_row(ckpt: LocalCheckpoint) -> OtherRow:
 
 
 NAME_WIDTH = 33  # the wide table's Pairing column at most (the demo's width): a longer name is cut with "…"
+NARROW_NAME_MIN = 8  # the narrow table's Pairing column at least, however narrow the screen ("e2b-8bit")
 PADDING = 2  # a column's cell padding, 1 a side
 SCROLLBAR = 2  # the table's vertical scrollbar
 
@@ -457,7 +458,7 @@ class ModelsScreen(Screen):
         name_width = widths[0]
         if narrow:  # the name gets what the other columns leave
             rest = sum(w + PADDING for w in widths[1:]) + PADDING + SCROLLBAR
-            name_width = max(len("e2b-8bit"), min(name_width, self.size.width - rest))
+            name_width = max(NARROW_NAME_MIN, min(name_width, self.size.width - rest))
         for row in self.rows:
             name, *cells = row.narrow if narrow else row.cells
             self.table.add_row(clipped(name, name_width), *cells, key=row.key)
