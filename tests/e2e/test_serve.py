@@ -236,14 +236,15 @@ def test_second_request_queues_and_one_past_the_limit_gets_429():
     with fake_engine(step=True) as engine, serving(engine, max_waiting=1) as url:
         body = {"messages": [{"role": "user", "content": "first"}], "stream": True}
         results: dict[str, object] = {}
-        turns: list = []  # the engine's turns, and per turn whether every earlier one had ended when it began
-        ended_before: list[bool] = []
+        # per turn, whether every earlier one had ended (emitted its TurnDone: the fake engine does that just
+        # before it resolves the turn's future, so the server may start the next turn in between)
+        started, ended_before = [0], []
         start_turn = engine.chat
 
         def chat(*args, **kwargs):
-            ended_before.append(all(t.done() for t in turns))
-            turns.append(start_turn(*args, **kwargs))
-            return turns[-1]
+            ended_before.append(len(engine.turns) == started[0])
+            started[0] += 1
+            return start_turn(*args, **kwargs)
 
         engine.chat = chat
 
