@@ -283,6 +283,13 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--thinking", action="store_true", help="turn thinking on where the chat template supports it")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="cast float weights to this dtype")
     g.add_argument("--json", action="store_true", help="one JSON object per token, then a final {'stats': ...}")
+    g.add_argument(
+        "--build-kernels",
+        action="store_true",
+        help="CPU only: when this machine has no compiled kernels for the pairing yet, build them first (once, a "
+        "minute or two) so this reply and every later one runs compiled, about twice as fast; without it such a "
+        "reply runs uncompiled (the app and serve build them in the background)",
+    )
     _add_drafter_convention_args(g)
     _add_connect_args(g)
 

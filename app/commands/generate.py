@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import shutil
 import sys
 import threading
 import time
@@ -411,6 +412,61 @@ def _note(text: str) -> None:
     print(f"note: {printable(text)}", file=sys.stderr, flush=True)
 
 
+class KernelBuildProgress:
+    """`--build-kernels` on a machine without the pairing's kernels: the build's progress on stderr (one line
+    redrawn in place on a terminal; elsewhere a line when it starts and one when it ends)."""
+
+    def __init__(self, name: str, stream: Any) -> None:
+        self.name, self.stream = name, stream
+        self.tty = stream.isatty()
+        self.t0: float | None = None
+        self.quiet = False  # Ctrl+C: the build is being stopped, nothing more to say about it
+
+    def interrupted(self) -> None:
+        """Ctrl+C: closing the engine stops the build, which is no failure to report; the line goes."""
+        self.quiet = True
+        if self.tty and self.t0 is not None:
+            try:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            except OSError:
+                pass
+
+    def on_event(self, e: object) -> None:
+        from core.events import KernelProgress
+
+        if not isinstance(e, KernelProgress) or self.quiet:
+            return
+        try:
+            self._show(e)
+        except OSError:  # stderr gone: the build goes on, unseen
+            pass
+
+    def _show(self, e: Any) -> None:
+        what = f"building the compiled kernels for {self.name} on this machine (once)"
+        if self.t0 is None:
+            self.t0 = time.monotonic()
+            if not self.tty:
+                print(f"{what}: a minute or two ...", file=self.stream, flush=True)
+        if e.done:
+            wipe = "\r\x1b[K" if self.tty else ""
+            if e.error:
+                print(
+                    f"{wipe}note: the kernels were not built ({printable(e.error)}): this reply runs uncompiled",
+                    file=self.stream,
+                    flush=True,
+                )
+            else:
+                took = time.monotonic() - self.t0
+                print(f"{wipe}built the compiled kernels for {self.name} in {took:.0f} s", file=self.stream, flush=True)
+        elif self.tty:
+            steps = f", step {e.steps_done} of {e.steps}" if e.steps else ""
+            line = f"building kernels (once): {e.fraction:.0%}{steps}, {e.kernels} built"
+            width = shutil.get_terminal_size().columns - 1  # one row: `\r` redraws only the cursor's row
+            self.stream.write(f"\r{line[:width]}\x1b[K")
+            self.stream.flush()
+
+
 class PrefillProgress:
     """A long prefill's progress on stderr, one line redrawn in place: "prefilling the prompt: 12,288 of
     40,000 tokens (30 %), about 75 s left". Drawn from the waiting thread, wiped (under a lock) by the
@@ -498,6 +554,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--no-template takes no --mcp (the tools go into the chat template's system turn)")
         messages = None if args.no_template else _messages(args)
         tools = read_tools_file(args.tools) if args.tools else None
+        if args.connect and args.build_kernels:
+            raise UsageError("--build-kernels is local only (a server builds its own)")
         if args.connect:
             remote = remote_engine(args)
             engine: ChatEngine = remote
@@ -507,21 +565,25 @@ def run(args: argparse.Namespace) -> int:
         _check_audio(spec, messages, bool(args.connect))
     except (UsageError, ValueError) as e:
         return output.fail(str(e))
+    local = None
     if not args.connect:
         from core.engine.local import Engine
 
-        local = Engine(kernels="eager-if-cold")  # one reply: uncompiled beats building kernels for it
+        # one reply: uncompiled beats building kernels for it, unless asked to build them for later replies too
+        local = Engine(kernels="build-first" if args.build_kernels else "eager-if-cold")
         engine = local
     hub = None
+    builder = KernelBuildProgress(spec.name, sys.stderr)
     try:
         try:
-            engine.load(spec, None).result()
+            engine.load(spec, builder.on_event).result()
             hub, runner, tools = _mcp(args, config, tools)
             tools, settings.tool_choice = _tool_choice(args, tools)
         except (EngineError, UsageError) as e:
             return output.fail(str(e))
         added: list[dict] = []
         if messages is None:  # --no-template: BOS + the prompt's tokens (local only, checked above)
+            assert local is not None
             done = _wait(engine, local.complete(args.prompt or "", settings, output.on_event), output)
         else:
             done, added = _converse(engine, messages, settings, tools, runner, output)
@@ -530,10 +592,20 @@ def run(args: argparse.Namespace) -> int:
         if done.error:
             return output.fail(done.error, mid_line=True)
         try:
-            return output.finished(done, with_tools=bool(tools), added=added)
+            code = output.finished(done, with_tools=bool(tools), added=added)
         except OSError as err:
             output.write_error = err
             return output.write_failed()
+        if local is not None and local.kernels_missing:
+            _note(
+                f"this reply ran uncompiled, at about half speed: this machine has no compiled kernels for {spec.name} "
+                "yet. Add --build-kernels once to build them (a minute or two); every reply after that runs "
+                "compiled. The app and serve build them in the background."
+            )
+        return code
+    except KeyboardInterrupt:
+        builder.interrupted()
+        raise
     finally:
         engine.close()
         if hub is not None:

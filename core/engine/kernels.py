@@ -13,7 +13,9 @@ over a minute. Compiled decode is worth having (~1.8x on the demo), so instead:
   forwards as `KernelProgress` events. When it is done the engine switches compilation on before its next
   request: the kernels are then loaded from disk (milliseconds), not built;
 - "eager-if-cold" (one-shot `generate`): a cold pairing runs uncompiled, which is quicker than compiling
-  for one reply; "first-use": MLX's own behaviour (benchmarks, tests).
+  for one reply (`kernels_missing` then says so, and generate says how to build them); "build-first"
+  (`generate --build-kernels`): a cold pairing's load waits for the same child, so this reply and every
+  later one run compiled; "first-use": MLX's own behaviour (benchmarks, tests).
 
 Only the CPU backend compiles through a C++ compiler; on Metal nothing here applies. A pairing too big to load
 twice keeps first-use compilation (the child would double the memory).
@@ -39,7 +41,7 @@ from core.user import kernel_cache
 
 log = logging.getLogger(__name__)
 
-MODES = ("background", "eager-if-cold", "first-use")
+MODES = ("background", "eager-if-cold", "build-first", "first-use")
 PLAN_VERSION = "2"  # bump when core.engine.warmup.PLAN changes what it covers
 PARENT_ENV = "GEMMA_CHAT_KERNELS_PARENT"
 PAUSABLE = sys.platform == "linux"  # where the child can ask to die with its parent (prctl PR_SET_PDEATHSIG)
@@ -128,7 +130,14 @@ class KernelPreparer:
         if preempted():
             self._traces.insert(0, (name, run))
 
-    def start(self, model_bytes: int) -> None:
+    @property
+    def missing(self) -> bool:
+        """Cold and nothing building them: requests run uncompiled ("eager-if-cold" on a new machine)."""
+        return self.state == "eager"
+
+    def start(self, model_bytes: int, stop: Callable[[], bool] = bool) -> None:
+        """Decide how requests run (see the modes); "build-first" returns once the child is done, or once
+        `stop()` (the engine closing) ended it."""
         cache = kernel_cache.active()
         # no private cache set up (a caller that skipped it), refused, or compilation off by the user's choice
         if cache is None or not cache.compile_allowed or os.environ.get(kernel_cache.DISABLE_ENV) or not cpu_jit():
@@ -151,7 +160,25 @@ class KernelPreparer:
                 self.state = "ready"
             else:
                 self._spawn()
+                if self.mode == "build-first":
+                    self._wait_child(stop)
         self._apply()
+
+    def _wait_child(self, stop: Callable[[], bool]) -> None:
+        """Wait for the child to finish (its progress goes out as events meanwhile), then take its result."""
+        reader, child = self._reader, self._child
+        if reader is None or child is None:
+            return  # it did not start ("failed")
+        stopped = False
+        while reader.is_alive():
+            reader.join(0.1)
+            if not stopped and stop() and child.poll() is None:
+                child.kill()
+                stopped = True
+        if stopped:
+            self.state = "failed"  # the engine is closing: no reply runs, nothing to warn about
+        else:
+            self.poll()
 
     def command(self) -> list[str]:
         """The child that builds the kernels (core.engine.warmup)."""

@@ -109,7 +109,8 @@ class Engine:
 
     `kernels` says when the CPU backend's compiled kernels are built on a machine that has none for the
     pairing yet (core.engine.kernels): "background" (run uncompiled while a child process builds them: the
-    app, serve), "eager-if-cold" (run uncompiled: one-shot commands) or "first-use" (MLX's default)."""
+    app, serve), "eager-if-cold" (run uncompiled: one-shot commands), "build-first" (the load waits for that
+    child: `generate --build-kernels`) or "first-use" (MLX's default)."""
 
     def __init__(self, kernels: str = "first-use", parallel: int = 1) -> None:
         from core.engine.kernels import MODES
@@ -335,6 +336,13 @@ class Engine:
         threading.Event().wait()
 
     @property
+    def kernels_missing(self) -> bool:
+        """The loaded pairing runs uncompiled because this machine has no kernels for it and nothing is building
+        them ("eager-if-cold" on a new machine): `generate` says how to build them."""
+        k = self._kernels
+        return k is not None and k.missing
+
+    @property
     def user_errors(self) -> tuple[type[Exception], ...]:
         """Failures of a turn whose message is for the user (core.engine.batching reads it)."""
         from core.decode.spec import TurnError
@@ -469,7 +477,7 @@ class Engine:
         st = self._state
         assert st is not None
         self._kernels = preparer(self._kernel_mode, spec, target_dir, drafter_dir, on_event)
-        self._kernels.start(memory.model_bytes(getattr(st.target, "model", None), st.drafter))
+        self._kernels.start(memory.model_bytes(getattr(st.target, "model", None), st.drafter), lambda: self._closed)
 
     def _keep_costs_apart(self) -> None:
         """Point auto block size at the block costs of the way rounds run now, compiled or not."""

@@ -149,6 +149,11 @@ COMMANDS: dict[str, tuple[Run, ...] | Offline] = {
         # the default MCP server (mcp-server-time) runs the call; the demo may answer in prose instead of calling
         gc("generate", "--demo", "--mcp", "--yes", "--prompt", "What time is it in Tokyo?", "--max-tokens", "48"),
     ),
+    'gemma-chat generate --demo --build-kernels --prompt "Hi"': (
+        # with the suite's uncompiled MLX there is nothing to build: it answers (the build itself, with a stub
+        # child, is tests/engine/test_kernels.py's; the real one is a minute of C++)
+        gc("generate", "--demo", "--build-kernels", "--prompt", "Hi", expect="tokens/round"),
+    ),
     "gemma-chat bench --demo": (gc("bench", "--demo", *BENCH_SHORT, expect="x mlx-lm"),),
     "gemma-chat models list | download NAME [--offline] | rm NAME": (
         gc("models", "list", expect="demo"),

@@ -197,12 +197,81 @@ def test_closing_the_engine_ends_the_child_and_eager_if_cold_starts_none(cold):
     assert child is not None and child.poll() is None
     eng.close()
     assert child.wait(5) is not None
+    assert not eng.kernels_missing  # they were being built
     one_shot = Engine(kernels="eager-if-cold")
     try:
         one_shot.load(demo_spec(), None).result(60)
         assert one_shot._kernels._child is None and one_shot._kernels.state == "eager" and calls[-1] == "disable"
+        assert one_shot.kernels_missing  # what `generate` reads to say how to build them
     finally:
         one_shot.close()
+
+
+def test_build_first_loads_once_the_kernels_are_built_and_runs_compiled(cold):
+    """`generate --build-kernels`: the load waits for the child (its progress comes meanwhile), then the
+    reply runs compiled; the marker makes the next one-shot load compiled from the start."""
+    folder, release, calls, _ = cold
+    events: list[object] = []
+    eng = Engine(kernels="build-first")
+    try:
+        loading = eng.load(demo_spec(), events.append)
+        until(lambda: any(isinstance(e, KernelProgress) and e.fraction == 0.25 for e in events))
+        time.sleep(0.3)
+        assert not loading.done()  # still waiting for the child
+        release.touch()
+        loading.result(60)
+        done = [e for e in events if isinstance(e, KernelProgress) and e.done]
+        assert len(done) == 1 and done[0].error is None
+        assert "disable" not in calls and calls[-1] == "enable" and not eng.kernels_missing
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+    finally:
+        eng.close()
+    assert list((folder / "prepared").glob("*.json"))
+    later = Engine(kernels="eager-if-cold")
+    try:
+        later.load(demo_spec(), None).result(60)
+        assert later._kernels.state == "ready" and not later.kernels_missing and calls[-1] == "enable"
+    finally:
+        later.close()
+
+
+def test_closing_the_engine_while_build_first_waits_ends_the_child_at_once(cold):
+    _folder, _release, calls, _ = cold
+    events: list[object] = []
+    eng = Engine(kernels="build-first")
+    loading = eng.load(demo_spec(), events.append)
+    until(lambda: any(isinstance(e, KernelProgress) and e.fraction == 0.25 for e in events))
+    child = eng._kernels._child
+    t0 = time.monotonic()
+    eng.close()
+    assert time.monotonic() - t0 < 5 and child.poll() is not None
+    assert loading.done()
+    done = [e for e in events if isinstance(e, KernelProgress) and e.done]
+    assert done and done[-1].error  # not built: that session stays uncompiled
+    assert calls[-1] == "disable"
+
+
+def test_generate_says_a_reply_ran_uncompiled_and_build_kernels_builds_them(cold, capsys):
+    """One-shot `generate` on a machine without the pairing's kernels answers uncompiled and says how to
+    build them; `--build-kernels` builds them first (its progress on stderr), after which nothing is said."""
+    from app.cli import main
+
+    _folder, release, calls, _ = cold
+    args = ["generate", "--demo", "--prompt", "Hello", "--max-tokens", "4"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "this reply ran uncompiled" in err and "--build-kernels" in err
+    assert calls[-1] == "disable"
+    release.touch()  # the stub child finishes at once
+    assert main([*args, "--build-kernels"]) == 0
+    err = capsys.readouterr().err
+    assert "building the compiled kernels for demo" in err and "built the compiled kernels for demo" in err
+    assert "ran uncompiled" not in err and calls[-1] == "enable"
+    assert main(args) == 0  # built: compiled from the start, nothing to say
+    err = capsys.readouterr().err
+    assert "uncompiled" not in err and "building" not in err and calls[-1] == "enable"
+    assert main(["generate", "--connect", "http://127.0.0.1:9", "--prompt", "Hi", "--build-kernels"]) == 1
+    assert "--build-kernels is local only" in capsys.readouterr().err
 
 
 def test_the_child_ends_itself_when_its_engine_is_gone(cold):
