@@ -11,7 +11,8 @@ of the other checkout (run with its own code: PYTHONPATH and cwd set to it). Bot
 user's cache folder unless --own-caches gives each its own: the kept block costs are one file per
 pairing, so one version's sessions would otherwise start from what the other's kept. The parent process
 timestamps every token line as it arrives on the pipe: decode tok/s = tokens after the first over the
-time from the first token to the last, as a reader of the stream sees it. Each process is a fresh
+time from the first token to the last, as a reader of the stream sees it. The pairing's compiled kernels
+are built first, as the app and `serve` build them (a one-shot `generate` without them runs uncompiled). Each process is a fresh
 start, so every run is a first reply: the controller starts cold.
 
 Reported per case: medians over repeats of tok/s, and the medians of the per-repeat ratios auto / off and
@@ -107,6 +108,20 @@ def run(
     }
 
 
+def build_kernels(pairing: str, cache: Path | None) -> None:
+    """The pairing's compiled kernels, before any timed run: a one-shot `generate` on a machine without them
+    answers uncompiled (about half speed on the demo), which is not what the app and `serve` run. Built by
+    this checkout's code; a --before checkout whose kernel signature differs stays uncompiled."""
+    cmd = [sys.executable, "-m", "app", "generate", *pairing_args(pairing), "--build-kernels", "--prompt", "Hi"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if cache is not None:
+        env["GEMMA_CHAT_CACHE_DIR"] = str(cache)
+    print(f"{pairing}: building its kernels if this machine has none (a minute or two the first time)", flush=True)
+    done = subprocess.run(cmd + ["--max-tokens", "1"], capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"generate --build-kernels failed:\n{done.stderr}")
+
+
 def measure(
     pairing: str, cases: list[Case], repeats: int, before: Path | None, own_caches: Path | None = None
 ) -> list[dict]:
@@ -117,6 +132,8 @@ def measure(
         configs += [("before", "auto", []), ("before", "off", ["--no-draft"])]
     trees = {"after": ROOT, "before": before}
     rows = []
+    for version in {v for v, _, _ in configs}:
+        build_kernels(pairing, own_caches / version if own_caches is not None else None)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for case in cases:
