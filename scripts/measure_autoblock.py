@@ -12,8 +12,8 @@ user's cache folder unless --own-caches gives each its own: the kept block costs
 pairing, so one version's sessions would otherwise start from what the other's kept. The parent process
 timestamps every token line as it arrives on the pipe: decode tok/s = tokens after the first over the
 time from the first token to the last, as a reader of the stream sees it. The pairing's compiled kernels
-are built first, as the app and `serve` build them (a one-shot `generate` without them runs uncompiled). Each process is a fresh
-start, so every run is a first reply: the controller starts cold.
+are built first, as the app and `serve` build them (a one-shot `generate` without them runs uncompiled).
+Each process is a fresh start, so every run is a first reply: the controller starts cold.
 
 Reported per case: medians over repeats of tok/s, and the medians of the per-repeat ratios auto / off and
 k1 / off (the ratio of two runs of the same repeat, which the machine's drift affects least). Greedy
