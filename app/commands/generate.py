@@ -421,11 +421,12 @@ class KernelBuildProgress:
         self.tty = stream.isatty()
         self.t0: float | None = None
         self.quiet = False  # Ctrl+C: the build is being stopped, nothing more to say about it
+        self.shown = False  # the progress line is on the terminal now
 
     def interrupted(self) -> None:
         """Ctrl+C: closing the engine stops the build, which is no failure to report; the line goes."""
         self.quiet = True
-        if self.tty and self.t0 is not None:
+        if self.shown:  # not after the build: the reply's own line would go
             try:
                 self.stream.write("\r\x1b[K")
                 self.stream.flush()
@@ -449,7 +450,8 @@ class KernelBuildProgress:
             if not self.tty:
                 print(f"{what}: a minute or two ...", file=self.stream, flush=True)
         if e.done:
-            wipe = "\r\x1b[K" if self.tty else ""
+            wipe = "\r\x1b[K" if self.shown else ""
+            self.shown = False
             if e.error:
                 print(
                     f"{wipe}note: the kernels were not built ({printable(e.error)}): this reply runs uncompiled",
@@ -465,6 +467,7 @@ class KernelBuildProgress:
             width = shutil.get_terminal_size().columns - 1  # one row: `\r` redraws only the cursor's row
             self.stream.write(f"\r{line[:width]}\x1b[K")
             self.stream.flush()
+            self.shown = True
 
 
 class PrefillProgress:

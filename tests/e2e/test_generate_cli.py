@@ -311,3 +311,36 @@ def test_a_full_disk_under_stdout_is_said_once(argv):
         )
     assert run.returncode == 1, run.stderr
     assert run.stderr.count("No space left on device") == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_the_kernel_build_line_is_redrawn_on_a_terminal_and_ctrl_c_wipes_only_it(monkeypatch):
+    """`--build-kernels` on a terminal: one line redrawn in place, cut to the terminal's width; Ctrl+C while it
+    shows wipes it, and Ctrl+C during the reply after it wipes nothing (the reply's own line would go)."""
+    import io
+    import os
+
+    from app.commands.generate import KernelBuildProgress
+    from core.events import KernelProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((30, 24)))
+    term = Terminal()
+    progress = KernelBuildProgress("demo", term)
+    progress.on_event(KernelProgress(0.5, steps_done=12, steps=24, kernels=31))
+    assert term.getvalue() == "\r" + "building kernels (once): 50%, step 12 of 24, 31 built"[:29] + "\x1b[K"
+    progress.interrupted()
+    assert term.getvalue().endswith("\r\x1b[K")
+    progress.on_event(KernelProgress(1.0, done=True))  # the killed child's end: nothing more is said
+    assert term.getvalue().endswith("\r\x1b[K")
+
+    term = Terminal()
+    progress = KernelBuildProgress("demo", term)
+    progress.on_event(KernelProgress(0.5, steps_done=12, steps=24, kernels=31))
+    progress.on_event(KernelProgress(1.0, done=True))
+    assert term.getvalue().endswith("\r\x1b[Kbuilt the compiled kernels for demo in 0 s\n")
+    before = term.getvalue()
+    progress.interrupted()
+    assert term.getvalue() == before
