@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.units import format_bytes
@@ -105,6 +106,36 @@ def demo_state() -> str:
         return f"always available offline (gemma-chat --demo); damaged: {type(e).__name__}: {e}"
 
 
+def kernels_state(ready: list[str]) -> str:
+    """Which of the demo and the downloaded pairings have their compiled CPU kernels on this machine (a one-shot
+    `generate` without them runs uncompiled: core.engine.kernels)."""
+    from core.engine.kernels import cpu_jit, signature
+    from core.engine.pairings import catalogue_spec, demo_spec
+    from core.user import kernel_cache
+
+    if not cpu_jit():
+        return "none needed (no C++ kernels on this backend)"
+    cache = kernel_cache.active()
+    if cache is None or cache.folder is None or not cache.compile_allowed:
+        return "none: the kernel cache is refused (see kernel cache above)"
+    if os.environ.get(kernel_cache.DISABLE_ENV):
+        return f"none: compilation is off ({kernel_cache.DISABLE_ENV})"
+    built: list[str] = []
+    missing: list[str] = []
+    for name in ["demo", *ready]:
+        try:
+            spec = demo_spec() if name == "demo" else catalogue_spec(name)
+        except Exception:  # noqa: BLE001 (said on its own line above)
+            continue
+        drafter = Path(spec.drafter) if spec.drafter else None
+        sig = signature(spec, Path(spec.target), drafter)
+        (built if kernel_cache.is_prepared(cache, sig) else missing).append(name)
+    said = [f"built for {', '.join(built)}"] if built else []
+    if missing:
+        said.append(f"not yet for {', '.join(missing)} (the app and serve build them; or generate --build-kernels)")
+    return "; ".join(said)
+
+
 def audio_support(entries: list[CatalogEntry]) -> str:
     """Which catalogue families take audio, and what decodes it here."""
     families: dict[str, bool] = {}
@@ -183,6 +214,7 @@ def gather() -> list[tuple[str, list[tuple[str, str]]]]:
             ("demo", demo_state()),
             ("ready", ", ".join(ready) or "none (gemma-chat models download NAME)"),
             ("audio", audio_support(entries)),
+            ("kernels", kernels_state(ready)),
         ]
         if partial:
             pairs.append(("partial", ", ".join(partial)))

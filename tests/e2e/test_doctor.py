@@ -37,6 +37,7 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     }
     assert lines["mlx"] == metadata.version("mlx")
     assert lines["demo"].startswith("always available offline (gemma-chat --demo)")
+    assert lines["kernels"] == "none: compilation is off (MLX_DISABLE_COMPILE)"  # the suite's uncompiled MLX
     assert lines["audio"] == "E2B, E4B, 12B (not 26B-A4B, 31B); files decoded by libsndfile " + _libsndfile()
     assert lines["soundfile"] == metadata.version("soundfile") and lines["soxr"] == metadata.version("soxr")
     assert lines["huggingface_hub"] == metadata.version("huggingface_hub")
@@ -50,7 +51,7 @@ def test_doctor_reports_backend_versions_paths_and_terminal(tmp_path):
     assert f"cache      {tmp_path / 'hf' / 'hub'}" in text
     assert str(tmp_path / "cfg" / "config.toml") in text and str(tmp_path / "data") in text
     assert "kitty graphics protocol" in text
-    assert "ready  none" in text
+    assert lines["ready"].startswith("none")
     assert not (tmp_path / "hf").exists(), "doctor must not create the cache"
 
 
@@ -84,3 +85,31 @@ def test_doctor_fits_a_narrow_terminal(tmp_path):
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("demo "))
     column = lines[at].index("always")
     assert lines[at + 1].startswith(" " * column) and lines[at + 1][column] != " "
+
+
+def test_doctor_says_whether_the_demo_has_its_compiled_kernels_here(tmp_path):
+    """A one-shot `generate` without them runs uncompiled: doctor says which pairings have them."""
+    from pathlib import Path
+
+    from core.engine.kernels import signature
+    from core.engine.pairings import demo_spec
+    from core.user import kernel_cache
+
+    folder = tmp_path / "kernels"
+    env = {**os.environ, "GEMMA_CHAT_KERNEL_DIR": str(folder), "HF_HOME": str(tmp_path / "hf")}
+    env.pop("MLX_DISABLE_COMPILE", None)
+    env.pop("HF_HUB_CACHE", None)
+
+    def said() -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "app", "doctor"], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return next(line.split(None, 1)[1] for line in out.stdout.splitlines() if line.startswith("  kernels "))
+
+    assert said() == "not yet for demo (the app and serve build them; or generate --build-kernels)"
+    spec = demo_spec()
+    assert spec.drafter is not None
+    cache = kernel_cache.KernelCache(folder)
+    kernel_cache.write_marker(cache, signature(spec, Path(spec.target), Path(spec.drafter)))
+    assert said() == "built for demo"
