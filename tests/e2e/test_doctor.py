@@ -99,6 +99,7 @@ def test_doctor_says_whether_the_demo_has_its_compiled_kernels_here(tmp_path):
     env = {**os.environ, "GEMMA_CHAT_KERNEL_DIR": str(folder), "HF_HOME": str(tmp_path / "hf")}
     env.pop("MLX_DISABLE_COMPILE", None)
     env.pop("HF_HUB_CACHE", None)
+    env.pop("COLUMNS", None)  # to a pipe: one line per entry (an app test in this process may have set it)
 
     def said() -> str:
         out = subprocess.run(
