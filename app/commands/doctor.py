@@ -133,7 +133,7 @@ def kernels_state(ready: list[str]) -> str:
     said = [f"built for {', '.join(built)}"] if built else []
     if missing:
         said.append(f"not yet for {', '.join(missing)} (the app and serve build them; or generate --build-kernels)")
-    return "; ".join(said)
+    return "; ".join(said) or "unknown (no pairing could be read)"
 
 
 def audio_support(entries: list[CatalogEntry]) -> str:
