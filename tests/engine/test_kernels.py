@@ -241,6 +241,7 @@ def test_closing_the_engine_while_build_first_waits_ends_the_child_at_once(cold)
     eng = Engine(kernels="build-first")
     loading = eng.load(demo_spec(), events.append)
     until(lambda: any(isinstance(e, KernelProgress) and e.fraction == 0.25 for e in events))
+    assert not loading.done()  # the load waits for the child
     child = eng._kernels._child
     t0 = time.monotonic()
     eng.close()
