@@ -172,9 +172,12 @@ def main() -> int:
     if args.client:
         return client_loop(args.client, args.tokens, args.block_size)
     if args.streams or args.join or args.load:
+        from _kernels import build_kernels
         from _serve_streams import bench_join, bench_load, bench_streams
 
         serve_args = ["--demo"] if args.demo else ["--model", args.model, "--drafter", args.drafter]
+        for tree in [args.checkout] + ([args.compare] if args.compare else []):  # the code each server runs
+            build_kernels(serve_args, checkout=Path(tree) if tree else None)
         if args.load:
             bench_load(serve_args, args.load, args.seconds, args.tokens, checkout=args.checkout)
             return 0

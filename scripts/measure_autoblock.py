@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from _kernels import build_kernels  # noqa: E402
 from autoblock_prompts import PACK_FAMILIES, Case, cases_for  # noqa: E402
 
 PACK = ROOT / "tests" / "data" / "pack" / "models"
@@ -108,20 +109,6 @@ def run(
     }
 
 
-def build_kernels(pairing: str, cache: Path | None) -> None:
-    """The pairing's compiled kernels, before any timed run: a one-shot `generate` on a machine without them
-    answers uncompiled (about half speed on the demo), which is not what the app and `serve` run. Built by
-    this checkout's code; a --before checkout whose kernel signature differs stays uncompiled."""
-    cmd = [sys.executable, "-m", "app", "generate", *pairing_args(pairing), "--build-kernels", "--prompt", "Hi"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if cache is not None:
-        env["GEMMA_CHAT_CACHE_DIR"] = str(cache)
-    print(f"{pairing}: building its kernels if this machine has none (a minute or two the first time)", flush=True)
-    done = subprocess.run(cmd + ["--max-tokens", "1"], capture_output=True, text=True, env=env, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"generate --build-kernels failed:\n{done.stderr}")
-
-
 def measure(
     pairing: str, cases: list[Case], repeats: int, before: Path | None, own_caches: Path | None = None
 ) -> list[dict]:
@@ -133,7 +120,8 @@ def measure(
     trees = {"after": ROOT, "before": before}
     rows = []
     for version in {v for v, _, _ in configs}:
-        build_kernels(pairing, own_caches / version if own_caches is not None else None)
+        cache = own_caches / version if own_caches is not None else None
+        build_kernels(pairing_args(pairing), cache=cache, checkout=trees[version])
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for case in cases:
