@@ -63,6 +63,10 @@ from pathlib import Path
 ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
 ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
 STALE_CHECK_ROUNDS = 3  # a session's first rounds of a kept size, timed against a plain step, that check it
+# plain steps a process's first drafting round costs beyond its own, before this machine measured it (it
+# traces the drafter's and the verify's compiled functions: ~10 ms on the dense-style pack pairing, whose plain
+# step is 2.5 ms; ~20 ms on the demo's 10 ms step)
+FIRST_DRAFT_PRIOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class AutoBlockConfig:
     hysteresis: float = 0.02  # relative gain needed to move away from the current K
     park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
     stale_margin: float = 0.25  # kept costs this far off a check (under) or a first timing (over): stale
+    first_draft_horizon: int = 32  # tokens in which a process's first drafting round must pay back its tracing
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -277,6 +282,12 @@ class AutoBlock:
     _primed_rounds: dict[str, int] = field(default_factory=dict)  # per kind: what an earlier session counts as
     _timing_put_off: bool = False  # a primed session's early plain timing waits (`primed_timing_sure`)
     _fits: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # `_line`'s fits by what they read
+    # plain steps this process's first drafting round costs beyond its own (`observe`'s traced=True); 0 where
+    # nothing is left to trace (uncompiled, traced at idle time, or the replay's model of a machine)
+    first_draft_cost: float = 0.0
+    _drafted: bool = False  # a drafting round ran in this process
+    _first_draft: tuple[int, float, int] | None = None  # (k, seconds, plain steps in them), until priced
+    _first_draft_measured: float | None = None
 
     def __post_init__(self) -> None:
         positions = max(self.config.k_max - 1, 0)
@@ -425,6 +436,8 @@ class AutoBlock:
         # or two is no ground for a long wait: one slow moment of the machine must not park us for long.
         extra = max(self.cost_ratio(k) - 1.0, 0.0)
         base = max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget))) if k in settled else c.probe_every_min
+        if self._untraced():  # the first probe of the process also traces: it waits as its cost says
+            base = max(base, math.ceil((extra + self._untraced()) / (4 * c.probe_budget)))
         return min(base * 2**self._probe_fails, c.probe_every_max)
 
     @property
@@ -441,7 +454,7 @@ class AutoBlock:
         c = self.config
         if any(r.own for r in self._ratio.values()) or self._checks >= 3 or self._check_at is not None:
             return
-        extra = max(self.cost_ratio(self._smallest_probe) - 1.0, 0.0)
+        extra = max(self.cost_ratio(self._smallest_probe) - 1.0, 0.0) + self._untraced()
         self._check_at = self.rounds + max(c.probe_every_min, math.ceil(extra / (4 * c.probe_budget)))
 
     def _smallest_that_could_pay(self) -> int | None:
@@ -463,6 +476,30 @@ class AutoBlock:
         if k is not None and len(self._ratio) == 1:
             k = min(k, max(self._ratio) + 1)  # one size timed: the next one up, to learn the slope cheaply
         return k
+
+    def _untraced(self) -> float:
+        """Plain steps the next drafting round costs beyond its own (this process's first one traces), as
+        far as the choices weigh it: with nothing known of the pairing's drafts (no earlier session kept
+        their acceptance) a round is tried as before, since only a round tells."""
+        return 0.0 if self._drafted or not self._long.rounds else self.first_draft_cost
+
+    def _first_draft_pays(self) -> bool:
+        """Before this process's first drafting round: whether drafts, as believed now, pay back its tracing
+        within `first_draft_horizon` tokens at their best block size (n tokens cost n plain steps plain,
+        n T(k) / E(k) drafted). A short reply of a pairing whose drafts hover around the break-even (the
+        dense-style pack pairing on a CPU) would otherwise lose a one-shot `generate` 4-5 % to it."""
+        c = self.config
+        if self._untraced() <= 0.0 or c.k_max < 2:
+            return True
+        acc = self.acceptance()
+        n = c.first_draft_horizon
+        per_token = [self.cost_ratio(k) / expected_tokens_per_position(k, acc) for k in range(2, c.k_max + 1)]
+        saved = n * (1.0 - min(per_token))
+        return saved > self._untraced()
+
+    def first_draft_measured(self) -> float | None:
+        """Plain steps this process's first drafting round cost beyond its own, once a plain step priced it."""
+        return self._first_draft_measured
 
     # -- priors from an earlier session --------------------------------------------------------
 
@@ -578,6 +615,8 @@ class AutoBlock:
             else:
                 return AutoChoice(1, "timing", "auto → 1: timing a plain step, to weigh drafting against it")
         k = self.best()
+        if k > 1 and not self._first_draft_pays():
+            k = 1  # as plain decoding would, until drafts look good enough to pay for the tracing too
         if k == 1 and c.k_max >= 2:
             if was_probe and self._last_accepted > 0 and self._burst < c.probe_burst and self._probe_size:
                 # the probe was accepted: probe on at once (one round is weak evidence either way)
@@ -588,7 +627,7 @@ class AutoBlock:
             if was_probe:
                 self._probe_fails += 1
             untried = self._primed and self._slow.rounds == 0 and not was_probe and not self._never
-            if untried and self._smallest_that_could_pay() is not None:
+            if untried and self._smallest_that_could_pay() is not None and self._first_draft_pays():
                 # no drafting round seen yet: the prior alone is no ground to park; one round tells
                 self._current = 1
                 self._park()
@@ -649,6 +688,7 @@ class AutoBlock:
         round_s: float | None = None,
         clean: bool = True,
         ahead: bool = False,
+        traced: bool = False,
     ) -> None:
         """Record a finished round: block size k, drafts accepted (0..k-1; for a batch, one count per row
         that verified k tokens), and its time, sync to sync.
@@ -660,12 +700,15 @@ class AutoBlock:
         building the drafting round queued behind it, and that round's time misses its own building.
         The engine says which times are clean; only those enter the costs. ahead=True: a drafting round
         queued on an unread plain step (a probe, the first drafting round after plain ones): its time
-        misses its own building, which the plain step before it paid; the two together make its cost."""
+        misses its own building, which the plain step before it paid; the two together make its cost.
+        traced=True: the round also traced its size's compiled functions (its first in this process); the
+        process's first drafting round then prices `first_draft_cost` (`first_draft_measured`)."""
         c = self.config
         ns = [accepted] if isinstance(accepted, int) else list(accepted)
         if k < 1 or not all(0 <= n <= k - 1 for n in ns):
             raise ValueError(f"bad observation: k={k}, accepted={accepted}")
         self.rounds += 1
+        self._note_first_draft(k, round_s, traced, ahead)
         checking = self._checking and k > 1  # the check may be queued behind a plain step observed first
         self._checking = self._checking and not checking
         if k > 1 and ns:
@@ -716,6 +759,20 @@ class AutoBlock:
                     self._ratio = {}
                     self._primed = self._never = False
                 self._ratio.setdefault(k, _Cost()).add(ratio, c.time_window, self.rounds, guessed=guessed)
+
+    def _note_first_draft(self, k: int, round_s: float | None, traced: bool, ahead: bool) -> None:
+        """Keep this process's first drafting round's time (with the plain step it was queued on, when
+        `ahead`: that step paid for building it) until a timed plain step prices its extra."""
+        if k > 1 and not self._drafted:
+            self._drafted = True
+            if traced and round_s is not None and (not ahead or self._last_plain_s is not None):
+                plain = 1 if ahead else 0
+                self._first_draft = (k, round_s + (self._last_plain_s or 0.0) * plain, plain)
+        pending = self._first_draft
+        if pending is not None and self._plain.count:
+            size, seconds, plain = pending
+            self._first_draft = None
+            self._first_draft_measured = max(seconds / self._plain.value - self.cost_ratio(size) - plain, 0.0)
 
     def _check_kept(self, k: int, ratio: float) -> bool:
         """Count `ratio`, a round of size k timed against a plain step, toward this session's first
@@ -808,14 +865,32 @@ def load_acceptance(path: Path) -> dict[str, list[float]]:
         return {}
 
 
-def save_costs(path: Path, ratios: dict[int, float], acceptance: dict[str, list[float]] | None = None) -> None:
-    """Keep the block costs (and the long-run acceptance) for the next session (written whole, then
-    renamed: a crash leaves the old file)."""
+def load_first_draft(path: Path) -> float | None:
+    """Plain steps an earlier process's first drafting round cost beyond its own (`save_costs`); None when
+    none was kept or the file is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        v = float(data["first_draft"])
+        return v if 0.0 <= v < 1e6 else None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def save_costs(
+    path: Path,
+    ratios: dict[int, float],
+    acceptance: dict[str, list[float]] | None = None,
+    first_draft: float | None = None,
+) -> None:
+    """Keep the block costs (and the long-run acceptance, and what a process's first drafting round costs)
+    for the next session (written whole, then renamed: a crash leaves the old file)."""
     if not ratios:
         return
     data: dict[str, object] = {"version": 1, "ratios": {str(k): v for k, v in sorted(ratios.items())}}
     if acceptance:
         data["acceptance"] = acceptance
+    if first_draft is not None:
+        data["first_draft"] = round(first_draft, 3)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -28,7 +28,16 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core import sampling
-from core.decode.autoblock import AutoBlock, AutoBlockConfig, AutoChoice, load_acceptance, load_costs, save_costs
+from core.decode.autoblock import (
+    FIRST_DRAFT_PRIOR,
+    AutoBlock,
+    AutoBlockConfig,
+    AutoChoice,
+    load_acceptance,
+    load_costs,
+    load_first_draft,
+    save_costs,
+)
 from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
 from core.events import PrefillDone, RoundEvent, TokenEvent, TokenLogprob, TurnStats
 from core.limits import context_error
@@ -216,7 +225,11 @@ class Decoder:
         # the block costs the last session on this machine measured: auto drafts from a first reply's
         # first round when they say drafts can pay (AutoBlock.prime), and keeps this session's for the next
         self.costs_path = costs_path
-        self._saved_costs: tuple[dict[int, float], dict[str, list[float]]] = ({}, {})
+        self._saved_costs: tuple[dict[int, float], dict[str, list[float]], float | None] = ({}, {}, None)
+        # what a process's first drafting round cost beyond its own, as an earlier session kept it; and
+        # whether the engine traced every size at idle time (then nothing is left for a round to trace)
+        self._kept_first_draft: float | None = None
+        self._traced_ahead = False
         if costs_path is not None:
             self._prime_from(costs_path)
         self._wired_bytes: int | None = None
@@ -296,16 +309,33 @@ class Decoder:
 
     def _keep_costs(self) -> None:
         if self.costs_path is not None and self.drafter is not None:
-            kept = (self.auto.cost_snapshot(), self.auto.acceptance_snapshot())
+            first, before = self.auto.first_draft_measured(), self._kept_first_draft
+            if first is not None and before is not None:
+                first = (first + before) / 2  # one round's measure: half of it moves the kept value
+            kept = (self.auto.cost_snapshot(), self.auto.acceptance_snapshot(), before if first is None else first)
             if kept != self._saved_costs:
                 save_costs(self.costs_path, *kept)
                 self._saved_costs = kept
+
+    @property
+    def traced_ahead(self) -> bool:
+        return self._traced_ahead
+
+    @traced_ahead.setter
+    def traced_ahead(self, done: bool) -> None:
+        """The engine traced every block size at idle time (core.engine.kernels): no round traces now."""
+        self._traced_ahead = done
+        if done:
+            self.auto.first_draft_cost = 0.0
 
     def _prime_from(self, path: Path, learnt: dict[str, list[float]] | None = None) -> None:
         """Start the controller from the costs kept at `path`, and how often the drafts were kept (else `learnt`)."""
         if self.drafter is not None:
             self.auto.prime(load_costs(path))
             self.auto.prime_acceptance(load_acceptance(path) or learnt or {})
+            self._kept_first_draft = load_first_draft(path)
+            prior = FIRST_DRAFT_PRIOR if self._kept_first_draft is None else self._kept_first_draft
+            self.auto.first_draft_cost = 0.0 if self.traced_ahead else prior
 
     def use_costs(self, path: Path | None) -> None:
         """Keep the block costs at `path` from now on. Compiled and uncompiled rounds cost differently
@@ -319,7 +349,7 @@ class Decoder:
         self._keep_costs()
         learnt = self.auto.acceptance_snapshot()
         self.auto = AutoBlock(self.auto.config, draft_cost=self.auto.draft_cost)
-        self.costs_path, self._saved_costs = path, ({}, {})
+        self.costs_path, self._saved_costs, self._kept_first_draft = path, ({}, {}, None), None
         if path is not None:
             self._prime_from(path, learnt)
         else:
@@ -474,11 +504,13 @@ class Decoder:
         if rnd.K > 1 or rnd.choice is not None:
             # a plain step times T(1) only between plain steps; see AutoBlock.observe for `ahead`
             clean = rnd.K > 1 or (rnd.ahead and ahead is not None and ahead.K == 1)
-            if rnd.K not in self._timed_sizes:  # its first round also built its kernels (MLX compiles per shape)
+            traced = rnd.K not in self._timed_sizes  # its first round traces its functions (MLX compiles per shape)
+            if traced:
                 self._timed_sizes.add(rnd.K)
                 clean = False
             clean = clean and rnd.logprobs is None  # scoring the vocabulary is not the block size's cost
-            self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead)
+            traced = traced and not self.traced_ahead
+            self.auto.observe(rnd.K, n_acc, round_s=round_s, clean=clean, ahead=rnd.K > 1 and rnd.ahead, traced=traced)
 
     # --- per-round bookkeeping -----------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class KernelPreparer:
     _fraction: float = 0.0
     # warm-up steps still to trace in this process (None: not listed yet); see `trace_next`
     _traces: list[tuple[str, Callable[[], None]]] | None = field(default_factory=list)
+    _listed: bool = False  # the warm-up steps were listed for tracing at idle time (`trace_next`)
 
     @property
     def eager(self) -> bool:
@@ -118,6 +119,7 @@ class KernelPreparer:
         that a request cut short (`preempted()` after it) runs again at the next idle moment."""
         if self._traces is None:
             self._traces = plan()
+            self._listed = True
         if not self._traces:
             return
         name, run = self._traces.pop(0)
@@ -125,10 +127,15 @@ class KernelPreparer:
             run()
         except Exception as e:  # a step that fails only costs the trace it would have saved
             log.warning("warm-up step %r failed (its kernels are built on first use instead): %s", name, e)
-            self._traces = []
+            self._traces, self._listed = [], False  # nor traced ahead
             return
         if preempted():
             self._traces.insert(0, (name, run))
+
+    @property
+    def traced_ahead(self) -> bool:
+        """Every warm-up step ran at idle time in this process: replies find their sizes traced."""
+        return self._listed and not self._traces
 
     @property
     def missing(self) -> bool:

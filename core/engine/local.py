@@ -484,6 +484,7 @@ class Engine:
         if self._state is not None:
             eager = self._kernels is not None and self._kernels.eager
             self._state.decoder.use_costs(self._state.costs_paths[eager])
+            self._state.decoder.traced_ahead = self._kernels is not None and self._kernels.traced_ahead
 
     def _reset_conversation(self, st: _Loaded, keep_images: bool = False) -> None:
         """Empty cache and log. `keep_images` keeps the encoded images: a re-prefill of the same

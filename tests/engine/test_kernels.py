@@ -467,8 +467,13 @@ def test_a_request_cuts_short_a_warm_up_step_at_idle_time(tmp_path, monkeypatch)
         t0 = time.monotonic()
         assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
         assert time.monotonic() - t0 < 30  # not the step's 60 s
+        decoder = eng._state.decoder
+        assert not decoder.traced_ahead and decoder.auto.first_draft_cost > 0  # that reply's first drafts trace
         until(lambda: not eng._kernels.busy)
         assert ran == ["slow", "slow", "after"]  # cut short, then again in full
+        # every size traced at idle time: a reply's first drafting round is no dearer than the next
+        assert hello(eng).stats.stop_reason in ("eos", "max_tokens")
+        assert decoder.traced_ahead and decoder.auto.first_draft_cost == 0.0
     finally:
         eng.close()
         mx.enable_compile()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from core.decode.autoblock import FIRST_DRAFT_PRIOR
 from core.decode.spec import Controls, Decoder, Prompt, TurnError, prefill_chunks
 from core.events import PrefillDone, RoundEvent, TokenEvent
 from core.model.drafter import load_drafter
@@ -593,6 +594,28 @@ def test_block_costs_kept_for_the_next_session_and_output_unchanged(tmp_path):
     assert Decoder(tg, dr, None, STOP, costs_path=path).auto.cost_snapshot() == {}  # a cold start, no error
 
 
+def test_what_the_first_drafting_round_traced_is_kept_for_the_next_session(tmp_path):
+    # a process's first drafting round also traces the compiled functions: the controller holds a first try
+    # of drafts to paying that back (FIRST_DRAFT_PRIOR plain steps until this machine measured it)
+    tg, dr, ids = _e_style_pairing_and_prompt()
+    path = tmp_path / "costs.json"
+    first = Decoder(tg, dr, None, STOP, costs_path=path)
+    assert first.auto.first_draft_cost == FIRST_DRAFT_PRIOR
+    assert Decoder(tg, dr, None, STOP).auto.first_draft_cost == 0.0  # nothing kept, nothing charged (no file)
+    settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
+    first.run(tg.make_cache(slack=3), Prompt(ids), settings, lambda e: None)
+    measured = first.auto.first_draft_measured()
+    assert measured is not None and json.loads(path.read_text())["first_draft"] == round(measured, 3)
+    second = Decoder(tg, dr, None, STOP, costs_path=path)
+    assert second.auto.first_draft_cost == round(measured, 3)
+    kept = json.loads(path.read_text())
+    path.write_text(json.dumps({**kept, "first_draft": 3.0}))  # (this process traced them long before)
+    third = Decoder(tg, dr, None, STOP, costs_path=path)
+    assert third.auto.first_draft_cost == 3.0
+    third.traced_ahead = True  # the engine traced every size at idle time
+    assert third.auto.first_draft_cost == 0.0
+
+
 def test_kept_costs_that_make_drafts_look_free_are_timed_early_in_the_session(tmp_path):
     # an earlier session timed its plain step in a busy moment: its costs say a round of any size costs one
     # plain step. Believed, a session drafts where drafts lose, and its rounds' ratios (to a T(1) guessed
@@ -621,7 +644,10 @@ def test_kept_costs_that_say_drafts_cannot_pay_are_checked_in_the_session(tmp_pa
     # also builds the kernels, untimed, so a second follows), and the output stays the target's own
     tg, dr, ids = _e_style_pairing_and_prompt()
     path = tmp_path / "costs.json"
-    path.write_text(json.dumps({"version": 1, "ratios": {str(k): 1.3 * k for k in range(2, 9)}}))
+    # (and that a process's first drafting round costs no more than its others: with the prior's 2 plain steps
+    # of tracing the check would wait 50 rounds more, past this reply)
+    kept = {"version": 1, "ratios": {str(k): 1.3 * k for k in range(2, 9)}, "first_draft": 0.0}
+    path.write_text(json.dumps(kept))
     settings = GenerationSettings(max_tokens=90, block_size="auto", ignore_eos=True)
 
     def run() -> tuple[list[int], list[RoundEvent]]:

@@ -17,6 +17,7 @@ from core.decode.autoblock import (
     expected_tokens_per_position,
     load_acceptance,
     load_costs,
+    load_first_draft,
     save_costs,
 )
 
@@ -493,3 +494,69 @@ def test_a_new_turn_drafts_on_where_only_a_block_beyond_the_ramp_pays():
         per_turn.append(chosen)
     for chosen in per_turn:
         assert chosen[0] > 1 and sum(k > 1 for k in chosen) >= 0.8 * len(chosen), per_turn
+
+
+def _near_break_even(first_draft_cost: float) -> AutoBlock:
+    # the dense-style pack pairing on this CPU, as its kept file had it: a round of 2 costs 1.72 plain steps,
+    # of 3 2.30, and the first draft is kept 71 % of the time: drafting about breaks even
+    ctl = AutoBlock(first_draft_cost=first_draft_cost)
+    ctl.prime({2: 1.72, 3: 2.30, 4: 3.51})
+    ctl.prime_acceptance({"greedy": [0.71, 0.55, 0.58, 0.56, 0.56, 0.56, 0.56]})
+    return ctl
+
+
+def _first_drafting_round(ctl: AutoBlock, rounds: int) -> int | None:
+    for i in range(rounds):
+        k = ctl.decide().block_size
+        if k > 1:
+            return i
+        ctl.observe(1, 0, round_s=0.0025)
+    return None
+
+
+def test_a_processs_first_drafting_round_must_pay_back_its_tracing():
+    # a fresh process's first drafting round also traces the compiled functions (first_draft_cost plain
+    # steps). Where drafts about break even, the old controller tried them at once, and a 128-token one-shot
+    # `generate` on the dense-style pair ran at 0.95x drafter off; now its first try waits as a probe that
+    # costs that much more would
+    assert _first_drafting_round(_near_break_even(0.0), 200) == 0  # nothing to trace: a first round tells
+    ctl = _near_break_even(4.0)
+    first = _first_drafting_round(ctl, 400)
+    assert first is not None and first >= (0.72 + 4.0) / (4 * ctl.config.probe_budget) - 2
+    # drafts the pairing usually keeps pay it back within a few tokens: they start at once, traced or not
+    good = AutoBlock(first_draft_cost=4.0)
+    good.prime({2: 1.3, 3: 1.6, 4: 1.9})
+    good.prime_acceptance({"greedy": [0.9] * 7})
+    choice = good.decide()
+    assert choice.block_size > 1 and choice.reason == "drafting"
+    # once a drafting round ran, the tracing is paid: the cost no longer holds anything back
+    ctl.observe(2, 1, round_s=0.004)
+    assert ctl._untraced() == 0.0 and ctl._first_draft_pays()
+
+
+def test_what_a_first_drafting_round_cost_is_measured_once_a_plain_step_prices_it(tmp_path):
+    ctl = AutoBlock(first_draft_cost=2.0)
+    ctl.prime({2: 1.5, 3: 2.0})
+    ctl.observe(3, 2, round_s=0.012, traced=True, clean=False)  # 2.0 plain steps of its own, 2.8 of tracing
+    assert ctl.first_draft_measured() is None  # no plain step timed yet
+    ctl.observe(3, 2, round_s=0.005, traced=False)
+    for _ in range(3):
+        ctl.observe(1, 0, round_s=0.0025)
+    assert ctl.first_draft_measured() == pytest.approx(0.012 / 0.0025 - ctl.cost_ratio(3), abs=0.05)
+    assert ctl.first_draft_measured() == pytest.approx(2.8, abs=0.3)
+    later = AutoBlock()
+    later.observe(2, 1, round_s=0.02, traced=True, clean=False)  # the first: priced
+    # a later size's first round: not the process's first
+    later.observe(3, 1, round_s=0.05, traced=True, clean=False)
+    for _ in range(3):
+        later.observe(1, 0, round_s=0.01)
+    assert later.first_draft_measured() == pytest.approx(max(2.0 - later.cost_ratio(2), 0.0))
+    # kept beside the costs; a file without it, or a nonsense value, is none
+    path = tmp_path / "c.json"
+    save_costs(path, {2: 1.5}, None, 2.8)
+    assert load_first_draft(path) == 2.8 and load_costs(path) == {2: 1.5}
+    save_costs(path, {2: 1.5})
+    assert load_first_draft(path) is None
+    for bad in ('{"first_draft": -1}', '{"first_draft": "x"}', "[]", '{"first_draft": NaN}'):
+        path.write_text(bad)
+        assert load_first_draft(path) is None, bad
