@@ -229,6 +229,7 @@ class Decoder:
         # what a process's first drafting round cost beyond its own, as an earlier session kept it; and
         # whether the engine traced every size at idle time (then nothing is left for a round to trace)
         self._kept_first_draft: float | None = None
+        self._kept_acceptance: dict[str, list[float]] = {}  # as the file had it, for kinds this session adds nothing to
         self._traced_ahead = False
         if costs_path is not None:
             self._prime_from(costs_path)
@@ -312,7 +313,12 @@ class Decoder:
             first, before = self.auto.first_draft_measured(), self._kept_first_draft
             if first is not None and before is not None:
                 first = (first + before) / 2  # one round's measure: half of it moves the kept value
-            kept = (self.auto.cost_snapshot(), self.auto.acceptance_snapshot(), before if first is None else first)
+            # a kind of acceptance this session drafted too little to say anything of stays as the file had it
+            # (it once dropped out of the file: the next session then knew nothing, probed at once, learnt it
+            # again and kept it, and the one after dropped it again: every other one-shot `generate` on the
+            # dense-style pack pairing drafted where its drafts never pay)
+            acceptance = {**self._kept_acceptance, **self.auto.acceptance_snapshot()}
+            kept = (self.auto.cost_snapshot(), acceptance, before if first is None else first)
             if kept != self._saved_costs:
                 save_costs(self.costs_path, *kept)
                 self._saved_costs = kept
@@ -332,7 +338,8 @@ class Decoder:
         """Start the controller from the costs kept at `path`, and how often the drafts were kept (else `learnt`)."""
         if self.drafter is not None:
             self.auto.prime(load_costs(path))
-            self.auto.prime_acceptance(load_acceptance(path) or learnt or {})
+            self._kept_acceptance = load_acceptance(path)
+            self.auto.prime_acceptance(self._kept_acceptance or learnt or {})
             self._kept_first_draft = load_first_draft(path)
             prior = FIRST_DRAFT_PRIOR if self._kept_first_draft is None else self._kept_first_draft
             self.auto.first_draft_cost = 0.0 if self.traced_ahead else prior
@@ -350,6 +357,7 @@ class Decoder:
         learnt = self.auto.acceptance_snapshot()
         self.auto = AutoBlock(self.auto.config, draft_cost=self.auto.draft_cost)
         self.costs_path, self._saved_costs, self._kept_first_draft = path, ({}, {}, None), None
+        self._kept_acceptance = {}
         if path is not None:
             self._prime_from(path, learnt)
         else:

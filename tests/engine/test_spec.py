@@ -616,6 +616,25 @@ def test_what_the_first_drafting_round_traced_is_kept_for_the_next_session(tmp_p
     assert third.auto.first_draft_cost == 0.0
 
 
+def test_a_session_that_drafts_too_little_to_say_keeps_the_acceptance_it_was_given(tmp_path):
+    # the kept acceptance says drafts are seldom kept and the costs that they cannot pay: the session parks at
+    # once and drafts too few rounds to learn anything. The file keeps what it said (it once lost it: the next
+    # session then knew nothing of the drafts and tried them at once, every other session)
+    tg, dr, ids = _e_style_pairing_and_prompt()
+    path = tmp_path / "costs.json"
+    kept = {"version": 1, "ratios": {"2": 1.9, "3": 2.6}, "acceptance": {"greedy": [0.3] * 7}, "first_draft": 2.0}
+    path.write_text(json.dumps(kept))
+    decoder = Decoder(tg, dr, None, STOP, costs_path=path)
+    events: list[RoundEvent] = []
+    settings = GenerationSettings(max_tokens=20, block_size="auto", ignore_eos=True)
+    decoder.run(
+        tg.make_cache(slack=3), Prompt(ids), settings, lambda e: events.append(e) if isinstance(e, RoundEvent) else None
+    )
+    assert sum(e.block_size > 1 for e in events) < 4 and decoder.auto.acceptance_snapshot() == {}
+    after = json.loads(path.read_text())
+    assert after["acceptance"] == {"greedy": [0.3] * 7}
+
+
 def test_kept_costs_that_make_drafts_look_free_are_timed_early_in_the_session(tmp_path):
     # an earlier session timed its plain step in a busy moment: its costs say a round of any size costs one
     # plain step. Believed, a session drafts where drafts lose, and its rounds' ratios (to a T(1) guessed
