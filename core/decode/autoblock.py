@@ -663,8 +663,14 @@ class AutoBlock:
         acc = self.acceptance()
         cost = self.round_time(2) / self.round_time(1) if self.config.k_max >= 2 else 1.0
         first = acc[0] * 100 if acc else 0.0
+        k_max = self.config.k_max
+        gains = k_max >= 2 and max(self.rate(k, acc) for k in range(2, k_max + 1)) > self.rate(1)
         if self._never:
             self._parked_words = f"auto → 1: drafts can't pay on this machine (a round with one costs {cost:.1f}x)"
+        elif gains and not self._first_draft_pays():
+            self._parked_words = (
+                f"auto → 1: drafts would gain too little to pay for tracing their first round (1st kept {first:.0f} %)"
+            )
         else:
             self._parked_words = (
                 f"auto → 1: drafts don't pay (1st kept {first:.0f} %, a round with one costs {cost:.1f}x)"

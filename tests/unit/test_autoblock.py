@@ -529,6 +529,13 @@ def test_a_processs_first_drafting_round_must_pay_back_its_tracing():
     good.prime_acceptance({"greedy": [0.9] * 7})
     choice = good.decide()
     assert choice.block_size > 1 and choice.reason == "drafting"
+    assert "don't pay" in ctl.decide().note  # (they would not, traced or not)
+    # drafts that would gain 5 %, not enough to pay 4 plain steps back within 32 tokens: the words say so
+    small = AutoBlock(first_draft_cost=4.0)
+    small.prime({2: 1.7, 3: 2.6})
+    small.prime_acceptance({"greedy": [0.8] * 7})
+    note = small.decide().note
+    assert small.decide().block_size == 1 and "too little to pay for tracing their first round" in note, note
     # once a drafting round ran, the tracing is paid: the cost no longer holds anything back
     ctl.observe(2, 1, round_s=0.004)
     assert ctl._untraced() == 0.0 and ctl._first_draft_pays()
