@@ -64,8 +64,8 @@ ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its lon
 ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
 STALE_CHECK_ROUNDS = 3  # a session's first rounds of a kept size, timed against a plain step, that check it
 # plain steps a process's first drafting round costs beyond its own, before this machine measured it (it
-# traces the drafter's and the verify's compiled functions: ~10 ms on the dense-style pack pairing, whose plain
-# step is 2.5 ms; ~20 ms on the demo's 10 ms step)
+# traces the drafter's and the verify's compiled functions; measured on a 2-core Xeon: 1.5-1.8 plain steps,
+# ~4.5 ms on the dense-style pack pairing and ~15 ms on the demo)
 FIRST_DRAFT_PRIOR = 2.0
 
 
