@@ -14,7 +14,8 @@ round), and its p95 is compared with the p95 of the same stream alone.
 `--join` (bench_join): the latency of a long prompt joining running streams. Three streams run; once
 each has its first tokens, a request with a long prompt arrives. Per running stream its p95 (and max)
 inter-token gap against the same stream alone, and the newcomer's time to first token against its
-time alone (its prefill) plus two rounds (a round: the running streams' median gap between arrivals).
+time alone (its prefill) plus two rounds (a round: the running streams' median time from one round's
+first token to the next's).
 `--checkout DIR` serves another checkout's code (e.g. main's, for a before/after run).
 
 `--load` (bench_load): CLIENTS clients (default 32) for SECONDS (60) against `--parallel 4 --max-waiting 16`,
@@ -72,19 +73,35 @@ def client() -> httpx.Client:
 
 
 def stream_times(
-    http: httpx.Client, url: str, prompt: str, tokens: int, block_size: str, times: list[float] | None = None
+    http: httpx.Client,
+    url: str,
+    prompt: str,
+    tokens: int,
+    block_size: str,
+    times: list[float] | None = None,
+    rounds: list[int] | None = None,
 ) -> list[float]:
-    """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come)."""
+    """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come),
+    and the engine's round of each (to `rounds`, when given)."""
     body = {**_greedy_stream(prompt, tokens), "block_size": block_size if block_size == "auto" else int(block_size)}
     times = [] if times is None else times
     with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                k = len((json.loads(line[6:]).get("gemma_chat") or {}).get("tokens", ()))
+                got = (json.loads(line[6:]).get("gemma_chat") or {}).get("tokens", ())
                 now = time.perf_counter()
-                times.extend([now] * k)
+                times.extend([now] * len(got))
+                if rounds is not None:
+                    rounds.extend(int(t.get("round", 0)) for t in got)
     return times
+
+
+def round_gaps(times: list[float], rounds: list[int]) -> list[float]:
+    """Seconds between the first arrivals of consecutive rounds of one stream. A round's tokens can come in
+    several chunks, a fraction of a millisecond apart: gaps between arrivals would count those as rounds."""
+    firsts = [t for i, (t, r) in enumerate(zip(times, rounds)) if i == 0 or r != rounds[i - 1]]
+    return [b - a for a, b in zip(firsts, firsts[1:])]
 
 
 def p95_gap(times: list[float]) -> float:
@@ -237,9 +254,9 @@ def _first_token_after(url: str, prompt: str, block: str, out: dict[str, float])
     out["ttft"] = times[0] - t0
 
 
-def _collect(url: str, prompt: str, tokens: int, block: str, into: list[float]) -> None:
+def _collect(url: str, prompt: str, tokens: int, block: str, into: list[float], rounds: list[int]) -> None:
     with client() as http:
-        stream_times(http, url, prompt, tokens, block, into)
+        stream_times(http, url, prompt, tokens, block, into, rounds)
 
 
 def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, checkout: str | None = None) -> None:
@@ -262,8 +279,9 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
             solo: dict[str, float] = {}
             _first_token_after(server.url, f"{r} alone " + LONG_PROMPT, block, solo)
             streams: list[list[float]] = [[] for _ in prompts]
+            rounds: list[list[int]] = [[] for _ in prompts]
             threads = [
-                threading.Thread(target=_collect, args=(server.url, p, tokens, block, streams[i]))
+                threading.Thread(target=_collect, args=(server.url, p, tokens, block, streams[i], rounds[i]))
                 for i, p in enumerate(prompts)
             ]
             for t in threads:
@@ -274,7 +292,10 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
             _first_token_after(server.url, f"{r} joins " + LONG_PROMPT, block, joined)
             for t in threads:
                 t.join()
-            gaps = [b - a for s in streams for a, b in zip(s, s[1:]) if b > a]
+            # a round: the running streams' median time from one round's first token to the next's (their median
+            # gap between arrivals, which earlier stops used, counts a round split over chunks as two: 10-16 ms
+            # for rounds of 15-30 ms here)
+            gaps = [g for s, rs in zip(streams, rounds) for g in round_gaps(s, rs)]
             round_s = statistics.median(gaps) if gaps else 0.0
             a95 = statistics.median(p95_gap(s) for s in alone)
             t95 = statistics.median(p95_gap(s) for s in streams)
