@@ -19,7 +19,9 @@ noise (they are medians of many rounds), and no acceptance; --kept also starts i
 an earlier session on the same replies kept (the engine keeps that beside the costs); --cold starts it
 with nothing, as a pairing's first session on a machine; --stale F starts it from kept costs that are
 wrong, each ratio's extra over a plain step times F (0: drafts look free, as a file timed against a
-busy moment's plain step can say).
+busy moment's plain step can say); --one-shot X replays one-shot `gemma-chat generate` processes: a fresh
+controller per reply, primed with the kept costs and acceptance, whose first drafting round costs X plain
+steps more (it traces the compiled functions; the engine keeps the measured X as `first_draft`).
 
 Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-cheap" / "apple-dear"
 (verify(K) = 1 + 0.05 (K - 1) steps, a draft step 0.1 / 0.3 of a step: bandwidth-bound Apple GPUs);
@@ -180,8 +182,11 @@ def clairvoyant_cost(trace: Trace, cost: Cost, k_max: int) -> float:
     return best[0]
 
 
-def replay(ctl: AutoBlock, trace: Trace, cost: Cost, rng: random.Random, noise: float) -> tuple[float, list[int]]:
-    """The controller on one trace (one reply): its true cost and the block sizes it chose."""
+def replay(
+    ctl: AutoBlock, trace: Trace, cost: Cost, rng: random.Random, noise: float, tracing: float = 0.0
+) -> tuple[float, list[int]]:
+    """The controller on one trace (one reply): its true cost and the block sizes it chose. tracing: plain
+    steps the first drafting round costs beyond its own (a fresh process traces the compiled functions)."""
     ctl.begin_turn(sampled=trace.mode == "sampled")
     p, total, chosen = 0, 0.0, []
     queued: int | None = None  # a round decided before the previous (plain) one was read
@@ -194,7 +199,12 @@ def replay(ctl: AutoBlock, trace: Trace, cost: Cost, rng: random.Random, noise: 
         ahead = bool(chosen) and chosen[-1] == 1
         clean = (ahead and queued == 1) if k == 1 else True
         t = cost(k)
-        ctl.observe(k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), clean=clean, ahead=ahead and k > 1)
+        traced = k > 1 and tracing > 0.0 and all(j == 1 for j in chosen)
+        if traced:
+            t += tracing * cost(1)
+        ctl.observe(
+            k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), clean=clean, ahead=ahead and k > 1, traced=traced
+        )
         total += t
         chosen.append(k)
         p += n + 1
@@ -222,9 +232,13 @@ def evaluate(
     primed: bool = True,
     kept: bool = False,
     stale: float | None = None,
+    one_shot: float | None = None,
 ) -> list[Row]:
     """stale: the kept costs are wrong, each ratio's extra over a plain step scaled by this (0: drafts
-    look free; 2: twice as dear as they are), as a session primed by a busy moment's file would start."""
+    look free; 2: twice as dear as they are), as a session primed by a busy moment's file would start.
+    one_shot: every reply is a process of its own (`gemma-chat generate`): a fresh controller per trace,
+    primed with the kept costs and acceptance, whose first drafting round costs this many plain steps more
+    (tracing), as the engine's kept `first_draft` says."""
     rows = []
     for pairing, (data, ts) in traces.items():
         k_max = int(data.get("k_max", 8))
@@ -239,10 +253,18 @@ def evaluate(
                     if stale is not None:
                         ratios = {k: 1.0 + max(r - 1.0, 0.0) * stale for k, r in ratios.items()}
                     ctl.prime(ratios)
-                if primed and kept:
-                    ctl.prime_acceptance(_earlier_session(ctl, [t for t in ts if t.mode == mode], cost, seed, noise))
+                kept_acc: dict[str, list[float]] = {}
+                if primed and (kept or one_shot is not None):
+                    kept_acc = _earlier_session(ctl, [t for t in ts if t.mode == mode], cost, seed, noise)
+                    ctl.prime_acceptance(kept_acc)
+                kept_costs = ctl.cost_snapshot()
                 for t in (t for t in ts if t.mode == mode):
-                    auto, chosen = replay(ctl, t, cost, rng, noise)
+                    if one_shot is not None:
+                        ctl = AutoBlock(ctl.config)
+                        ctl.prime(kept_costs)
+                        ctl.prime_acceptance(kept_acc)
+                        ctl.first_draft_cost = one_shot
+                    auto, chosen = replay(ctl, t, cost, rng, noise, one_shot or 0.0)
                     plain = t.tokens * cost(1)
                     fixed = {k: fixed_cost(t, k, cost) for k in range(1, k_max + 1)}
                     best_k = min(fixed, key=lambda k: (fixed[k], k))
@@ -321,12 +343,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stale", type=float, help="kept costs that are wrong: each ratio's extra over a plain step times this"
     )
+    ap.add_argument(
+        "--one-shot",
+        type=float,
+        metavar="X",
+        help="every reply a fresh process (generate), primed with kept costs and acceptance; its first "
+        "drafting round costs X plain steps more (tracing)",
+    )
     args = ap.parse_args(argv)
     traces = load_traces(HELD_OUT_TRACES if args.held_out else Path(args.traces))
     if args.confidence:
         print_confidence(traces)
         return 0
-    rows = evaluate(traces, noise=args.noise, seed=args.seed, primed=not args.cold, kept=args.kept, stale=args.stale)
+    rows = evaluate(
+        traces,
+        noise=args.noise,
+        seed=args.seed,
+        primed=not args.cold,
+        kept=args.kept,
+        stale=args.stale,
+        one_shot=args.one_shot,
+    )
     print_table(rows, args.verbose)
     return 0
 

@@ -435,8 +435,8 @@ class Engine:
             audio=audio,
             audio_spec=audio_spec,
             costs_paths=(
-                _block_costs_path(target_dir, drafter_dir, spec),
-                _block_costs_path(target_dir, drafter_dir, spec, eager=True),
+                block_costs_path(target_dir, drafter_dir, spec),
+                block_costs_path(target_dir, drafter_dir, spec, eager=True),
             ),
         )
         self._info = info
@@ -861,9 +861,7 @@ def _safe_call(callback: Callable[[Any], None] | None, event: object) -> None:
         log.exception("event callback failed")
 
 
-def _block_costs_path(
-    target_dir: Path, drafter_dir: Path | None, spec: PairingSpec, eager: bool = False
-) -> Path | None:
+def block_costs_path(target_dir: Path, drafter_dir: Path | None, spec: PairingSpec, eager: bool = False) -> Path | None:
     """Where auto block size keeps this pairing's block costs on this machine between sessions (the
     cache dir: losing it costs one cold first reply); `eager`: of rounds run uncompiled (see
     Decoder.use_costs), apart from compiled ones."""

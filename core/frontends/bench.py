@@ -35,12 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.engine.contract import PairingSpec
 from core.engine.loading import LoadedPairing, dtype_name
 from core.limits import MAX_BLOCK_SIZE
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from core.decode.autoblock import AutoBlock
     from core.decode.spec import DraftModel
     from core.model.target import Target, TargetCache
     from core.sampling import SparseLogProbs
@@ -117,6 +119,7 @@ class BenchReport:
     machine: dict = field(default_factory=dict)  # machine_info(): where the figures come from
     prefill_tokens: int = 0  # the prefill timing's prompt length (0: not measured)
     prefill_runs: dict[str, list[float]] = field(default_factory=dict)  # "mlx-lm" / "off" -> tok/s per repeat
+    auto_start: str = ""  # what auto's controller started from ("" without an auto row)
 
     @property
     def prefill_tps(self) -> dict[str, float]:
@@ -236,8 +239,9 @@ def run_ours(
     ids: list[int],
     max_tokens: int,
     block: int | str | None,
+    auto: AutoBlock | None = None,
 ) -> RunResult:
-    """block: None (drafter off), an int K or "auto"."""
+    """block: None (drafter off), an int K or "auto"; auto: the controller to run it with (default: a cold one)."""
     from core.decode.detok import Detokenizer
     from core.decode.spec import Controls, Decoder, Prompt
     from core.events import TokenEvent
@@ -252,7 +256,7 @@ def run_ours(
     settings = GenerationSettings(
         max_tokens=max_tokens, ignore_eos=True, block_size=block or 1, drafter_enabled=block is not None
     )
-    decoder = Decoder(target, drafter if block is not None else None, Detokenizer(tokenizer), stops)
+    decoder = Decoder(target, drafter if block is not None else None, Detokenizer(tokenizer), stops, auto=auto)
     controls = Controls(settings.block_size, settings.drafter_enabled)
     result = decoder.run(target.make_cache(), Prompt(list(ids)), settings, emit, controls)
     s = result.stats
@@ -393,6 +397,8 @@ class _Bench:
     long_ids: list[int]  # the prefill prompt ([] : prefill not timed)
     teacher: RunResult  # plain greedy decoding by the target alone
     base_tok: Any = None  # mlx-lm's tokenizer for the baseline, with no eos (None: no baseline)
+    auto: AutoBlock | None = None  # auto's controller, across every run as across a chat's replies
+    auto_start: str = ""  # what it started from (`_session_controller`)
 
     def drafter_for(self, rep: int) -> DraftModel | None:
         """The drafter of repeat `rep`: the real one, or wrapped to simulate an acceptance rate."""
@@ -406,7 +412,7 @@ class _Bench:
         p = self.pairing
         if config == "mlx-lm":
             return run_mlx_lm(p.target.model, self.base_tok, self.ids, max_tokens)
-        return run_ours(p.target, drafter, p.tokenizer, p.stop_ids, self.ids, max_tokens, config)
+        return run_ours(p.target, drafter, p.tokenizer, p.stop_ids, self.ids, max_tokens, config, self.auto)
 
     def prefillers(self) -> dict[str, Callable[[], object]]:
         p, long_ids = self.pairing, self.long_ids
@@ -447,7 +453,6 @@ def run_bench(
 def _prepare(target_dir: Path, drafter_dir: Path | None, o: BenchOptions, say: Callable[[str], None]) -> _Bench:
     """Load through the engine's own path (core.engine.loading), check the options, run the teacher."""
     from core.decode import prompt as prompt_mod
-    from core.engine.contract import PairingSpec
     from core.engine.loading import load_pairing
     from core.model.loader import load_tokenizer
 
@@ -474,7 +479,30 @@ def _prepare(target_dir: Path, drafter_dir: Path | None, o: BenchOptions, say: C
     if o.baseline:  # mlx-lm runs on the very weights mlx_lm.load builds (mlx_lm.utils.load_model)
         base_tok = load_tokenizer(pairing.target_dir)
         base_tok.eos_token_ids = set()  # never stop: every run emits max_tokens tokens
-    return _Bench(pairing, o, ids, long_ids, teacher, base_tok)
+    auto, auto_start = _session_controller(pairing, spec, target_dir, drafter_dir, o)
+    return _Bench(pairing, o, ids, long_ids, teacher, base_tok, auto, auto_start)
+
+
+def _session_controller(
+    pairing: LoadedPairing, spec: PairingSpec, target_dir: Path, drafter_dir: Path | None, o: BenchOptions
+) -> tuple[AutoBlock | None, str]:
+    """The controller auto runs with, and words for what it starts from. As in the app: one controller for
+    all of auto's runs (a chat's replies), started from the block costs and acceptance that sessions on this
+    machine kept for the pairing. A cold controller per run measured a first session's first reply every
+    time (the dense-style pack pairing: auto 0.92x of drafter off, where a session runs about even). The
+    file is only read: simulated acceptance must not become what the app believes."""
+    from core.decode.spec import Decoder
+    from core.engine.local import block_costs_path
+
+    if pairing.drafter is None or "auto" not in o.block_sizes:
+        return None, ""
+    path = block_costs_path(target_dir, drafter_dir, spec)
+    kept = path is not None and path.is_file()
+    # a Decoder primes its controller as the engine's does (the Metal cap, the draft cost hint, the file)
+    auto = Decoder(pairing.target, pairing.drafter, costs_path=path if kept else None).auto
+    if kept:
+        return auto, f"auto: one controller across the runs, from the block costs this machine kept ({path})"
+    return auto, "auto: one controller across the runs, cold (no block costs kept for this pairing on this machine yet)"
 
 
 def _measure(bench: _Bench, say: Callable[[str], None]) -> _Measured:
@@ -549,6 +577,7 @@ def _report(bench: _Bench, m: _Measured) -> BenchReport:
         max_tokens=o.max_tokens,
         repeats=o.repeats,
         simulate_acceptance=o.simulate_acceptance,
+        auto_start=bench.auto_start,
         decode_step_s=statistics.median(c[0] for c in costs),
         verify_s={k: statistics.median(c[1][k] for c in costs) for k in costs[0][1]},
         draft_s={n: statistics.median(c[2][n] for c in costs) for n in costs[0][2]},
@@ -682,6 +711,7 @@ def format_markdown(report: BenchReport) -> str:
         )
     lines += _prefill_lines(report, markdown=True)
     lines += [
+        *([f"- {report.auto_start}"] if report.auto_start else []),
         "",
         "efficiency = tok/s over the bound tokens-per-round / (verify(K) + draft chain(K-1)) from measured costs;"
         " same output = identical to plain greedy decoding by the target.",
@@ -727,6 +757,8 @@ def format_table(report: BenchReport) -> str:
             f" | draft chain of n steps / decode step: {chain}"
         )
     lines += _prefill_lines(report, markdown=False)
+    if report.auto_start:
+        lines.append(report.auto_start)
     lines.append("bound = tokens per round / (verify(K) + draft chain(K-1)), measured costs; effic = tok/s / bound")
     lines.append(
         "each row is its median repeat by tok/s (lower middle for an even count); bound and effic are that"

@@ -231,3 +231,43 @@ def test_the_bench_table_fits_the_terminal(factory_checkpoints, capsys, monkeypa
     # a path longer than a line stays whole on a line of its own (a copy of it stays intact)
     assert lines and all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines
     assert any(line.startswith("K=2 ") for line in lines) and any(line.startswith("  ") for line in lines)
+
+
+def test_bench_runs_auto_as_a_session_from_the_costs_this_machine_kept(factory_checkpoints):
+    """auto's row is what the app does: one controller across the runs (a chat's replies), started from the
+    block costs and acceptance kept for the pairing on this machine, and the file only read. A cold
+    controller per run measured a first session's first reply every time: it times plain steps, then tries
+    drafts on the prior alone (the dense-style pack pairing: 0.92x of drafter off)."""
+    from core.engine.contract import PairingSpec
+    from core.engine.local import block_costs_path
+    from core.frontends.bench import _prepare
+
+    target, drafter = factory_checkpoints.pairing("e-style")
+    path = block_costs_path(Path(target), Path(drafter), PairingSpec(Path(target).name, str(target), str(drafter)))
+    assert path is not None
+    path.unlink(missing_ok=True)
+    options = BenchOptions(max_tokens=8, repeats=2, block_sizes=["auto"], cost_repeats=1, prefill_tokens=0)
+    cold = run_bench(target, drafter, options)
+    assert "auto: one controller across the runs, cold" in format_table(cold)
+    assert cold.config("auto").acceptance is not None  # the prior says drafts may pay: a cold one tries them
+    assert not path.exists()
+
+    # kept costs that say no drafter could pay here: every auto round is a plain step, from the first
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {"version": 1, "ratios": {"2": 4.0, "3": 7.0}, "acceptance": {"greedy": [0.5] * 7}, "first_draft": 0.0}
+    path.write_text(json.dumps(kept))
+    try:
+        report = run_bench(target, drafter, options)
+        auto = report.config("auto")
+        assert auto.acceptance is None and auto.tokens_per_round == 1.0 and auto.matches_teacher
+        assert f"from the block costs this machine kept ({path})" in format_table(report)
+        assert json.loads(path.read_text()) == kept  # read, never written: simulated acceptance must not land
+        # one controller for every run of auto
+        bench = _prepare(Path(target), Path(drafter), options, lambda s: None)
+        assert bench.auto is not None
+        bench.run("auto", bench.drafter_for(0), 8)
+        before = bench.auto.rounds
+        bench.run("auto", bench.drafter_for(1), 8)
+        assert before > 0 and bench.auto.rounds == 2 * before
+    finally:
+        path.unlink(missing_ok=True)

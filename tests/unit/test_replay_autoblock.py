@@ -216,3 +216,25 @@ def test_the_drafters_own_probability_is_recorded_and_scored(traces):
     buckets = report["demo/greedy"]["buckets"]
     assert sum(n for _, _, n, _ in buckets) == report["demo/greedy"]["drafts"]
     assert buckets[0][3] < 0.3 < 0.9 < buckets[-1][3]  # rarely kept when unsure, nearly always when sure
+
+
+def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
+    """--one-shot X replays `gemma-chat generate`: a fresh controller per reply, primed with what an earlier
+    session kept, whose first drafting round costs X plain steps more (it traces the compiled functions).
+    A block size that always drafts pays X once per reply; auto stays close to plain decoding wherever
+    drafts cannot pay (cpu-big), and over all replies as the sessions do (measured: 0.970x plain at worst
+    on cpu-big, 0.961x at worst and 0.995x median over all at X = 1)."""
+    trace = traces["demo"][1][0]
+    cost = replay.measured_cost(traces["demo"][0]["cpu_costs"])
+    always_3 = replay.AutoBlock(replay.AutoBlockConfig(k_min=3, k_max=3))
+    plain, chosen = replay.replay(always_3, trace, cost, replay.random.Random(0), 0.0)
+    always_3 = replay.AutoBlock(replay.AutoBlockConfig(k_min=3, k_max=3))
+    traced, again = replay.replay(always_3, trace, cost, replay.random.Random(0), 0.0, tracing=1.5)
+    assert chosen == again and set(chosen) == {3} and traced == pytest.approx(plain + 1.5 * cost(1))
+
+    rows = replay.evaluate(traces, one_shot=1.0)
+    assert len(rows) == len(replay.evaluate(traces)) and all(r.trace.tokens for r in rows)
+    big = [r.vs_plain for r in rows if r.model == "cpu-big"]
+    assert min(big) >= 0.96, min(big)
+    s = replay.summary(rows)
+    assert s["min_vs_plain_long"] >= 0.95 and s["median_vs_plain"] >= 0.99, s
