@@ -62,6 +62,7 @@ from pathlib import Path
 
 ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
 ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
+KEEP_MIN_ROUNDS = 2  # timed rounds (kept ones included) a block size's cost needs to be kept for the next session
 STALE_CHECK_ROUNDS = 3  # a session's first rounds of a kept size, timed against a plain step, that check it
 # plain steps a process's first drafting round costs beyond its own, before this machine measured it (it
 # traces the drafter's and the verify's compiled functions; measured on a 2-core Xeon: 1.5-1.8 plain steps,
@@ -173,7 +174,9 @@ class _Cost:
         the one an earlier session kept. A ratio to a T(1) guessed from the primed costs echoes them back;
         kept as measured, a busy moment's costs would pass from session to session, never measured again."""
         timed = [x for x, g in zip(self.recent, self.guessed) if not g]
-        return statistics.median(timed) if timed else self.primed
+        # one round is no cost to keep: a busy moment, or a round queued on a plain step whose time missed
+        # part of its own work, passed to every later session as "a round of 3 costs 1.0 plain steps"
+        return statistics.median(timed) if len(timed) >= KEEP_MIN_ROUNDS else self.primed
 
 
 @dataclass

@@ -380,6 +380,26 @@ def test_kept_costs_that_make_drafts_look_cheap_are_timed_early_and_forgotten():
     assert fit.cost_snapshot()[3] == 3.0
 
 
+def test_one_round_of_a_size_is_no_cost_to_keep():
+    # the e-style pack pairing's file once said "a round of 3 costs 1.0 plain steps" beside 1.77 for a round of 2
+    # and 2.66 for a round of 4: one round of 3 (clamped at 1.0) was all a session had of that size, and the
+    # next session believed it. A size needs two timed rounds to be kept; with a kept cost, one round of this
+    # session moves it only as one round among the kept ones
+    ctl = AutoBlock()
+    for _ in range(4):
+        ctl.observe(1, 0, round_s=0.010)
+    ctl.observe(3, 2, round_s=0.008)  # faster than a plain step: the round's time missed part of its work
+    assert 3 not in ctl.cost_snapshot()
+    ctl.observe(3, 2, round_s=0.024)
+    assert ctl.cost_snapshot()[3] == pytest.approx(1.7, rel=0.01)  # the median of the two
+    primed = AutoBlock()
+    primed.prime({3: 2.4})
+    for _ in range(4):
+        primed.observe(1, 0, round_s=0.010)
+    primed.observe(3, 2, round_s=0.008)
+    assert primed.cost_snapshot()[3] == 2.4
+
+
 def test_a_session_that_never_timed_a_plain_step_keeps_the_costs_it_was_primed_with():
     # a primed session drafts from its first round: until a plain step is timed, its rounds' ratios are to
     # a T(1) guessed from the primed costs. Its first round ran fast (a quiet moment), so the later ones
