@@ -62,7 +62,6 @@ from pathlib import Path
 
 ACCEPTANCE_SNAPSHOT_ROUNDS = 4  # drafting rounds a session needs before its long-run acceptance is kept
 ACCEPTANCE_PRIME_ROUNDS = 4  # drafting rounds an earlier session's acceptance counts as
-KEEP_MIN_ROUNDS = 2  # timed rounds (kept ones included) a block size's cost needs to be kept for the next session
 STALE_CHECK_ROUNDS = 3  # a session's first rounds of a kept size, timed against a plain step, that check it
 # plain steps a process's first drafting round costs beyond its own, before this machine measured it (it
 # traces the drafter's and the verify's compiled functions; measured on a 2-core Xeon: 1.5-1.8 plain steps,
@@ -174,9 +173,12 @@ class _Cost:
         the one an earlier session kept. A ratio to a T(1) guessed from the primed costs echoes them back;
         kept as measured, a busy moment's costs would pass from session to session, never measured again."""
         timed = [x for x, g in zip(self.recent, self.guessed) if not g]
-        # one round is no cost to keep: a busy moment, or a round queued on a plain step whose time missed
-        # part of its own work, passed to every later session as "a round of 3 costs 1.0 plain steps"
-        return statistics.median(timed) if len(timed) >= KEEP_MIN_ROUNDS else self.primed
+        if len(timed) == 1 and timed[0] <= 1.0:
+            # a lone round timed under a plain step (clamped to one) is a timing artefact, not a cost: kept, it
+            # told every later session "a round of 3 costs 1.0 plain steps" (the e-style pack pairing's file,
+            # beside 1.77 for a round of 2 and 2.66 for a round of 4)
+            return self.primed
+        return statistics.median(timed) if timed else self.primed
 
 
 @dataclass

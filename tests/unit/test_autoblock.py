@@ -382,9 +382,9 @@ def test_kept_costs_that_make_drafts_look_cheap_are_timed_early_and_forgotten():
 
 def test_one_round_of_a_size_is_no_cost_to_keep():
     # the e-style pack pairing's file once said "a round of 3 costs 1.0 plain steps" beside 1.77 for a round of 2
-    # and 2.66 for a round of 4: one round of 3 (clamped at 1.0) was all a session had of that size, and the
-    # next session believed it. A size needs two timed rounds to be kept; with a kept cost, one round of this
-    # session moves it only as one round among the kept ones
+    # and 2.66 for a round of 4: one round of 3, timed under a plain step and clamped at 1.0, was all a session
+    # had of that size, and the next session believed it. Such a lone round is not kept; with a kept cost, one
+    # round of this session moves it only as one round among the kept ones
     ctl = AutoBlock()
     for _ in range(4):
         ctl.observe(1, 0, round_s=0.010)
@@ -398,6 +398,12 @@ def test_one_round_of_a_size_is_no_cost_to_keep():
         primed.observe(1, 0, round_s=0.010)
     primed.observe(3, 2, round_s=0.008)
     assert primed.cost_snapshot()[3] == 2.4
+    # one round of a size timed above a plain step is kept: a short session's sizes tell the next one something
+    one = AutoBlock()
+    for _ in range(4):
+        one.observe(1, 0, round_s=0.010)
+    one.observe(3, 2, round_s=0.024)
+    assert one.cost_snapshot()[3] == pytest.approx(2.4, rel=0.01)
 
 
 def test_a_session_that_never_timed_a_plain_step_keeps_the_costs_it_was_primed_with():
