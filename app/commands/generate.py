@@ -148,6 +148,12 @@ def read_prompt(args: argparse.Namespace) -> None:
     say what to give instead of sending an empty message. Stdin is read only then: a script's loop that
     runs generate with --prompt keeps the rest of its input."""
     media = args.image or getattr(args, "audio", None)
+    empty = args.prompt is not None and args.prompt != "-" and not args.prompt.strip()
+    if empty and not media and not getattr(args, "no_template", False):
+        # as an empty stdin is (a script's unset variable, `--prompt "$q"`): the demo would greet it, a real
+        # model answer something, and neither is what was meant. --no-template with nothing after the BOS
+        # asks for text from nothing, which is a question
+        raise UsageError("--prompt is empty: nothing to ask (give the question, or an --image/--audio to ask about)")
     asks = args.prompt is not None or args.messages or media
     piped = sys.stdin is not None and not sys.stdin.isatty()
     if args.prompt != "-" and (asks or not piped):

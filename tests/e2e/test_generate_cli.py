@@ -285,6 +285,12 @@ def test_stdin_is_left_alone_when_the_prompt_is_given(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", Terminal())
     assert main(["generate", "--demo", "--json"]) == 1
     assert "nothing to ask: give --prompt TEXT" in capsys.readouterr().out
+    # an empty --prompt (a script's unset variable) is refused as an empty stdin is, not answered
+    for empty in ("", "  \n"):
+        assert main(["generate", "--demo", "--prompt", empty]) == 1
+        assert "error: --prompt is empty: nothing to ask" in capsys.readouterr().err
+    # text from nothing but the BOS is a question without the chat template
+    assert main(["generate", "--demo", "--no-template", "--prompt", "", "--max-tokens", "3"]) == 0
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
