@@ -15,7 +15,9 @@ round), and its p95 is compared with the p95 of the same stream alone.
 each has its first tokens, a request with a long prompt arrives. Per running stream its p95 (and max)
 inter-token gap against the same stream alone, and the newcomer's time to first token against its
 time alone (its prefill) plus two rounds (a round: the running streams' median time from one round's
-first token to the next's).
+first token to the next's); and its prefill as the server timed it, alone and joining (on a small machine
+the prefill itself slows beside the running streams' HTTP work and clients: 103-111 ms alone, 104-146 ms
+joining, on stop 53's 2-core Xeon, where the engine made the newcomer wait 1-3 ms beyond it).
 `--checkout DIR` serves another checkout's code (e.g. main's, for a before/after run).
 
 `--load` (bench_load): CLIENTS clients (default 32) for SECONDS (60) against `--parallel 4 --max-waiting 16`,
@@ -80,18 +82,22 @@ def stream_times(
     block_size: str,
     times: list[float] | None = None,
     rounds: list[int] | None = None,
+    stats: dict | None = None,
 ) -> list[float]:
     """One streamed request: the arrival time (perf_counter) of every token (appended to `times` as they come),
-    and the engine's round of each (to `rounds`, when given)."""
+    the engine's round of each (to `rounds`, when given) and the server's stats of the request (to `stats`)."""
     body = {**_greedy_stream(prompt, tokens), "block_size": block_size if block_size == "auto" else int(block_size)}
     times = [] if times is None else times
     with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                got = (json.loads(line[6:]).get("gemma_chat") or {}).get("tokens", ())
+                extra = json.loads(line[6:]).get("gemma_chat") or {}
+                got = extra.get("tokens", ())
                 now = time.perf_counter()
                 times.extend([now] * len(got))
+                if stats is not None and "stats" in extra:
+                    stats.update(extra["stats"])
                 if rounds is not None:
                     rounds.extend(int(t.get("round", 0)) for t in got)
     return times
@@ -248,10 +254,14 @@ LONG_PROMPT = "Tell me everything about the sea, the ships, the rivers and the r
 
 
 def _first_token_after(url: str, prompt: str, block: str, out: dict[str, float]) -> None:
+    """The request's time to first token as its client sees it ("ttft") and its prefill as the server timed
+    it ("prefill": inside the batch, when rows decode)."""
+    stats: dict = {}
     with client() as http:
         t0 = time.perf_counter()
-        times = stream_times(http, url, prompt, 8, block)
+        times = stream_times(http, url, prompt, 8, block, stats=stats)
     out["ttft"] = times[0] - t0
+    out["prefill"] = float(stats.get("prefill_s", 0.0))
 
 
 def _collect(url: str, prompt: str, tokens: int, block: str, into: list[float], rounds: list[int]) -> None:
@@ -270,9 +280,10 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
         print(f"3 streams of {tokens} tokens, a {len(LONG_PROMPT)}-character prompt joins; block size {block}")
         print(
             "| repeat | p95 gap alone ms | p95 gap with the join ms | max gap with the join ms | "
-            "newcomer TTFT alone ms | newcomer TTFT ms | TTFT alone + 2 rounds ms |"
+            "newcomer TTFT alone ms | newcomer TTFT ms | TTFT alone + 2 rounds ms | "
+            "newcomer prefill alone / joining ms (server's) |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for r in range(repeats):
             with client() as http:
                 alone = [stream_times(http, server.url, p, tokens, block) for p in prompts]
@@ -302,7 +313,8 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
             worst = max(b - a for s in streams for a, b in zip(s, s[1:]))
             print(
                 f"| {r + 1} | {a95 * 1000:.1f} | {t95 * 1000:.1f} | {worst * 1000:.1f} | {solo['ttft'] * 1000:.1f} | "
-                f"{joined['ttft'] * 1000:.1f} | {(solo['ttft'] + 2 * round_s) * 1000:.1f} |",
+                f"{joined['ttft'] * 1000:.1f} | {(solo['ttft'] + 2 * round_s) * 1000:.1f} | "
+                f"{solo['prefill'] * 1000:.1f} / {joined['prefill'] * 1000:.1f} |",
                 flush=True,
             )
 
