@@ -238,3 +238,34 @@ def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     assert min(big) >= 0.96, min(big)
     s = replay.summary(rows)
     assert s["min_vs_plain_long"] >= 0.95 and s["median_vs_plain"] >= 0.99, s
+
+
+def test_a_round_queued_on_a_plain_step_runs_and_is_seen_as_cheaper_as_the_discount_says(traces):
+    """--ahead-discount D models what stop 53 measured on a 2-core CPU: a drafting round queued on an unread
+    plain step runs D plain steps cheaper than in a drafting stretch (its building overlapped the step), and
+    the controller sees it so. Rounds of a stretch are charged in full."""
+
+    class Scripted:  # plain, 3, 3, plain, 3, 3, ...: one queued round of 3 in every three
+        def __init__(self) -> None:
+            self.n, self.seen = 0, []
+
+        def begin_turn(self, sampled: bool = False) -> None:
+            pass
+
+        def decide(self):
+            self.n += 1
+            return type("Choice", (), {"block_size": 1 if self.n % 3 == 1 else 3})()
+
+        def observe(self, k, n, *, round_s=None, clean=True, ahead=False, traced=False):
+            self.seen.append((k, round_s, ahead))
+
+    trace = replay.Trace("x", "y", "z", "greedy", [0] * 30)  # no draft kept: every round emits one token
+    cost = replay.linear_cost(0.1, 0.4)  # a round of 3 costs 2.0 plain steps
+    ctl = Scripted()
+    total, chosen = replay.replay(ctl, trace, cost, replay.random.Random(0), 0.0, ahead_discount=0.9)
+    queued = [i for i in range(1, len(chosen)) if chosen[i] > 1 and chosen[i - 1] == 1]
+    stretch = [i for i in range(1, len(chosen)) if chosen[i] > 1 and chosen[i - 1] > 1]
+    assert queued and stretch
+    assert total == pytest.approx(chosen.count(1) + 2.0 * len(stretch) + 1.1 * len(queued))
+    assert {round(s, 6) for k, s, a in ctl.seen if k == 3 and a} == {1.1}
+    assert {round(s, 6) for k, s, a in ctl.seen if k == 3 and not a} == {2.0}
