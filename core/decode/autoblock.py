@@ -668,11 +668,11 @@ class AutoBlock:
         acc = self.acceptance()
         cost = self.round_time(2) / self.round_time(1) if self.config.k_max >= 2 else 1.0
         first = acc[0] * 100 if acc else 0.0
-        k_max = self.config.k_max
-        gains = k_max >= 2 and max(self.rate(k, acc) for k in range(2, k_max + 1)) > self.rate(1)
         if self._never:
             self._parked_words = f"auto → 1: drafts can't pay on this machine (a round with one costs {cost:.1f}x)"
-        elif gains and not self._first_draft_pays():
+        elif not self._first_draft_pays() and max(
+            self.rate(k, acc) for k in range(2, self.config.k_max + 1)
+        ) > self.rate(1):
             self._parked_words = (
                 f"auto → 1: drafts would gain too little to pay for tracing their first round (1st kept {first:.0f} %)"
             )
@@ -853,38 +853,59 @@ def _line(points: dict[int, _Cost], prior_ratio: float, config: AutoBlockConfig)
 def load_costs(path: Path) -> dict[int, float]:
     """Block costs T(K) / T(1) an earlier session kept (`save_costs`); {} for a missing, unreadable or
     corrupt file (a cold start is then all that is lost)."""
-    try:
-        data = json.loads(path.read_text())
-        ratios = data.get("ratios", {}) if isinstance(data, dict) else {}
-        return {int(k): float(v) for k, v in ratios.items() if float(v) >= 1.0 and math.isfinite(float(v))}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
+    return load_kept(path)[0]
 
 
 def load_acceptance(path: Path) -> dict[str, list[float]]:
     """The long-run acceptance an earlier session kept beside its costs (`save_costs`); {} when there is
     none or the file is unreadable."""
-    try:
-        data = json.loads(path.read_text())
-        kept = data.get("acceptance", {}) if isinstance(data, dict) else {}
-        return {
-            str(kind): [float(a) for a in values if 0.0 <= float(a) <= 1.0]
-            for kind, values in kept.items()
-            if kind in ("greedy", "sampled") and isinstance(values, list)
-        }
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
+    return load_kept(path)[1]
 
 
 def load_first_draft(path: Path) -> float | None:
     """Plain steps an earlier process's first drafting round cost beyond its own (`save_costs`); None when
     none was kept or the file is unreadable."""
+    return load_kept(path)[2]
+
+
+def load_kept(path: Path) -> tuple[dict[int, float], dict[str, list[float]], float | None]:
+    """Everything `save_costs` kept, from one read of the file: the block costs, the acceptance and the first
+    drafting round's extra; each part that is missing or corrupt comes back empty on its own."""
     try:
         data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, {}, None
+    if not isinstance(data, dict):
+        return {}, {}, None
+    return _kept_costs(data), _kept_acceptance(data), _kept_first_draft(data)
+
+
+def _kept_costs(data: dict) -> dict[int, float]:
+    try:
+        ratios = data.get("ratios", {})
+        return {int(k): float(v) for k, v in ratios.items() if float(v) >= 1.0 and math.isfinite(float(v))}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _kept_acceptance(data: dict) -> dict[str, list[float]]:
+    try:
+        kept = data.get("acceptance", {})
+        return {
+            str(kind): [float(a) for a in values if 0.0 <= float(a) <= 1.0]
+            for kind, values in kept.items()
+            if kind in ("greedy", "sampled") and isinstance(values, list)
+        }
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _kept_first_draft(data: dict) -> float | None:
+    try:
         v = float(data["first_draft"])
-        return v if 0.0 <= v < 1e6 else None
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return None
+    return v if 0.0 <= v < 1e6 else None
 
 
 def save_costs(

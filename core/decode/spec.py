@@ -33,9 +33,7 @@ from core.decode.autoblock import (
     AutoBlock,
     AutoBlockConfig,
     AutoChoice,
-    load_acceptance,
-    load_costs,
-    load_first_draft,
+    load_kept,
     save_costs,
 )
 from core.decode.logprobs import BlockLogprobs, block_logprobs, round_tokens
@@ -337,10 +335,9 @@ class Decoder:
     def _prime_from(self, path: Path, learnt: dict[str, list[float]] | None = None) -> None:
         """Start the controller from the costs kept at `path`, and how often the drafts were kept (else `learnt`)."""
         if self.drafter is not None:
-            self.auto.prime(load_costs(path))
-            self._kept_acceptance = load_acceptance(path)
+            costs, self._kept_acceptance, self._kept_first_draft = load_kept(path)
+            self.auto.prime(costs)
             self.auto.prime_acceptance(self._kept_acceptance or learnt or {})
-            self._kept_first_draft = load_first_draft(path)
             prior = FIRST_DRAFT_PRIOR if self._kept_first_draft is None else self._kept_first_draft
             self.auto.first_draft_cost = 0.0 if self.traced_ahead else prior
 
