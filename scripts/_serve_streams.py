@@ -281,9 +281,11 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
         print(
             "| repeat | p95 gap alone ms | p95 gap with the join ms | max gap with the join ms | "
             "newcomer TTFT alone ms | newcomer TTFT ms | TTFT alone + 2 rounds ms | "
-            "newcomer prefill alone / joining ms (server's) |"
+            "newcomer prefill alone / joining ms (server's) | within? |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
+        ttfts: list[float] = []
+        targets: list[float] = []
         for r in range(repeats):
             with client() as http:
                 alone = [stream_times(http, server.url, p, tokens, block) for p in prompts]
@@ -311,12 +313,21 @@ def bench_join(serve_args: list[str], tokens: int, repeats: int, block: str, che
             a95 = statistics.median(p95_gap(s) for s in alone)
             t95 = statistics.median(p95_gap(s) for s in streams)
             worst = max(b - a for s in streams for a, b in zip(s, s[1:]))
+            target = solo["ttft"] + 2 * round_s
+            ttfts.append(joined["ttft"])
+            targets.append(target)
             print(
                 f"| {r + 1} | {a95 * 1000:.1f} | {t95 * 1000:.1f} | {worst * 1000:.1f} | {solo['ttft'] * 1000:.1f} | "
-                f"{joined['ttft'] * 1000:.1f} | {(solo['ttft'] + 2 * round_s) * 1000:.1f} | "
-                f"{solo['prefill'] * 1000:.1f} / {joined['prefill'] * 1000:.1f} |",
+                f"{joined['ttft'] * 1000:.1f} | {target * 1000:.1f} | "
+                f"{solo['prefill'] * 1000:.1f} / {joined['prefill'] * 1000:.1f} | "
+                f"{'yes' if joined['ttft'] <= target else 'no'} |",
                 flush=True,
             )
+        within = sum(t <= g for t, g in zip(ttfts, targets))
+        print(
+            f"newcomer TTFT within (its TTFT alone + 2 rounds) in {within} of {repeats} repeats; medians "
+            f"{statistics.median(ttfts) * 1000:.1f} against {statistics.median(targets) * 1000:.1f} ms"
+        )
 
 
 # --- --load: many clients against a bounded server -------------------------------------------------
