@@ -21,7 +21,8 @@ with nothing, as a pairing's first session on a machine; --stale F starts it fro
 wrong, each ratio's extra over a plain step times F (0: drafts look free, as a file timed against a
 busy moment's plain step can say); --one-shot X replays one-shot `gemma-chat generate` processes: a fresh
 controller per reply, primed with the kept costs and acceptance, whose first drafting round costs X plain
-steps more (it traces the compiled functions; the engine keeps the measured X as `first_draft`);
+steps more (it traces the compiled functions; the engine keeps the measured X as `first_draft`), and the
+first round of every other block size NEW_SIZE_TRACING x X (its verify is traced for the new shape);
 --ahead-discount D (the "cpu" model): a drafting round queued on an unread plain step (a probe, a check,
 the first drafting round after plain steps) runs D plain steps cheaper than the same size in a drafting
 stretch, and is timed so: its host-side building overlapped the plain step's compute. Measured on the
@@ -66,6 +67,12 @@ from core.decode.autoblock import AutoBlock, AutoBlockConfig  # noqa: E402
 TRACES = ROOT / "tests" / "data" / "traces"
 HELD_OUT_TRACES = ROOT / "tests" / "data" / "traces-held-out"  # other replies, never tuned on
 Cost = Callable[[int], float]  # block size -> seconds, in plain steps
+# a one-shot process's first round of a block size after its first drafting round traces that size's verify:
+# its extra over the size's own cost, as a share of the first drafting round's (which also traces the drafter).
+# Measured in one process on the e-style pack pairing (stop 54's 2-core Xeon, family 6 model 167, CPU
+# time, steady cost subtracted): first drafting round (K = 2) +16.5 ms, then K = 3 +6.3, K = 4 +14.0,
+# K = 5 +11.0, K = 8 +14.9 (a plain step: 5.4 ms)
+NEW_SIZE_TRACING = 0.7
 
 
 def linear_cost(verify_slope: float, draft: float, verify_per_token: float = 0.0) -> Cost:
@@ -197,12 +204,14 @@ def replay(
     ahead_discount: float = 0.0,
 ) -> tuple[float, list[int]]:
     """The controller on one trace (one reply): its true cost and the block sizes it chose. tracing: plain
-    steps the first drafting round costs beyond its own (a fresh process traces the compiled functions).
+    steps the first drafting round costs beyond its own (a fresh process traces the compiled functions),
+    and NEW_SIZE_TRACING of that the first round of every other block size (MLX traces the verify per shape).
     ahead_discount: plain steps by which a drafting round queued on an unread plain step is *seen* cheaper
     than it costs in a drafting stretch (its host-side building overlapped that step; see --ahead-discount);
     it is charged as it truly runs, at its discounted cost."""
     ctl.begin_turn(sampled=trace.mode == "sampled")
-    p, total, chosen = 0, 0.0, []
+    p, total = 0, 0.0
+    chosen: list[int] = []
     queued: int | None = None  # a round decided before the previous (plain) one was read
     while p < len(trace.runs):
         k = queued if queued is not None else ctl.decide().block_size
@@ -215,9 +224,9 @@ def replay(
         t = cost(k)
         if ahead and k > 1 and ahead_discount:
             t = max(t - ahead_discount * cost(1), 0.3 * cost(1))
-        traced = k > 1 and tracing > 0.0 and all(j == 1 for j in chosen)
-        if traced:
-            t += tracing * cost(1)
+        traced = k > 1 and tracing > 0.0 and k not in chosen
+        if traced:  # the first drafting round traces the drafter too; a later new size only its verify
+            t += tracing * cost(1) * (1.0 if all(j == 1 for j in chosen) else NEW_SIZE_TRACING)
         ctl.observe(
             k, n, round_s=t * math.exp(rng.gauss(0.0, noise)), clean=clean, ahead=ahead and k > 1, traced=traced
         )

@@ -220,10 +220,12 @@ def test_the_drafters_own_probability_is_recorded_and_scored(traces):
 
 def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     """--one-shot X replays `gemma-chat generate`: a fresh controller per reply, primed with what an earlier
-    session kept, whose first drafting round costs X plain steps more (it traces the compiled functions).
+    session kept, whose first drafting round costs X plain steps more (it traces the compiled functions),
+    and the first round of every other block size NEW_SIZE_TRACING of X (its verify is traced per shape).
     A block size that always drafts pays X once per reply; auto stays close to plain decoding wherever
     drafts cannot pay (cpu-big), and over all replies as the sessions do (measured: 0.970x plain at worst
-    on cpu-big, 0.961x at worst and 0.995x median over all at X = 1)."""
+    on cpu-big, 0.942x at worst, 0.951x at worst on replies of >= 24 round tokens, and 0.993x median over
+    all at X = 1; charging the first drafting round alone, 0.961x, 0.961x and 0.995x)."""
     trace = traces["demo"][1][0]
     cost = replay.measured_cost(traces["demo"][0]["cpu_costs"])
     always_3 = replay.AutoBlock(replay.AutoBlockConfig(k_min=3, k_max=3))
@@ -231,6 +233,27 @@ def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     always_3 = replay.AutoBlock(replay.AutoBlockConfig(k_min=3, k_max=3))
     traced, again = replay.replay(always_3, trace, cost, replay.random.Random(0), 0.0, tracing=1.5)
     assert chosen == again and set(chosen) == {3} and traced == pytest.approx(plain + 1.5 * cost(1))
+
+    class TwoSizes:  # 2, 3, 2, 3, ...: the first round of 3 traces its verify too, later rounds nothing
+        def __init__(self) -> None:
+            self.n, self.traced = 0, []
+
+        def begin_turn(self, sampled: bool = False) -> None:
+            pass
+
+        def decide(self):
+            self.n += 1
+            return type("Choice", (), {"block_size": 2 + (self.n + 1) % 2})()
+
+        def observe(self, k, n, *, round_s=None, clean=True, ahead=False, traced=False):
+            self.traced.append(traced)
+
+    flat = replay.linear_cost(0.0, 0.5)
+    ctl = TwoSizes()
+    total, chosen = replay.replay(ctl, trace, flat, replay.random.Random(0), 0.0, tracing=2.0)
+    assert chosen[:2] == [2, 3] and ctl.traced[:3] == [True, True, False] and not any(ctl.traced[2:])
+    untraced = sum(flat(k) for k in chosen)
+    assert total == pytest.approx(untraced + 2.0 + 2.0 * replay.NEW_SIZE_TRACING)
 
     rows = replay.evaluate(traces, one_shot=1.0)
     assert len(rows) == len(replay.evaluate(traces)) and all(r.trace.tokens for r in rows)
