@@ -179,6 +179,37 @@ async def test_a_paste_the_terminal_sends_as_keys_goes_in_as_a_few_edits():
         assert prompt.text == "hi" and edits == ["h", "i"]
 
 
+@pytest.mark.parametrize(
+    ("keys", "sent"),
+    [
+        (["a", "b", "c", "backspace", "d"], "abd"),
+        (["x", "y", "ctrl+u", "W", "h", "o"], "Who"),  # the line cleared, then retyped
+        (["o", "l", "d", "space", "w", "o", "r", "d", "ctrl+w", "n", "e", "w"], "old new"),
+        (["a", "b", "left", "X"], "aXb"),
+    ],
+)
+async def test_editing_keys_queued_among_typed_ones_apply_in_order(keys, sent):
+    """Keys that come faster than the app reads them (quick typing, a paste sent as keys, tmux send-keys)
+    queue up. An editing key (Backspace, Ctrl+U, Ctrl+W, an arrow) is a binding of the prompt's, which
+    Textual runs once the key has bubbled up to the app: after the keys queued behind it had typed, and
+    after the Enter had sent the text as it was. Seen in tmux: "C-u 'Who are you?' Enter" sent nothing."""
+    from textual import events
+
+    app, engine = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        prompt = app.chat.prompt
+        prompt.focus()
+        await pilot.pause()
+        for key in keys:  # as the driver posts them, all at once
+            app.post_message(events.Key(key, " " if key == "space" else key if len(key) == 1 else None))
+        app.post_message(events.Key("enter", "\r"))
+        await until(pilot, lambda: engine.chats)
+        assert engine.chats[0][0][-1]["content"] == sent
+        await pilot.pause()
+        assert prompt.text == ""  # nothing ran after the Enter
+
+
 async def test_view_toggle_shows_markdown_with_code_block():
     app, engine = make_app(FakeEngine(step=True))
     async with app.run_test(size=SIZE) as pilot:
