@@ -578,6 +578,13 @@ def test_typed_paths_are_read_as_a_drop_spells_them_and_complete_only_to_attacha
     assert completion("~/pi", Path("/")) == "~/pics/"
     assert completion("nowhere/x", pics) is None and completion("a\0/b", pics) is None
     assert typed_path("x\0.png", pics) == pics / "x\0.png"  # named, not looked up
+    # relative to the folder shown, else to the one the app started in (as `/image PATH` reads it)
+    monkeypatch.chdir(pics.parent)
+    assert typed_path("pics/landscape.jpg", pics / "sub") == pics / "landscape.jpg"
+    assert typed_path("pics/nowhere.png", pics / "sub") == pics / "sub" / "pics" / "nowhere.png"  # the shown one's
+    (pics / "sub" / "pics").mkdir()
+    (pics / "sub" / "pics" / "landscape.jpg").write_bytes(b"")
+    assert typed_path("pics/landscape.jpg", pics / "sub") == pics / "sub" / "pics" / "landscape.jpg"  # it comes first
     assert completion("'my", pics) == "'my chart.png'" and completion("'sub/'", pics) is None  # inside quotes
 
 

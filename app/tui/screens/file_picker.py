@@ -58,13 +58,20 @@ class ImageTree(DirectoryTree):
 
 def typed_path(text: str, folder: Path) -> Path:
     """The path a typed or pasted line names: as it is if that exists, else as one shell-like word
-    (a drop's quotes and escapes undone); file:// and ~ expanded; relative to `folder`; absolute."""
+    (a drop's quotes and escapes undone); file:// and ~ expanded; relative to `folder` (or, where only
+    that exists, to the folder gemma-chat started in, as `/image PATH` reads it); absolute."""
     raw = text.strip()
     words = split_words(raw)
     candidates = [raw] + ([words[0].value] if len(words) == 1 and words[0].value != raw else [])
     # an absolute path replaces `folder`; "..", "." and doubled separators are folded away (links kept)
     paths = [Path(os.path.abspath(folder / file_path(c))) for c in candidates]
-    return next((p for p in paths if _exists(p)), paths[-1])
+    try:
+        started_in = Path.cwd()
+    except OSError:  # the folder was removed since
+        started_in = folder
+    # a path typed from where the user started the app, while the picker shows another folder
+    from_start = [Path(os.path.abspath(started_in / file_path(c))) for c in candidates]
+    return next((p for p in paths + from_start if _exists(p)), paths[-1])
 
 
 def _exists(path: Path) -> bool:
