@@ -300,6 +300,7 @@ async def test_download_errors_are_shown_no_network(cache):
         result = await download(pilot, screen)
         assert isinstance(result, dl.DownloadFailed) and result.kind == "network"
         assert "cannot reach" in screen.message and "demo" in screen.message
+        assert screen.message.lower().count("check") == 1, screen.message  # said once, by the core's message
 
 
 async def test_leaving_mid_download_pauses_it_and_the_palette_opens_the_screen_again(cache):

@@ -805,7 +805,7 @@ def failure_text(ev: DownloadFailed) -> str:
     """The core's message, with what to do for the kinds people hit most."""
     hints = {
         "gated": "",  # the core's message already says: accept the terms, then HF_TOKEN / hf auth login
-        "network": " Check the connection (or use the demo, which works offline).",
+        "network": " Meanwhile the demo works offline.",  # the core's message says what to check
         "offline": "",
     }
     return ev.message + hints.get(ev.kind, "")
