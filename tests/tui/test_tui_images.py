@@ -603,3 +603,23 @@ async def test_at_80x24_the_preview_picture_gives_way_to_the_image_tokens(pics, 
         pane, details = picker.preview_pane.region, picker.details.region
         assert details.height >= 3 and details.bottom <= pane.bottom  # every line of the details is on screen
         assert picker.query_one(Thumbnail).region.height >= 3  # and a smaller picture above them
+
+
+async def test_editing_keys_queued_in_the_picker_path_line_apply_in_order(pics):
+    """As in the prompt (test_editing_keys_queued_among_typed_ones_apply_in_order): a Backspace or an arrow
+    queued among typed keys edits where it came, and the Enter behind them attaches the path as typed."""
+    from textual import events
+
+    app, _ = make_app()
+    FilePicker.last_dir = pics
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        picker = await open_picker(pilot, app)
+        picker.path_line.focus()
+        await pilot.pause()
+        keys = [*"landscapx", "backspace", *"e.jpgg", "left", "backspace", "end"]  # "landscape.jpg", edited
+        for key in keys:  # as the driver posts them, all at once
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        app.post_message(events.Key("enter", "\r"))
+        await until(pilot, lambda: not isinstance(app.screen, FilePicker))
+        await until(pilot, lambda: chips(app) == ["landscape.jpg"])

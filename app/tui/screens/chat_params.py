@@ -19,6 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from app.resources import style_path
+from app.tui.widgets.ordered_input import OrderedInput, OrderedTextArea
 from core.settings import BadValue, GenerationSettings
 from core.user.config import SAMPLING
 
@@ -126,12 +127,12 @@ class ChatParamsScreen(FormScreen[GenerationSettings | None]):
             yield Static("This chat's parameters (from the next reply)", id="params-title")
             with VerticalScroll(id="params-form"):
                 yield Label("System prompt", classes="form-label")
-                yield TextArea(
+                yield OrderedTextArea(
                     s.system_prompt or "", id="params-system_prompt", soft_wrap=True, tab_behavior="focus", compact=True
                 )
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
-                    yield form_row(label, Input(shown(values[name]), id=f"params-{name}", compact=True), note)
+                    yield form_row(label, OrderedInput(shown(values[name]), id=f"params-{name}", compact=True), note)
                 note = "" if self.thinking_available else "this pairing's chat template has no thinking mode"
                 yield form_row(
                     "Thinking",

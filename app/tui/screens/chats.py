@@ -20,6 +20,7 @@ from textual.widgets.option_list import Option
 
 from app.resources import style_path
 from app.tui.screens.confirm import ConfirmScreen
+from app.tui.widgets.ordered_input import OrderedInput
 
 if TYPE_CHECKING:
     from app.tui.history import HistoryRecorder
@@ -61,7 +62,7 @@ class RenameScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="rename-box"):
             yield Static("Rename the chat (Enter saves, Esc cancels)")
-            yield Input(self.old_title, id="rename-input")
+            yield OrderedInput(self.old_title, id="rename-input")
             yield Static("", id="rename-error")
 
     @on(Input.Submitted)
@@ -99,7 +100,7 @@ class ChatListScreen(ModalScreen[tuple[str, int | None] | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="chats-box"):
             yield Static(Text("Chats", style="bold"), id="chats-title")
-            yield Input(placeholder="Search titles and messages…", id="chats-search")
+            yield OrderedInput(placeholder="Search titles and messages…", id="chats-search")
             yield OptionList(id="chats-list")
             yield Static("Enter open · ↑↓ choose · ^N new · ^R rename · Del delete · Esc close", id="chats-help")
 

@@ -29,6 +29,7 @@ from textual.widgets.directory_tree import DirEntry
 from app.resources import style_path
 from app.tui.paths_in_text import IMAGE_SUFFIXES, file_path, is_attachment_name, is_audio_name, split_words
 from app.tui.widgets.audio_clip import AudioInfo, describe_audio, inspect_audio
+from app.tui.widgets.ordered_input import OrderedInput
 from app.tui.widgets.thumbnail import ImageInfo, Thumbnail, describe, inspect_image
 from core.limits import AUDIO_SUFFIXES
 
@@ -120,7 +121,7 @@ class PathSuggester(Suggester):
         return completion(value, self.folder())
 
 
-class PathInput(Input):
+class PathInput(OrderedInput):
     """The picker's path line: Tab takes the suggested completion (or moves on when there is none)."""
 
     BINDINGS = [Binding("tab", "complete", "Complete the path", show=False)]

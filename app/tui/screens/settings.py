@@ -18,6 +18,7 @@ from textual.widgets import Button, Input, Select, Static, Switch
 
 from app.resources import style_path
 from app.tui.screens.chat_params import SAMPLING_FIELDS, FieldError, FormScreen, form_row, parse_field, shown
+from app.tui.widgets.ordered_input import OrderedInput
 from core.limits import BLOCK_SIZE_RANGE, DEFAULT_IMAGE_BUDGET, IMAGE_BUDGETS, is_block_size
 from core.user.config import Config, ConfigError, load_config, save_config
 
@@ -54,15 +55,19 @@ class SettingsScreen(FormScreen[Config | None]):
             with VerticalScroll(id="settings-form"):
                 yield form_row(
                     "Default pairing",
-                    Input(id="set-default_pairing", placeholder="e.g. demo, e4b-4bit", compact=True),
+                    OrderedInput(id="set-default_pairing", placeholder="e.g. demo, e4b-4bit", compact=True),
                     'what a plain start opens (* in the models list); "demo" for the demo',
                 )
-                yield form_row("Block size", Input(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"')
+                yield form_row(
+                    "Block size", OrderedInput(id="set-block_size", compact=True), f'{BLOCK_SIZE_RANGE} or "auto"'
+                )
                 for name, (label, _) in SAMPLING_FIELDS.items():
                     note = {"temperature": "0 = greedy", "top_k": "0 = off", "seed": "empty = random"}.get(name, "")
-                    yield form_row(label, Input(id=f"set-{name}", compact=True), note)
+                    yield form_row(label, OrderedInput(id=f"set-{name}", compact=True), note)
                 yield form_row(
-                    "System prompt", Input(id="set-system_prompt", placeholder="none", compact=True), "for new chats"
+                    "System prompt",
+                    OrderedInput(id="set-system_prompt", placeholder="none", compact=True),
+                    "for new chats",
                 )
                 yield form_row("Thinking", Switch(id="set-thinking"), "for new chats, on models that support it")
                 themes = sorted(self.app.available_themes)

@@ -14,6 +14,7 @@ from textual.message_pump import MessagePumpClosed
 from textual.widgets import TextArea
 
 from app.tui.messages import AttachmentsPasted, PromptSubmitted
+from app.tui.widgets.ordered_input import run_own_binding
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 
@@ -91,20 +92,9 @@ class PromptArea(TextArea, inherit_bindings=False):
             event.prevent_default()
             self.insert("\n")
             return
-        if await self._own_binding(event):
+        if await run_own_binding(self, event):  # in the order the keys came (app.tui.widgets.ordered_input)
             return
         await super()._on_key(event)
-
-    async def _own_binding(self, event: events.Key) -> bool:
-        """Run an editing key of the prompt's own (Backspace, Ctrl+U, Ctrl+W, the arrows...) here, in the
-        order the keys came. Left to bubble up to the app's check of bindings, it ran after the keys
-        queued behind it (fast typing, a paste sent as keys): "ab", Backspace, "c", Enter sent "abc"."""
-        for binding in self._bindings.key_to_bindings.get(event.key, ()):
-            if not binding.priority and await self.app.run_action(binding.action, self):
-                event.stop()
-                event.prevent_default()
-                return True
-        return False
 
     def _typed_in_burst(self, event: events.Key) -> bool:
         """Keys that type (characters, newlines) queued one behind the other go in as one edit. A terminal
