@@ -614,12 +614,18 @@ async def test_editing_keys_queued_in_the_picker_path_line_apply_in_order(pics):
     FilePicker.last_dir = pics
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        picker = await open_picker(pilot, app)
-        picker.path_line.focus()
-        await pilot.pause()
         keys = [*"landscapx", "backspace", *"e.jpgg", "left", "backspace", "end"]  # "landscape.jpg", edited
-        for key in keys:  # as the driver posts them, all at once
-            app.post_message(events.Key(key, key if len(key) == 1 else None))
-        app.post_message(events.Key("enter", "\r"))
-        await until(pilot, lambda: not isinstance(app.screen, FilePicker))
-        await until(pilot, lambda: chips(app) == ["landscape.jpg"])
+        for tree_first in (True, False):
+            # the picker opens on the tree: typing there starts the path, and the keys queued behind the first
+            # one still go to the tree (the focus moves later); and typed in the path line itself
+            picker = await open_picker(pilot, app)
+            await until(pilot, lambda p=picker: p.focused is p.files)
+            if not tree_first:
+                picker.path_line.focus()
+                await until(pilot, lambda p=picker: p.focused is p.path_line)
+            for key in keys:  # as the driver posts them, all at once
+                app.post_message(events.Key(key, key if len(key) == 1 else None))
+            app.post_message(events.Key("enter", "\r"))
+            await until(pilot, lambda: not isinstance(app.screen, FilePicker))
+            await until(pilot, lambda: chips(app) == ["landscape.jpg"], timeout=10)
+            app.chat.attachments.take()

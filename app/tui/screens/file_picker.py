@@ -29,7 +29,7 @@ from textual.widgets.directory_tree import DirEntry
 from app.resources import style_path
 from app.tui.paths_in_text import IMAGE_SUFFIXES, file_path, is_attachment_name, is_audio_name, split_words
 from app.tui.widgets.audio_clip import AudioInfo, describe_audio, inspect_audio
-from app.tui.widgets.ordered_input import OrderedInput
+from app.tui.widgets.ordered_input import OrderedInput, run_own_binding
 from app.tui.widgets.thumbnail import ImageInfo, Thumbnail, describe, inspect_image
 from core.limits import AUDIO_SUFFIXES
 
@@ -147,6 +147,7 @@ class FilePicker(ModalScreen[str | None]):
     ) -> None:
         super().__init__()
         self.no_audio = no_audio  # why the pairing takes no audio (the preview says it), or None
+        self._typing = False  # keys typed in the tree went to the path line, whose focus may be on its way
         start_dir = Path(start or FilePicker.last_dir or Path.cwd()).expanduser()
         self.start_dir = start_dir if start_dir.is_dir() else Path.cwd()
         self.pairing = pairing
@@ -180,15 +181,24 @@ class FilePicker(ModalScreen[str | None]):
         return Path(self.files.path)
 
     # -- the path line ----------------------------------------------------------------------------
-    def on_key(self, event: events.Key) -> None:
+    async def on_key(self, event: events.Key) -> None:
         # typing in the tree starts a path (Space stays the tree's until a path is begun: keys typed fast
         # can still reach the tree before the focus has moved)
         c = event.character
         if self.focused is self.files and event.is_printable and c and (c != " " or self.path_line.value):
             event.stop()
             event.prevent_default()
+            self._typing = True
             self.path_line.focus()
             self.path_line.insert_text_at_cursor(c)
+        elif self.focused is self.files and self._typing:
+            # an editing key (Backspace, an arrow, Enter) queued behind the typed ones, still on its way to
+            # the tree: it edits the path line where it came (left to the app, it ran after the keys behind it)
+            await run_own_binding(self.path_line, event)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if event.widget is self.files:  # the tree's keys are the tree's again
+            self._typing = False
 
     def on_paste(self, event: events.Paste) -> None:
         if self.focused is not self.path_line:
