@@ -136,6 +136,10 @@ class AutoBlockConfig:
     park_margin: float = 0.03  # relative gain plain decoding needs before the controller stops drafting
     stale_margin: float = 0.25  # kept costs this far off a check (under) or a first timing (over): stale
     first_draft_horizon: int = 32  # tokens in which a process's first drafting round must pay back its tracing
+    # a session primed with kept acceptance starts its slow and fast windows with this many rounds of it, as
+    # a session that had drafted before would hold: one kept probe alone then moves the belief less
+    kept_slow_rounds: float = 2.0
+    kept_fast_rounds: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -291,6 +295,7 @@ class AutoBlock:
     # nothing is left to trace (uncompiled, traced at idle time, or the replay's model of a machine)
     first_draft_cost: float = 0.0
     _drafted: bool = False  # a drafting round ran in this process
+    _windows_seeded: bool = False  # the slow and fast windows started from the kept acceptance (`begin_turn`)
     _first_draft: tuple[int, float, int] | None = None  # (k, seconds, plain steps in them), until priced
     _first_draft_measured: float | None = None
 
@@ -570,6 +575,14 @@ class AutoBlock:
         self._sampling = sampled
         self._acc.scale(self.config.turn_keep)
         self._slow.scale(self.config.turn_keep)  # a new reply leans more on what the pairing usually does
+        kind = "sampled" if sampled else "greedy"
+        if not self._windows_seeded and self._primed_rounds.get(kind) and not self._slow.rounds:
+            self._windows_seeded = True
+            kept = self._long.estimates(self.config)
+            for est, weight in ((self._slow, self.config.kept_slow_rounds), (self._acc, self.config.kept_fast_rounds)):
+                for i, a in enumerate(kept[: len(est.seen)]):
+                    est.seen[i] += weight
+                    est.accepted[i] += weight * a
         self._last_emitted = 0
         self._probe_fails = 0
         if self._current == 1:

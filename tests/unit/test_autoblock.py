@@ -593,3 +593,33 @@ def test_what_a_first_drafting_round_cost_is_measured_once_a_plain_step_prices_i
     for bad in ('{"first_draft": -1}', '{"first_draft": "x"}', "[]", '{"first_draft": NaN}'):
         path.write_text(bad)
         assert load_first_draft(path) is None, bad
+
+
+def test_a_primed_sessions_first_kept_probe_is_weighed_against_what_the_pairing_usually_keeps():
+    # a session primed with a pairing's kept acceptance (every one-shot `generate`, an app's first reply) has
+    # seen none of its own drafting rounds: with its slow and fast windows empty, one kept probe moved the
+    # first-draft belief from the kept 54 % to about 90 % (stop 54, dense-style, whose drafts never pay on a
+    # CPU), and it drafted a few rounds, often at a block size it then traced too. The windows now start
+    # with `kept_slow_rounds` / `kept_fast_rounds` rounds of the kept acceptance
+    def after_one_kept_probe(config: AutoBlockConfig) -> tuple[float, str]:
+        ctl = AutoBlock(config)
+        ctl.prime({2: 2.0, 3: 2.45})
+        ctl.prime_acceptance({"greedy": [0.54, 0.49, 0.43, 0.4, 0.39, 0.39, 0.39]})
+        ctl.begin_turn()
+        before = ctl.alpha
+        assert abs(before - 0.54) < 0.05
+        for _ in range(3):
+            ctl.observe(1, 0, round_s=0.004)
+        ctl.observe(3, 2, round_s=0.0098)
+        return ctl.alpha, ctl.decide().reason
+
+    bare = AutoBlockConfig(kept_slow_rounds=0.0, kept_fast_rounds=0.0)
+    alpha_bare, why_bare = after_one_kept_probe(bare)
+    alpha, why = after_one_kept_probe(AutoBlockConfig())
+    assert alpha_bare > 0.85 and why_bare == "drafting"  # as before: one round decided it
+    assert alpha < 0.8 and why != "drafting", (alpha, why)
+    # a sampled reply starts from the sampled kind's kept acceptance, not the greedy one's
+    ctl = AutoBlock()
+    ctl.prime_acceptance({"greedy": [0.9] * 7, "sampled": [0.3] * 7})
+    ctl.begin_turn(sampled=True)
+    assert abs(ctl.alpha - 0.3) < 0.05

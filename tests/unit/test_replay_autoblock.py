@@ -108,12 +108,13 @@ def test_a_first_session_on_a_machine_is_close_too(cold_rows):
 
 def test_a_session_that_starts_from_the_acceptance_an_earlier_one_kept(traces, rows):
     # the engine keeps a pairing's long-run acceptance beside its costs: a first reply bets on drafts as the
-    # pairing usually earns them. Over all replies that scores as the main set does (0.975x the best fixed K
-    # against 0.977x; before the early plain timing of a primed session, 0.979x against 0.977x)
+    # pairing usually earns them. Over all replies that scores as the main set does (0.977x the best fixed K
+    # against 0.977x; before the session's slow and fast windows started from it too (stop 54), 0.975x, and
+    # its worst reply 0.957x plain, of >= 24 round tokens 0.964x, against 0.960x and 0.960x now)
     kept = replay.summary(replay.evaluate(traces, kept=True))
     main = replay.summary(rows)["overall_vs_fixed"]
-    assert kept["overall_vs_fixed"] >= 0.973 and abs(kept["overall_vs_fixed"] - main) < 0.005
-    assert kept["overall_vs_clairvoyant"] >= 0.835 and kept["min_vs_plain_long"] >= 0.96
+    assert kept["overall_vs_fixed"] >= 0.975 and abs(kept["overall_vs_fixed"] - main) < 0.005
+    assert kept["overall_vs_clairvoyant"] >= 0.837 and kept["min_vs_plain"] >= 0.958
 
 
 def _drafting_rounds_per_session(rows) -> dict[tuple[str, str], int]:
@@ -224,8 +225,8 @@ def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     and the first round of every other block size NEW_SIZE_TRACING of X (its verify is traced per shape).
     A block size that always drafts pays X once per reply; auto stays close to plain decoding wherever
     drafts cannot pay (cpu-big), and over all replies as the sessions do (measured: 0.970x plain at worst
-    on cpu-big, 0.942x at worst, 0.951x at worst on replies of >= 24 round tokens, and 0.993x median over
-    all at X = 1; charging the first drafting round alone, 0.961x, 0.961x and 0.995x)."""
+    on cpu-big, 0.963x at worst, on replies of >= 24 round tokens too, and 0.995x median over all at X = 1;
+    before the windows started from the kept acceptance (stop 54), 0.942x, 0.951x and 0.993x)."""
     trace = traces["demo"][1][0]
     cost = replay.measured_cost(traces["demo"][0]["cpu_costs"])
     always_3 = replay.AutoBlock(replay.AutoBlockConfig(k_min=3, k_max=3))
@@ -260,7 +261,7 @@ def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     big = [r.vs_plain for r in rows if r.model == "cpu-big"]
     assert min(big) >= 0.96, min(big)
     s = replay.summary(rows)
-    assert s["min_vs_plain_long"] >= 0.95 and s["median_vs_plain"] >= 0.99, s
+    assert s["min_vs_plain"] >= 0.96 and s["median_vs_plain"] >= 0.99, s
 
 
 def test_a_round_queued_on_a_plain_step_runs_and_is_seen_as_cheaper_as_the_discount_says(traces):
