@@ -34,6 +34,7 @@ traces stay a record of real replies, and the floors below are the controller's 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,25 @@ import replay_autoblock as replay  # noqa: E402
 from autoblock_prompts import cases_for  # noqa: E402
 
 SHORT = replay.SHORT
+
+
+class ScriptedSizes:
+    """A stand-in controller for `replay.replay`: round n (from 1) has block size `size(n)`; it records what
+    every round was seen as: (k, round_s, ahead, traced)."""
+
+    def __init__(self, size: Callable[[int], int]) -> None:
+        self.size, self.n = size, 0
+        self.seen: list[tuple[int, float | None, bool, bool]] = []
+
+    def begin_turn(self, sampled: bool = False) -> None:
+        pass
+
+    def decide(self):
+        self.n += 1
+        return type("Choice", (), {"block_size": self.size(self.n)})()
+
+    def observe(self, k, n, *, round_s=None, clean=True, ahead=False, traced=False):
+        self.seen.append((k, round_s, ahead, traced))
 
 
 @pytest.fixture(scope="module")
@@ -235,24 +255,11 @@ def test_a_reply_in_a_process_of_its_own_pays_its_tracing_once(traces):
     traced, again = replay.replay(always_3, trace, cost, replay.random.Random(0), 0.0, tracing=1.5)
     assert chosen == again and set(chosen) == {3} and traced == pytest.approx(plain + 1.5 * cost(1))
 
-    class TwoSizes:  # 2, 3, 2, 3, ...: the first round of 3 traces its verify too, later rounds nothing
-        def __init__(self) -> None:
-            self.n, self.traced = 0, []
-
-        def begin_turn(self, sampled: bool = False) -> None:
-            pass
-
-        def decide(self):
-            self.n += 1
-            return type("Choice", (), {"block_size": 2 + (self.n + 1) % 2})()
-
-        def observe(self, k, n, *, round_s=None, clean=True, ahead=False, traced=False):
-            self.traced.append(traced)
-
     flat = replay.linear_cost(0.0, 0.5)
-    ctl = TwoSizes()
+    ctl = ScriptedSizes(lambda n: 2 + (n + 1) % 2)  # 2, 3, 2, 3, ...: the first round of 3 traces its verify too
     total, chosen = replay.replay(ctl, trace, flat, replay.random.Random(0), 0.0, tracing=2.0)
-    assert chosen[:2] == [2, 3] and ctl.traced[:3] == [True, True, False] and not any(ctl.traced[2:])
+    traced = [t for _, _, _, t in ctl.seen]
+    assert chosen[:2] == [2, 3] and traced[:3] == [True, True, False] and not any(traced[2:])
     untraced = sum(flat(k) for k in chosen)
     assert total == pytest.approx(untraced + 2.0 + 2.0 * replay.NEW_SIZE_TRACING)
 
@@ -269,27 +276,13 @@ def test_a_round_queued_on_a_plain_step_runs_and_is_seen_as_cheaper_as_the_disco
     plain step runs D plain steps cheaper than in a drafting stretch (its building overlapped the step), and
     the controller sees it so. Rounds of a stretch are charged in full."""
 
-    class Scripted:  # plain, 3, 3, plain, 3, 3, ...: one queued round of 3 in every three
-        def __init__(self) -> None:
-            self.n, self.seen = 0, []
-
-        def begin_turn(self, sampled: bool = False) -> None:
-            pass
-
-        def decide(self):
-            self.n += 1
-            return type("Choice", (), {"block_size": 1 if self.n % 3 == 1 else 3})()
-
-        def observe(self, k, n, *, round_s=None, clean=True, ahead=False, traced=False):
-            self.seen.append((k, round_s, ahead))
-
     trace = replay.Trace("x", "y", "z", "greedy", [0] * 30)  # no draft kept: every round emits one token
     cost = replay.linear_cost(0.1, 0.4)  # a round of 3 costs 2.0 plain steps
-    ctl = Scripted()
+    ctl = ScriptedSizes(lambda n: 1 if n % 3 == 1 else 3)  # plain, 3, 3, ...: one queued round of 3 in three
     total, chosen = replay.replay(ctl, trace, cost, replay.random.Random(0), 0.0, ahead_discount=0.9)
     queued = [i for i in range(1, len(chosen)) if chosen[i] > 1 and chosen[i - 1] == 1]
     stretch = [i for i in range(1, len(chosen)) if chosen[i] > 1 and chosen[i - 1] > 1]
     assert queued and stretch
     assert total == pytest.approx(chosen.count(1) + 2.0 * len(stretch) + 1.1 * len(queued))
-    assert {round(s, 6) for k, s, a in ctl.seen if k == 3 and a} == {1.1}
-    assert {round(s, 6) for k, s, a in ctl.seen if k == 3 and not a} == {2.0}
+    assert {round(s, 6) for k, s, a, _ in ctl.seen if k == 3 and a} == {1.1}
+    assert {round(s, 6) for k, s, a, _ in ctl.seen if k == 3 and not a} == {2.0}
