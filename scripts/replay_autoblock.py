@@ -35,6 +35,16 @@ Cost models: "cpu" (this machine, measured per pairing by the recorder); "apple-
 target); "cpu-big" (verify(K) = K steps, a draft step 0.15: a real-size target on a CPU, where drafting
 can never pay).
 
+--bound: how far the controller is from what is reachable at all. Against the clairvoyant, over all traces:
+the best fixed K of each reply in hindsight; one fixed K per pairing, cost model and mode in hindsight; and
+an "outcome policy" (a block size per state: the last drafting round's outcome, all rejected / some kept /
+all kept / none yet, and the plain rounds since it) fitted in hindsight per pairing, cost model and mode,
+on these traces and on the other set's (then scored here: an honest estimate for replies it has not seen).
+The fitted policy knows the costs exactly and learns nothing while it runs, so it is an upper estimate for a
+controller that reacts to the last round. Measured 2026-12-08 (main set, overall): auto 0.838, each reply's
+best fixed K 0.858, one K per pairing 0.847, the outcome policy 0.865 fitted here and 0.858 fitted on the
+held-out set (held-out set: 0.833, 0.857, 0.845, 0.859, 0.855).
+
 The held-out set (--held-out: tests/data/traces-held-out/, other replies of the same categories and
 pairings, with the same cpu costs) is for checking that a controller change is not fitted to the main
 set's replies: tune on the main set, then look here. Measured (on the main set's earlier demo
@@ -314,6 +324,102 @@ def _earlier_session(ctl: AutoBlock, ts: list[Trace], cost: Cost, seed: int, noi
     return earlier.acceptance_snapshot()
 
 
+# The outcome policies of `fit_outcome_policy`: a round's block size from the last drafting round's outcome
+# (none yet this reply, all rejected, some kept, all kept) and the plain rounds since it (0 .. 4, 4 = 4 or more)
+OUTCOMES = ("none", "zero", "some", "all")
+PLAIN_SINCE = 5
+OutcomePolicy = dict[tuple[int, int], int]
+
+
+def _outcome(k: int, n: int) -> int:
+    return 1 if n == 0 else 3 if n == k - 1 else 2
+
+
+def outcome_policy_cost(policy: OutcomePolicy, trace: Trace, cost: Cost) -> float:
+    """A reply's cost under `policy` (state -> K), each round's true cost, no noise and nothing to learn."""
+    total, last, since, p = 0.0, 0, 0, 0
+    while p < len(trace.runs):
+        k = policy[(last, min(since, PLAIN_SINCE - 1))]
+        n = min(trace.runs[p], k - 1)
+        total += cost(k)
+        last, since = (_outcome(k, n), 0) if k > 1 else (last, since + 1)
+        p += n + 1
+    return total
+
+
+def fit_outcome_policy(traces: list[Trace], cost: Cost, k_max: int, sweeps: int = 4) -> tuple[OutcomePolicy, float]:
+    """The outcome policy with the least total cost on `traces`, in hindsight: coordinate descent over the states
+    from the best fixed K of them all. It knows the costs exactly and has nothing to learn, so what it reaches
+    on the replies it was fitted on bounds what a controller that reacts to the last round can hope for."""
+    ks = range(1, k_max + 1)
+    fixed = {k: sum(fixed_cost(t, k, cost) for t in traces) for k in ks}
+    policy = {(o, s): min(fixed, key=lambda k: (fixed[k], k)) for o in range(len(OUTCOMES)) for s in range(PLAIN_SINCE)}
+
+    def total(pol: OutcomePolicy) -> float:
+        return sum(outcome_policy_cost(pol, t, cost) for t in traces)
+
+    best = total(policy)
+    for _ in range(sweeps):
+        moved = False
+        for state in list(policy):
+            for k in ks:
+                old, policy[state] = policy[state], k
+                v = total(policy)
+                if v < best - 1e-9:
+                    best, moved = v, True
+                else:
+                    policy[state] = old
+        if not moved:
+            break
+    return policy, best
+
+
+def bounds(
+    traces: dict[str, tuple[dict, list[Trace]]], other: dict[str, tuple[dict, list[Trace]]] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per cost model (and "all"), the clairvoyant's cost against: the best fixed K of each reply in hindsight
+    ("per_reply_fixed"), one fixed K per pairing and mode in hindsight ("pairing_fixed"), the outcome policy fitted
+    per pairing and mode on these replies ("fitted") and, with `other` (the other set), the one fitted there
+    ("fitted_elsewhere", an honest estimate of what such a policy reaches on replies it has not seen)."""
+    sums: dict[str, dict[str, float]] = {}
+    for pairing, (data, ts) in traces.items():
+        k_max = int(data.get("k_max", 8))
+        models = {"cpu": measured_cost(data["cpu_costs"]), **MODELS}
+        for model, cost in models.items():
+            for mode in ("greedy", "sampled"):
+                group = [t for t in ts if t.mode == mode]
+                if not group:
+                    continue
+                ks = range(1, k_max + 1)
+                got = {
+                    "clairvoyant": sum(clairvoyant_cost(t, cost, k_max) for t in group),
+                    "per_reply_fixed": sum(min(fixed_cost(t, k, cost) for k in ks) for t in group),
+                    "pairing_fixed": min(sum(fixed_cost(t, k, cost) for t in group) for k in ks),
+                    "fitted": fit_outcome_policy(group, cost, k_max)[1],
+                }
+                if other is not None and pairing in other:
+                    elsewhere = [t for t in other[pairing][1] if t.mode == mode]
+                    policy = fit_outcome_policy(elsewhere, cost, k_max)[0]
+                    got["fitted_elsewhere"] = sum(outcome_policy_cost(policy, t, cost) for t in group)
+                for key in (model, "all"):
+                    acc = sums.setdefault(key, {})
+                    for name, v in got.items():
+                        acc[name] = acc.get(name, 0.0) + v
+    return {key: {n: acc["clairvoyant"] / v for n, v in acc.items() if n != "clairvoyant"} for key, acc in sums.items()}
+
+
+def print_bounds(traces: dict[str, tuple[dict, list[Trace]]], other: dict[str, tuple[dict, list[Trace]]]) -> None:
+    rows = evaluate(traces)
+    by_model = {m: summary([r for r in rows if m in ("all", r.model)]) for m in dict.fromkeys([r.model for r in rows])}
+    by_model["all"] = summary(rows)
+    names = ("auto", "per_reply_fixed", "pairing_fixed", "fitted", "fitted_elsewhere")
+    print("overall against the clairvoyant: the controller (auto) and policies that know the replies in hindsight")
+    print(f"{'':<18} " + " ".join(f"{n:>16}" for n in names))
+    for key, b in bounds(traces, other).items():
+        b = {"auto": by_model[key]["overall_vs_clairvoyant"], **b}
+        print(f"{key:<18} " + " ".join(f"{b[n]:>16.3f}" for n in names))
+
+
 SHORT = 24  # replies shorter than this many round tokens: a few rounds, where hindsight is mostly luck
 
 
@@ -369,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kept", action="store_true", help="and the acceptance an earlier session on these replies kept")
     ap.add_argument("--confidence", action="store_true", help="how well the drafter's p predicts a kept draft")
     ap.add_argument(
+        "--bound", action="store_true", help="what policies that know the replies in hindsight reach (~30 s)"
+    )
+    ap.add_argument(
         "--stale", type=float, help="kept costs that are wrong: each ratio's extra over a plain step times this"
     )
     ap.add_argument(
@@ -389,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     traces = load_traces(HELD_OUT_TRACES if args.held_out else Path(args.traces))
     if args.confidence:
         print_confidence(traces)
+        return 0
+    if args.bound:
+        print_bounds(traces, load_traces(TRACES if args.held_out else HELD_OUT_TRACES))
         return 0
     rows = evaluate(
         traces,
