@@ -350,7 +350,8 @@ def outcome_policy_cost(policy: OutcomePolicy, trace: Trace, cost: Cost) -> floa
 def fit_outcome_policy(traces: list[Trace], cost: Cost, k_max: int, sweeps: int = 4) -> tuple[OutcomePolicy, float]:
     """The outcome policy with the least total cost on `traces`, in hindsight: coordinate descent over the states
     from the best fixed K of them all. It knows the costs exactly and has nothing to learn, so what it reaches
-    on the replies it was fitted on bounds what a controller that reacts to the last round can hope for."""
+    on the replies it was fitted on is an upper estimate for a controller that reacts to the last round (an
+    estimate: coordinate descent finds a good policy, not surely the best one)."""
     ks = range(1, k_max + 1)
     fixed = {k: sum(fixed_cost(t, k, cost) for t in traces) for k in ks}
     policy = {(o, s): min(fixed, key=lambda k: (fixed[k], k)) for o in range(len(OUTCOMES)) for s in range(PLAIN_SINCE)}
