@@ -313,7 +313,7 @@ def test_the_outcome_policy_bound_finds_a_policy_that_reacts_to_the_last_round()
     assert any(policy[(all_rejected, s)] > 1 for s in range(1, replay.PLAIN_SINCE))  # it does not park for good
 
 
-def test_the_bounds_sit_between_the_controller_and_the_clairvoyant(traces):
+def test_the_bounds_are_ordered_and_one_k_per_pairing_never_loses_to_plain(traces):
     one = {"moe-style": traces["moe-style"]}
     b = replay.bounds(one)
     data, ts = traces["moe-style"]
