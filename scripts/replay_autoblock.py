@@ -102,6 +102,11 @@ def measured_cost(costs: dict) -> Cost:
     return lambda k: verify[k - 1] + (chain[k - 2] if k > 1 else 0.0)
 
 
+def cost_models(data: dict) -> dict[str, Cost]:
+    """A pairing's cost models: "cpu" as its recorder measured, then the fixed ones."""
+    return {"cpu": measured_cost(data["cpu_costs"]), **MODELS}
+
+
 @dataclass
 class Trace:
     pairing: str
@@ -279,8 +284,7 @@ def evaluate(
     rows = []
     for pairing, (data, ts) in traces.items():
         k_max = int(data.get("k_max", 8))
-        models = {"cpu": measured_cost(data["cpu_costs"]), **MODELS}
-        for model, cost in models.items():
+        for model, cost in cost_models(data).items():
             for mode in ("greedy", "sampled"):
                 ctl = AutoBlock(config or AutoBlockConfig(k_max=k_max))
                 rng = random.Random(f"{seed}/{pairing}/{model}/{mode}")
@@ -385,8 +389,7 @@ def bounds(
     sums: dict[str, dict[str, float]] = {}
     for pairing, (data, ts) in traces.items():
         k_max = int(data.get("k_max", 8))
-        models = {"cpu": measured_cost(data["cpu_costs"]), **MODELS}
-        for model, cost in models.items():
+        for model, cost in cost_models(data).items():
             for mode in ("greedy", "sampled"):
                 group = [t for t in ts if t.mode == mode]
                 if not group:
@@ -411,7 +414,7 @@ def bounds(
 
 def print_bounds(traces: dict[str, tuple[dict, list[Trace]]], other: dict[str, tuple[dict, list[Trace]]]) -> None:
     rows = evaluate(traces)
-    by_model = {m: summary([r for r in rows if m in ("all", r.model)]) for m in dict.fromkeys([r.model for r in rows])}
+    by_model = {m: summary([r for r in rows if r.model == m]) for m in dict.fromkeys(r.model for r in rows)}
     by_model["all"] = summary(rows)
     names = ("auto", "per_reply_fixed", "pairing_fixed", "fitted", "fitted_elsewhere")
     print("overall against the clairvoyant: the controller (auto) and policies that know the replies in hindsight")
